@@ -1,0 +1,32 @@
+# Two commands on a fresh machine (Python 3.10+ with venv): `make analyze` and `make test`.
+# Each creates the virtual environment it needs in .venv. torch is pinned to the CPU build
+# (constraints.txt): an unpinned torch would pull several GB of CUDA packages.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+
+.PHONY: analyze test bench clean
+
+$(VENV)/.core: pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) --upgrade pip setuptools wheel
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.train: $(VENV)/.core
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[train,test]'
+	touch $@
+
+analyze: $(VENV)/.core
+	$(VENV)/bin/trainfit analyze
+
+test: $(VENV)/.train
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.train
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV)

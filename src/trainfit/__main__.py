@@ -1,0 +1,3 @@
+from trainfit.cli.main import main
+
+raise SystemExit(main())

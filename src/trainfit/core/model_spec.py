@@ -1,0 +1,64 @@
+"""ModelSpec: every shape that memory and FLOPs of a transformer depend on.
+
+Built from the model catalog (`data/models.yaml`), a local config.json / model directory, or a
+pretraining shape. Parameter counts must equal what transformers reports for the same config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "gelu_new"]
+NormKind = Literal["rmsnorm", "layernorm"]
+PositionKind = Literal["rope", "learned", "alibi", "none"]
+StoredDtype = Literal["float32", "float16", "bfloat16", "int8", "int4", "fp8"]
+
+
+@dataclass(frozen=True)
+class VisionTowerSpec:
+    """A VLM's vision encoder (e.g. Qwen2-VL's ViT) and its projector/merger."""
+
+    params: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    patch_size: int
+    tokens_per_image: int  # visual tokens handed to the language model per image (default res)
+    patches_per_image: int  # patches the vision tower itself processes per image
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str  # hub id as on the model hub: "Qwen/Qwen2.5-7B-Instruct"; or "local:<path>", "shape:125m"
+    architecture: str  # transformers model_type: "llama", "qwen2", "mistral", "gpt2", "phi", ...
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    activation: Activation
+    gated_mlp: bool  # SwiGLU/GeGLU: gate, up and down projections
+    tie_embeddings: bool
+    position: PositionKind
+    max_position_embeddings: int
+    norm: NormKind
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    lm_head_bias: bool
+    # Mixture of experts: 0 experts means dense.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    moe_intermediate_size: int | None = None
+    sliding_window: int | None = None
+    vision: VisionTowerSpec | None = None
+    stored_dtype: StoredDtype = "bfloat16"
+    # Exact count when read from safetensors headers; else computed from the shapes.
+    exact_params: int | None = None
+    aliases: list[str] = field(default_factory=list)
+    source: str = ""  # where the shapes come from (URL of config.json, local path, "shape")

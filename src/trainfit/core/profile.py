@@ -1,0 +1,301 @@
+"""HardwareProfile: plain, typed, JSON-serialisable picture of a machine.
+
+One way to say "unknown": a field is None and the object's `unavailable` dict maps the field
+name to the reason ("no driver", "no permission: ...", "not supported", "timed out after 2.0 s").
+A None field without a reason is a bug (tests check the invariant over every fixture machine).
+
+Units are in the names: *_bytes, *_watts, *_mhz, *_c (degrees Celsius), *_mbps (MB/s, 10^6),
+*_gbps (GB/s, 10^9), *_tflops / *_gflops (10^12 / 10^9 FLOP/s), *_seconds.
+
+Bump SCHEMA_VERSION when a field changes meaning or is removed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
+
+SCHEMA_VERSION = 1
+
+Vendor = Literal["nvidia", "amd", "intel", "apple"]
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
+DiskKind = Literal["nvme", "ssd", "hdd", "network", "ram", "unknown"]
+SwapKind = Literal["nvme", "ssd", "hdd", "zram", "network", "none", "unknown"]
+CoolingVerdict = Literal["adequate", "marginal", "inadequate", "unknown"]
+
+
+@dataclass(frozen=True)
+class OsInfo:
+    system: str  # "Linux", "Darwin", "Windows"
+    release: str
+    hostname: str
+    python_version: str
+    in_container: bool
+    in_wsl: bool
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    node_id: int
+    cpus: list[int]
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    architecture: str  # "x86_64", "aarch64", "arm64"
+    model: str | None
+    vendor: str | None  # "GenuineIntel", "AuthenticAMD", "Apple", ...
+    physical_cores: int | None
+    logical_cores: int
+    usable_cores: float  # affinity set, further limited by a cgroup CPU quota (may be fractional)
+    cgroup_cpu_quota: float | None  # cores allowed by cpu.max / cfs_quota, None when unlimited
+    base_clock_mhz: float | None
+    boost_clock_mhz: float | None
+    numa_nodes: list[NumaNode]
+    l2_cache_bytes: int | None  # total over cores
+    l3_cache_bytes: int | None
+    flags: dict[str, bool]  # avx2, avx512f, avx512_bf16, amx_bf16, amx_tile, neon, bf16, fma
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int  # physical RAM seen by the OS
+    available_bytes: int
+    cgroup_limit_bytes: int | None  # memory.max / memory.limit_in_bytes when in a container
+    usable_bytes: int  # min(total, cgroup limit) minus os_reserve_bytes: what training may use
+    os_reserve_bytes: int  # kept for the OS and other processes
+    swap_total_bytes: int
+    swap_free_bytes: int
+    swap_kind: SwapKind
+    unified_with_gpu: bool  # Apple silicon / APU: GPU memory is this RAM
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    vendor: Vendor
+    name: str
+    catalog_id: str | None  # key in the GPU catalog when matched
+    uuid: str | None
+    pci_bus_id: str | None
+    vram_total_bytes: int | None
+    vram_free_bytes: int | None
+    unified_memory: bool
+    compute_capability: str | None  # NVIDIA "9.0"
+    architecture: str | None  # "hopper", "ada", "gfx942", "apple-m2", "xe-hpg"
+    matrix_unit: str | None  # "tensor-core-4", "matrix-core-3", "xmx-1", "apple-amx"
+    precisions: list[Precision]
+    peak_tflops: dict[str, float]  # dense, by precision, from the catalog
+    memory_bandwidth_gbps: float | None
+    tdp_watts: float | None
+    power_limit_watts: float | None
+    power_draw_watts: float | None
+    temperature_c: float | None
+    temperature_slowdown_c: float | None
+    clock_sm_mhz: float | None
+    clock_sm_max_mhz: float | None
+    clock_mem_mhz: float | None
+    pcie_gen: int | None
+    pcie_width: int | None
+    pcie_gen_max: int | None
+    pcie_width_max: int | None
+    nvlink_peers: list[int]  # indices of GPUs reachable over NVLink / Infinity Fabric
+    mig_mode: bool | None
+    mig_profile: str | None  # "1g.10gb" when this entry is a MIG slice
+    throttle_reasons: list[str]  # active clock-event reasons ("hw_thermal", "sw_power_cap", ...)
+    driver_version: str | None
+    cuda_version: str | None
+    rocm_version: str | None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Backend:
+    available: bool
+    version: str | None = None
+    reason: str | None = None  # why not available
+
+
+@dataclass(frozen=True)
+class BackendsInfo:
+    cuda: Backend
+    rocm: Backend
+    mps: Backend
+    xpu: Backend
+    opencl: Backend
+    cpu: Backend
+    cpu_avx2: bool
+    cpu_avx512: bool
+    cpu_amx: bool
+    cpu_neon: bool
+    cpu_bf16: bool
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    role: str  # "work", "cache"
+    path: str
+    device: str | None  # "nvme0n1", "sda", "overlay"
+    kind: DiskKind
+    kind_reason: str  # how the kind was decided, or why it is unreliable
+    total_bytes: int | None
+    free_bytes: int | None
+    read_mbps: float | None  # measured sequential, MB/s
+    write_mbps: float | None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    endpoint: str | None
+    download_mbps: float | None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ThermalZone:
+    name: str
+    temperature_c: float
+    critical_c: float | None
+
+
+@dataclass(frozen=True)
+class PowerInfo:
+    on_ac: bool | None
+    battery_percent: float | None
+    battery_seconds_left: float | None
+    cpu_package_watts: float | None  # measured from RAPL over a short window
+    cpu_tdp_watts: float | None
+    estimated_system_tdp_watts: float  # CPU + GPUs + rest of system, an estimate
+    psu_watts: float | None  # as stated by the user (--psu-watts)
+    psu_headroom_watts: float | None
+    psu_is_estimate: bool  # True when the PSU size was not stated
+    throttling: bool | None
+    throttle_evidence: list[str]
+    thermal_zones: list[ThermalZone]
+    cooling_verdict: CoolingVerdict
+    cooling_evidence: list[str]
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchmarkInfo:
+    memory_bandwidth_gbps: float | None
+    cpu_fp32_gflops: float | None
+    cpu_bf16_gflops: float | None
+    gpu_tflops: dict[str, float]  # measured matmul, by precision
+    gpu_bandwidth_gbps: float | None
+    disk_read_mbps: float | None
+    disk_write_mbps: float | None
+    seconds: float
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    schema_version: int
+    source: str  # "live", "catalog:2x rtx-4090", "file:profile.json", "fixture:rtx3060-laptop"
+    os: OsInfo
+    cpu: CpuInfo
+    memory: MemoryInfo
+    gpus: list[GpuInfo]
+    backends: BackendsInfo
+    storage: list[StorageInfo]
+    network: NetworkInfo
+    power: PowerInfo
+    benchmark: BenchmarkInfo | None
+    probe_seconds: dict[str, float]  # wall time per probe
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    # ---- convenience views used by the estimators -------------------------------------
+    @property
+    def accelerator(self) -> str:
+        """Device the training would run on: 'cuda', 'rocm', 'mps', 'xpu' or 'cpu'."""
+        if not self.gpus:
+            return "cpu"
+        vendor = self.gpus[0].vendor
+        return {"nvidia": "cuda", "amd": "rocm", "apple": "mps", "intel": "xpu"}[vendor]
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(to_jsonable(self), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HardwareProfile":
+        """Parse a saved profile. Raises ValueError naming the bad key."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> "HardwareProfile":
+        if not isinstance(data, dict):
+            raise ValueError("a hardware profile must be a JSON object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {version!r} is not supported (this trainfit reads {SCHEMA_VERSION})"
+            )
+        try:
+            return from_jsonable(cls, data)
+        except SerdeError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def missing_reasons(obj: object, path: str = "") -> list[str]:
+    """Paths of fields that are None without a reason in the owning object's `unavailable`.
+
+    Used by tests and by `trainfit profile` in debug mode: no probe may silently default.
+    """
+    import dataclasses
+
+    problems: list[str] = []
+    if not dataclasses.is_dataclass(obj):
+        return problems
+    reasons = getattr(obj, "unavailable", None)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        here = f"{path}.{f.name}" if path else f.name
+        if value is None:
+            # Fields that are None by meaning, not by failure.
+            if f.name in _NONE_IS_MEANINGFUL:
+                continue
+            if reasons is None or f.name not in reasons:
+                problems.append(here)
+        elif dataclasses.is_dataclass(value):
+            problems.extend(missing_reasons(value, here))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                problems.extend(missing_reasons(item, f"{here}[{i}]"))
+    return problems
+
+
+# None here means "does not apply" rather than "could not read".
+_NONE_IS_MEANINGFUL = {
+    "cgroup_limit_bytes",  # not in a memory-limited cgroup
+    "cgroup_cpu_quota",  # no CPU quota
+    "benchmark",  # --benchmark not asked
+    "catalog_id",  # GPU not in the catalog (reason given in unavailable when looked up)
+    "mig_profile",  # not a MIG slice
+    "rocm_version",  # NVIDIA/Apple/Intel GPU
+    "cuda_version",  # AMD/Apple/Intel GPU
+    "compute_capability",  # non-NVIDIA
+    "psu_watts",  # not stated
+    "psu_headroom_watts",  # PSU not stated
+    "version",  # Backend.version when unavailable
+    "reason",  # Backend.reason when available
+    "critical_c",
+    "endpoint",  # no endpoint configured
+}

@@ -1,0 +1,53 @@
+"""TrainingSetup: the knobs of one training (or inference) configuration.
+
+Shared by the memory model, the speed/cost model, the planner and the run config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "inference"]
+PrecisionMode = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"]
+Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"]
+Checkpointing = Literal["none", "full", "selective"]
+Attention = Literal["eager", "sdpa", "flash"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+Quant = Literal["none", "nf4", "nf4-dq", "int8"]
+Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    # Module names as in the model ("q_proj", ...) or "all-linear".
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    method: Method = "full"
+    precision: PrecisionMode = "bf16-mixed"
+    optimizer: Optimizer = "adamw"
+    micro_batch: int = 1
+    seq_len: int = 512
+    grad_accum: int = 1
+    grad_checkpointing: Checkpointing = "none"
+    attention: Attention = "sdpa"
+    lora: LoraSettings | None = None  # required for lora / qlora
+    quant: Quant = "none"  # weight quantisation (qlora: nf4 / nf4-dq / int8; inference too)
+    num_gpus: int = 1
+    zero_stage: int = 0  # DeepSpeed ZeRO 0..3 (FSDP: NO_SHARD=0, SHARD_GRAD_OP=2, FULL_SHARD=3)
+    offload: Offload = "none"
+    device: Device = "cuda"
+    # DPO: the reference model is frozen; with LoRA it is the base with adapters disabled.
+    dpo_reference: Literal["separate", "lora-base", "precomputed"] = "separate"
+    # Inference: tokens generated after the prompt (seq_len is the prompt length).
+    generate_tokens: int = 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.num_gpus

@@ -1,0 +1,72 @@
+"""Errors that carry the exit code the CLI gives for them.
+
+Exit codes are a contract (see DESIGN): 0 ok, 2 bad input, 3 does not fit, 4 hardware or
+dependency unavailable. Library code raises these; only the CLI prints them and exits.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
+EXIT_UNAVAILABLE = 4
+
+
+class TrainfitError(Exception):
+    """Base class: a message meant for the user, and the exit code that goes with it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+class BadInputError(TrainfitError):
+    """The user gave something invalid: a flag, a key, a file. Exit code 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class DoesNotFitError(TrainfitError):
+    """The estimate is over the hardware budget. Exit code 3."""
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+
+class UnavailableError(TrainfitError):
+    """Hardware or an optional dependency is missing. Exit code 4."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """Up to n choices that look like `word` (case-insensitive), for 'did you mean' hints."""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    found = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.5)
+    # Substring matches help with short aliases ("qwen2.5-7b" inside a hub id).
+    for c in choices:
+        if len(found) >= n:
+            break
+        if word.lower() in c.lower() and c.lower() not in found:
+            found.append(c.lower())
+    return [lowered[f] for f in found]
+
+
+def require_extra(module: str, extra: str) -> None:
+    """Raise UnavailableError naming the pip extra when an optional module is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UnavailableError(
+            f"this needs the optional dependency '{module}'",
+            hint=f"install it with: pip install 'trainfit[{extra}]'",
+        )

@@ -1,0 +1,1 @@
+"""Writers of configuration files that the real tools load."""

@@ -1,0 +1,1 @@
+"""Training runner, checkpoints, verify (needs the `train` extra)."""
