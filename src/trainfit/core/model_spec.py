@@ -62,3 +62,4 @@ class ModelSpec:
     exact_params: int | None = None
     aliases: list[str] = field(default_factory=list)
     source: str = ""  # where the shapes come from (URL of config.json, local path, "shape")
+    family: str = ""  # catalog family ("qwen2.5", "llama3.1", "pythia", ...); "" outside the catalog

@@ -1,0 +1,337 @@
+"""Exact parameter counts and the linear layers of a ModelSpec, as transformers builds them.
+
+One layout function per architecture family describes a decoder block (its linear layers and
+norm parameters) with the module names transformers uses; `count_params`, `linear_layers` and
+`lora_params` all read that one layout, so counts and LoRA targets cannot disagree.
+
+Checked exactly against `sum(p.numel() for p in model.parameters())` of the transformers model
+built on the meta device for every catalog entry (tests/models/test_params_vs_transformers.py),
+and LoRA counts against `peft.get_peft_model(...)` trainable parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.errors import BadInputError
+
+LayerKind = Literal["linear", "lm_head", "expert"]
+
+# Architectures whose block is Llama-shaped: q/k/v/o projections + gated MLP + RMSNorm.
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl")
+MOE = ("mixtral", "qwen2_moe")
+SUPPORTED_ARCHITECTURES = LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox")
+
+# Qwen2-VL patch embedding is a Conv3d over (3 channels x 2 frames x patch x patch), no bias.
+# Source: transformers/models/qwen2_vl/modeling_qwen2_vl.py (PatchEmbed), config temporal_patch_size=2.
+QWEN2VL_IN_CHANNELS = 3
+QWEN2VL_TEMPORAL_PATCH = 2
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """One kind of linear module, repeated `count` times over the model."""
+
+    name: str  # module name as in transformers: "q_proj", "c_attn", "query_key_value", ...
+    path: str  # path inside its block: "self_attn.q_proj", "mlp.c_proj", "merger.mlp.0", "lm_head"
+    in_features: int
+    out_features: int
+    count: int  # instances over the whole model (layers; for experts: layers x experts)
+    bias: bool
+    vision: bool  # in the vision tower (VLMs)
+    # "expert": a slice of a fused 3D expert parameter (transformers >= 5 stores MoE experts as
+    # experts.gate_up_proj / experts.down_proj tensors); PEFT reaches them via target_parameters.
+    kind: LayerKind = "linear"
+
+    @property
+    def params(self) -> int:
+        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    embedding: int  # token embeddings
+    position_embedding: int  # learned absolute positions (GPT-2); 0 for RoPE / ALiBi
+    lm_head: int  # 0 when tied to the token embeddings
+    num_layers: int
+    attention_per_layer: int  # projections (+ biases, + q/k norms where the block has them)
+    mlp_per_layer: int  # dense MLP; for MoE the shared expert(s) and their gate
+    norms_per_layer: int
+    router_per_layer: int  # MoE router weights
+    experts_per_layer: int  # all routed experts of one layer
+    final_norm: int
+    vision: int  # vision tower incl. patch embedding and merger/projector
+    total: int
+    # Parameters one text token passes through: all but the routed experts it is not sent to,
+    # and without the vision tower (which runs per image, not per token). Includes embeddings.
+    active_per_token: int
+
+    @property
+    def per_layer(self) -> int:
+        return (self.attention_per_layer + self.mlp_per_layer + self.norms_per_layer
+                + self.router_per_layer + self.experts_per_layer)
+
+
+@dataclass(frozen=True)
+class _Block:
+    attention: list[LinearLayer]  # per-layer count 1
+    mlp: list[LinearLayer]
+    experts: list[LinearLayer]  # count = experts per layer
+    attention_extra: int  # non-linear attention params per layer (q_norm/k_norm)
+    norms: int
+    router: int
+
+
+def _lin(name: str, path: str, n_in: int, n_out: int, bias: bool, count: int = 1,
+         kind: LayerKind = "linear", vision: bool = False) -> LinearLayer:
+    return LinearLayer(name, path, n_in, n_out, count, bias, vision, kind)
+
+
+def _norm_params(spec: ModelSpec, width: int) -> int:
+    # RMSNorm has a weight only; LayerNorm a weight and a bias.
+    return width * (2 if spec.norm == "layernorm" else 1)
+
+
+def _check_arch(spec: ModelSpec) -> None:
+    if spec.architecture not in SUPPORTED_ARCHITECTURES:
+        raise BadInputError(
+            f"model {spec.id!r}: architecture {spec.architecture!r} is not supported",
+            hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+        )
+
+
+def _block(spec: ModelSpec) -> _Block:
+    """The decoder block of `spec`, named as in transformers' modeling_<arch>.py."""
+    _check_arch(spec)
+    h, d = spec.hidden_size, spec.head_dim
+    q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
+    arch = spec.architecture
+    ffn = spec.intermediate_size
+    norm1 = _norm_params(spec, h)
+    if arch in LLAMA_LIKE or arch in MOE:
+        attn = [
+            _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
+            _lin("k_proj", "self_attn.k_proj", h, kv_out, spec.qkv_bias),
+            _lin("v_proj", "self_attn.v_proj", h, kv_out, spec.qkv_bias),
+            _lin("o_proj", "self_attn.o_proj", q_out, h, spec.o_bias),
+        ]
+        # Qwen3 normalises queries and keys per head (RMSNorm of head_dim each).
+        extra = 2 * d if arch == "qwen3" else 0
+        # Gemma-2 adds pre/post feed-forward norms around the MLP: four per block.
+        norms = norm1 * (4 if arch == "gemma2" else 2)
+        mlp: list[LinearLayer] = []
+        experts: list[LinearLayer] = []
+        router = 0
+        if arch in MOE:
+            e, ffn_e = spec.num_experts, spec.moe_intermediate_size or ffn
+            router = e * h
+            experts = [
+                _lin("gate_up_proj", "mlp.experts.gate_up_proj", h, 2 * ffn_e, False, e, "expert"),
+                _lin("down_proj", "mlp.experts.down_proj", ffn_e, h, False, e, "expert"),
+            ]
+            if spec.shared_experts:
+                shared = spec.shared_experts * ffn_e
+                mlp = [
+                    _lin("gate_proj", "mlp.shared_expert.gate_proj", h, shared, spec.mlp_bias),
+                    _lin("up_proj", "mlp.shared_expert.up_proj", h, shared, spec.mlp_bias),
+                    _lin("down_proj", "mlp.shared_expert.down_proj", shared, h, spec.mlp_bias),
+                    _lin("shared_expert_gate", "mlp.shared_expert_gate", h, 1, False),
+                ]
+        else:
+            mlp = [
+                _lin("gate_proj", "mlp.gate_proj", h, ffn, spec.mlp_bias),
+                _lin("up_proj", "mlp.up_proj", h, ffn, spec.mlp_bias),
+                _lin("down_proj", "mlp.down_proj", ffn, h, spec.mlp_bias),
+            ]
+        return _Block(attn, mlp, experts, extra, norms, router)
+    if arch == "phi3":  # fused qkv and gate/up projections
+        attn = [
+            _lin("qkv_proj", "self_attn.qkv_proj", h, q_out + 2 * kv_out, spec.qkv_bias),
+            _lin("o_proj", "self_attn.o_proj", q_out, h, spec.o_bias),
+        ]
+        mlp = [
+            _lin("gate_up_proj", "mlp.gate_up_proj", h, 2 * ffn, spec.mlp_bias),
+            _lin("down_proj", "mlp.down_proj", ffn, h, spec.mlp_bias),
+        ]
+        return _Block(attn, mlp, [], 0, 2 * norm1, 0)
+    if arch == "phi":  # parallel attention + MLP behind one LayerNorm
+        attn = [
+            _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
+            _lin("k_proj", "self_attn.k_proj", h, kv_out, spec.qkv_bias),
+            _lin("v_proj", "self_attn.v_proj", h, kv_out, spec.qkv_bias),
+            _lin("dense", "self_attn.dense", q_out, h, spec.o_bias),
+        ]
+        mlp = [_lin("fc1", "mlp.fc1", h, ffn, spec.mlp_bias), _lin("fc2", "mlp.fc2", ffn, h, spec.mlp_bias)]
+        return _Block(attn, mlp, [], 0, norm1, 0)
+    if arch == "gpt2":  # Conv1D modules (PEFT treats them as linear, fan_in_fan_out)
+        attn = [
+            _lin("c_attn", "attn.c_attn", h, q_out + 2 * kv_out, spec.qkv_bias),
+            _lin("c_proj", "attn.c_proj", q_out, h, spec.o_bias),
+        ]
+        mlp = [_lin("c_fc", "mlp.c_fc", h, ffn, spec.mlp_bias), _lin("c_proj", "mlp.c_proj", ffn, h, spec.mlp_bias)]
+        return _Block(attn, mlp, [], 0, 2 * norm1, 0)
+    # gpt_neox (Pythia): fused query_key_value; checkpoints call the lm_head "embed_out",
+    # transformers >= 5 renames it to "lm_head" on load.
+    attn = [
+        _lin("query_key_value", "attention.query_key_value", h, q_out + 2 * kv_out, spec.qkv_bias),
+        _lin("dense", "attention.dense", q_out, h, spec.o_bias),
+    ]
+    mlp = [
+        _lin("dense_h_to_4h", "mlp.dense_h_to_4h", h, ffn, spec.mlp_bias),
+        _lin("dense_4h_to_h", "mlp.dense_4h_to_h", ffn, h, spec.mlp_bias),
+    ]
+    return _Block(attn, mlp, [], 0, 2 * norm1, 0)
+
+
+def _vision_linears(spec: ModelSpec) -> list[LinearLayer]:
+    v = spec.vision
+    if v is None or spec.architecture != "qwen2_vl":
+        return []
+    merge_sq = max(1, v.patches_per_image // max(1, v.tokens_per_image))
+    d, ffn, merged = v.hidden_size, v.intermediate_size, v.hidden_size * merge_sq
+    n = v.num_layers
+    return [
+        _lin("qkv", "blocks.attn.qkv", d, 3 * d, True, n, vision=True),
+        _lin("proj", "blocks.attn.proj", d, d, True, n, vision=True),
+        _lin("fc1", "blocks.mlp.fc1", d, ffn, True, n, vision=True),
+        _lin("fc2", "blocks.mlp.fc2", ffn, d, True, n, vision=True),
+        _lin("merger.mlp.0", "merger.mlp.0", merged, merged, True, vision=True),
+        _lin("merger.mlp.2", "merger.mlp.2", merged, spec.hidden_size, True, vision=True),
+    ]
+
+
+def vision_params(spec: ModelSpec) -> int:
+    """Vision tower parameters: computed for Qwen2-VL, else the catalog's recorded figure."""
+    v = spec.vision
+    if v is None:
+        return 0
+    if spec.architecture != "qwen2_vl":
+        return v.params
+    d = v.hidden_size
+    patch = QWEN2VL_IN_CHANNELS * QWEN2VL_TEMPORAL_PATCH * v.patch_size**2 * d
+    norms = v.num_layers * 2 * (2 * d) + 2 * d  # norm1/norm2 per block + merger ln_q (LayerNorms)
+    return patch + norms + sum(layer.params for layer in _vision_linears(spec))
+
+
+def linear_layers(spec: ModelSpec) -> list[LinearLayer]:
+    """Every linear module (and fused expert slice) of the model, with its whole-model count."""
+    b = _block(spec)
+    n = spec.num_layers
+    out = [_scaled(layer, n) for layer in b.attention + b.mlp + b.experts]
+    # The lm_head exists as a module even when its weight is tied to the embeddings.
+    out.append(_lin("lm_head", "lm_head", spec.hidden_size, spec.vocab_size, spec.lm_head_bias, 1, "lm_head"))
+    return out + _vision_linears(spec)
+
+
+def _scaled(layer: LinearLayer, layers: int) -> LinearLayer:
+    return LinearLayer(layer.name, layer.path, layer.in_features, layer.out_features,
+                       layer.count * layers, layer.bias, layer.vision, layer.kind)
+
+
+def count_params(spec: ModelSpec) -> ParamBreakdown:
+    """Exact parameter count of `spec` as transformers builds it (tied weights counted once)."""
+    b = _block(spec)
+    h, n, v = spec.hidden_size, spec.num_layers, spec.vocab_size
+    attention = sum(x.params for x in b.attention) + b.attention_extra
+    mlp = sum(x.params for x in b.mlp)
+    experts = sum(x.params for x in b.experts)
+    embedding = v * h
+    position = spec.max_position_embeddings * h if spec.position == "learned" else 0
+    lm_head = 0 if spec.tie_embeddings else v * h + (v if spec.lm_head_bias else 0)
+    final_norm = _norm_params(spec, h)
+    vision = vision_params(spec)
+    per_layer = attention + mlp + b.norms + b.router + experts
+    total = embedding + position + lm_head + n * per_layer + final_norm + vision
+    inactive = 0
+    if spec.num_experts:
+        per_expert = experts // spec.num_experts
+        inactive = n * (spec.num_experts - spec.experts_per_token) * per_expert
+    return ParamBreakdown(
+        embedding=embedding, position_embedding=position, lm_head=lm_head, num_layers=n,
+        attention_per_layer=attention, mlp_per_layer=mlp, norms_per_layer=b.norms,
+        router_per_layer=b.router, experts_per_layer=experts, final_norm=final_norm, vision=vision,
+        total=total, active_per_token=total - vision - inactive,
+    )
+
+
+def total_params(spec: ModelSpec) -> int:
+    """The exact count from safetensors headers when known, else the computed total."""
+    return spec.exact_params if spec.exact_params is not None else count_params(spec).total
+
+
+def _matches(layer: LinearLayer, key: str) -> bool:
+    # PEFT matches a target key against the end of the module path at a dot boundary.
+    return layer.name == key or layer.path == key or layer.path.endswith("." + key)
+
+
+def lora_targets(spec: ModelSpec, target_modules: list[str] | str,
+                 target_parameters: list[str] | None = None) -> list[LinearLayer]:
+    """The layers LoRA adapts for PEFT's `target_modules` (or "all-linear") and `target_parameters`.
+
+    "all-linear" follows PEFT: every nn.Linear / Conv1D module, vision tower included, except
+    the output layer (lm_head); fused MoE experts are parameters, not modules, so not included.
+    """
+    layers = linear_layers(spec)
+    modules = [x for x in layers if x.kind != "expert"]
+    experts = [x for x in layers if x.kind == "expert"]
+    if isinstance(target_modules, str):
+        if target_modules.lower() != "all-linear":
+            target_modules = [target_modules]
+        else:
+            chosen = [x for x in modules if x.kind != "lm_head"]
+            return chosen + _param_targets(spec, experts, target_parameters or [])
+    chosen: list[LinearLayer] = []
+    unknown = []
+    for key in target_modules:
+        hits = [x for x in modules if _matches(x, key)]
+        if not hits:
+            unknown.append(key)
+        chosen += [x for x in hits if x not in chosen]
+    if unknown:
+        expert_names = sorted({x.name for x in experts if any(_matches(x, k) for k in unknown)})
+        hint = f"valid names: {', '.join(module_names(spec))}, or 'all-linear'"
+        if expert_names:
+            hint += ("; fused MoE expert weights (" + ", ".join(expert_names)
+                     + ") are parameters: pass them as target_parameters")
+        raise BadInputError(
+            f"lora target_modules: {', '.join(map(repr, unknown))} not found in {spec.id}", hint=hint
+        )
+    return chosen + _param_targets(spec, experts, target_parameters or [])
+
+
+def _param_targets(spec: ModelSpec, experts: list[LinearLayer], keys: list[str]) -> list[LinearLayer]:
+    chosen = []
+    for key in keys:
+        hits = [x for x in experts if _matches(x, key)]
+        if not hits:
+            valid = sorted({x.path for x in experts})
+            raise BadInputError(
+                f"lora target_parameters: {key!r} not found in {spec.id}",
+                hint=f"valid names: {', '.join(valid) if valid else 'none (the model has no fused experts)'}",
+            )
+        chosen += [x for x in hits if x not in chosen]
+    return chosen
+
+
+def module_names(spec: ModelSpec) -> list[str]:
+    """Distinct module names PEFT `target_modules` can name, in model order."""
+    seen: list[str] = []
+    for layer in linear_layers(spec):
+        if layer.kind != "expert" and layer.name not in seen:
+            seen.append(layer.name)
+    return seen
+
+
+def lora_params(spec: ModelSpec, target_modules: list[str] | str, rank: int,
+                target_parameters: list[str] | None = None) -> int:
+    """Trainable LoRA parameters: rank x (in + out) per adapted module (no LoRA bias).
+
+    Source: LoRA (Hu et al. 2021, arXiv:2106.09685) A is r x in, B is out x r; PEFT's
+    ParamWrapper gives fused experts one A of (r*E) x in and one B of out x (r*E).
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise BadInputError(f"lora rank must be a positive integer, got {rank!r}")
+    return sum(x.count * rank * (x.in_features + x.out_features)
+               for x in lora_targets(spec, target_modules, target_parameters))
