@@ -1,0 +1,304 @@
+"""Step time of a training (or inference) setup on a device: FLOPs over achievable throughput,
+plus memory-bound work, host overhead, optimizer step, offload and communication.
+
+Per micro-batch on one device (kernels run one after another, so the parts add up):
+    matmuls      max(FLOPs / (peak x efficiency), weight bytes / bandwidth)   (roofline per GEMM)
+    elementwise  activation bytes (norms, rotary, activations, residuals, logits) / bandwidth
+    overhead     kernels launched x per-kernel host overhead
+    dequant      QLoRA: NF4 -> bf16 weight traffic at every pass
+Per optimizer step: the optimizer reads and writes params + states at memory bandwidth (on the
+host when offloaded, with the PCIe copies), and the data-parallel collectives not hidden behind
+the backward pass (ring all-reduce 2(n-1)/n; ZeRO-2 reduce-scatter; ZeRO-3 all-gathers in
+forward and backward; Rajbhandari et al. 2020, arXiv 1910.02054 §7).
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.profile import HardwareProfile
+from trainfit.core.setup import TrainingSetup
+from trainfit.core.speed import flops as F
+from trainfit.core.speed.rates import DeviceRates, compute_precision, device_rates
+from trainfit.core.speed.types import Bottleneck, SpeedEstimate, Workload
+from trainfit.errors import BadInputError
+
+# Bytes touched per trainable parameter by one optimizer step (reads + writes of param, grad and
+# states, fp32 unless noted), e.g. AdamW: read p,g,m,v (16) + write p,m,v (12) + zero grad (4).
+OPTIMIZER_BYTES = {
+    "adamw": 32.0,
+    "adamw-8bit": 18.0,
+    "paged-adamw-8bit": 18.0,
+    "sgd": 16.0,
+    "sgd-momentum": 24.0,
+    "adafactor": 20.0,
+    "lion": 24.0,
+}
+# Unfused (foreach / per-parameter) optimizers make several passes: a factor over the minimum.
+OPTIMIZER_PASSES = {"gpu": 1.6, "cpu": 3.0}
+# Elementwise traffic per token per layer in the forward, in elements: RMSNorm/LayerNorm with an
+# fp32 upcast (~2 x 12h), residual adds (2 x 3h), rotary on q and k, activation x gate on the FFN.
+ELEMENTWISE_PER_HIDDEN = 30.0
+ELEMENTWISE_PER_FFN = 6.0
+ELEMENTWISE_PER_QKV = 6.0
+# Logits: bf16 logits, fp32 upcast, log-softmax and its gradient: bytes per vocab entry per token.
+LOGIT_BYTES_TRAIN = 20.0
+LOGIT_BYTES_FORWARD = 6.0
+# Kernels per layer in an eager forward (HF Llama-style block); backward launches ~2x.
+KERNELS_PER_LAYER_FORWARD = 40
+
+
+def _bytes_per_weight(setup: TrainingSetup) -> float:
+    if setup.quant in ("nf4", "nf4-dq"):
+        return 0.5625  # 4-bit weights + one fp32 absmax per 64 (nf4-dq shrinks that further)
+    if setup.quant == "int8":
+        return 1.0
+    if setup.precision == "fp32":
+        return 4.0
+    if setup.method in ("full", "pretrain") and setup.precision.endswith("mixed"):
+        return 4.0  # AMP keeps fp32 master weights and casts them to 16 bit at every forward
+    return 2.0
+
+
+def _trainable_params(spec: ModelSpec, setup: TrainingSetup) -> float:
+    if setup.lora is not None and setup.method in ("lora", "qlora", "dpo"):
+        return F.lora_params_per_token(spec, list(setup.lora.target_modules), setup.lora.rank)
+    if setup.method == "inference":
+        return 0.0
+    return F.matmul_params_stored(spec)
+
+
+def _check(setup: TrainingSetup) -> None:
+    if setup.micro_batch < 1 or setup.seq_len < 1 or setup.grad_accum < 1 or setup.num_gpus < 1:
+        raise BadInputError("micro_batch, seq_len, grad_accum and num_gpus must be at least 1")
+    if setup.method in ("lora", "qlora") and setup.lora is None:
+        raise BadInputError(f"method {setup.method!r} needs LoRA settings (setup.lora)")
+
+
+def predict_step(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    hardware: HardwareProfile | DeviceRates,
+    workload: Workload | None = None,
+) -> SpeedEstimate:
+    """Predict step time, throughput, run time and bottleneck of `setup` for `spec` on `hardware`."""
+    _check(setup)
+    rates = hardware if isinstance(hardware, DeviceRates) else device_rates(hardware, setup.device)
+    notes = list(rates.notes)
+    n_dev = max(1, setup.num_gpus) if rates.kind == "gpu" else 1
+    if rates.kind == "gpu" and n_dev > rates.count:
+        notes.append(f"setup asks for {n_dev} GPUs, the hardware has {rates.count}: predicted for {n_dev} of them")
+    if setup.method == "inference":
+        return _predict_inference(spec, setup, rates, notes)
+
+    precision = compute_precision(setup.precision, setup.method)
+    peak, used = rates.flops_for(precision)
+    if used != precision:
+        notes.append(f"{rates.name} has no {precision} matmul rate: predicted at {used}")
+    sf = F.step_flops(spec, setup)
+    tokens = sf.tokens
+    eff = rates.matmul_efficiency(spec.hidden_size, tokens)
+    bw = rates.memory_bandwidth_bytes_per_s * rates.memory_efficiency
+    act_bytes = 4.0 if precision == "fp32" else 2.0
+    w_bytes = _bytes_per_weight(setup)
+    n_stored = F.matmul_params_stored(spec)
+    trainable = _trainable_params(spec, setup)
+    if setup.zero_stage >= 3 and n_dev > 1:
+        pass  # weights are gathered whole before use: the reads below stay per full model
+    # Passes over the weights per micro-batch: forward, backward, recompute, DPO reference.
+    passes = 2.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
+    if sf.reference_flops:
+        passes += 1.0
+    grad_bytes = 2.0 if setup.precision in ("bf16", "fp16") else 4.0
+    weight_traffic = passes * n_stored * w_bytes + 3.0 * trainable * grad_bytes  # + grad accumulate
+    matmul_s = max(sf.total_flops / (peak * eff), weight_traffic / bw)
+
+    # Elementwise (memory-bound) work. Training runs it ~3x (forward + 2x backward) + recompute.
+    ffn_active = (spec.moe_intermediate_size or spec.intermediate_size) * (
+        (spec.experts_per_token + spec.shared_experts) if spec.num_experts else 1
+    )
+    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    per_token_layer = (
+        ELEMENTWISE_PER_HIDDEN * spec.hidden_size + ELEMENTWISE_PER_FFN * ffn_active + ELEMENTWISE_PER_QKV * qkv
+    ) * act_bytes
+    fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
+    ref_tokens = tokens if sf.reference_flops else 0
+    elementwise_bytes = per_token_layer * spec.num_layers * (tokens * fwd_equiv + ref_tokens)
+    logits_bytes = spec.vocab_size * (tokens * LOGIT_BYTES_TRAIN + ref_tokens * LOGIT_BYTES_FORWARD)
+    if setup.attention == "eager":
+        # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
+        elementwise_bytes += 3.0 * 8.0 * spec.num_layers * spec.num_heads * setup.seq_len * tokens
+    memory_s = (elementwise_bytes + logits_bytes) / bw
+    dequant_s = 0.0
+    if setup.quant in ("nf4", "nf4-dq", "int8"):
+        # bitsandbytes dequantises every weight to bf16 before each use: read 4 bit, write 16 bit.
+        dequant_s = passes * n_stored * (w_bytes + 2.0) / bw
+    kernels = KERNELS_PER_LAYER_FORWARD * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
+    overhead_s = kernels * rates.op_overhead_seconds
+    micro_s = matmul_s + memory_s + dequant_s + overhead_s
+
+    # Optimizer step, sharded over data-parallel ranks by ZeRO >= 1.
+    shard = n_dev if setup.zero_stage >= 1 else 1
+    opt_bytes = trainable * OPTIMIZER_BYTES[setup.optimizer] * OPTIMIZER_PASSES[rates.kind] / shard
+    offload_s = 0.0
+    if setup.offload != "none" and rates.kind == "gpu":
+        # Optimizer on the host (DeepSpeed CPUAdam): host DRAM shared by all ranks; grads down and
+        # bf16 params up over each GPU's own PCIe link.
+        host_s = trainable * OPTIMIZER_BYTES[setup.optimizer] / rates.host_bandwidth_bytes_per_s / 0.6
+        pcie_s = trainable / n_dev * (2.0 + 2.0) / rates.pcie_bytes_per_s
+        offload_s = host_s + pcie_s
+        optimizer_s = 0.0
+        if setup.offload == "optimizer+params":
+            # Parameters stream in from host memory at every pass, half hidden behind compute.
+            stream = passes * n_stored / n_dev * 2.0 / rates.pcie_bytes_per_s
+            offload_s += setup.grad_accum * max(stream - 0.5 * micro_s, 0.5 * stream)
+    else:
+        optimizer_s = opt_bytes / bw
+
+    comm_s = _communication_seconds(setup, rates, n_dev, n_stored, trainable, micro_s, sf)
+    data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
+
+    compute_total = setup.grad_accum * matmul_s
+    parts = {
+        "compute": compute_total if matmul_s * peak * eff >= 0.999 * sf.total_flops else 0.0,
+        "memory bandwidth": setup.grad_accum * (memory_s + dequant_s) + optimizer_s,
+        "framework overhead": setup.grad_accum * overhead_s,
+        "communication": comm_s,
+        "offload": offload_s,
+        "data loading": data_s,
+    }
+    if parts["compute"] == 0.0:  # the GEMMs themselves were bound by weight reads
+        parts["memory bandwidth"] += compute_total
+    step_s = setup.grad_accum * micro_s + optimizer_s + offload_s + comm_s + data_s
+    bottleneck: Bottleneck = max(parts, key=parts.get)  # type: ignore[arg-type]
+    samples_per_step = setup.micro_batch * setup.grad_accum * n_dev
+    tokens_per_step = setup.seq_len * samples_per_step * (2 if setup.method == "dpo" else 1)
+    model_flops = F.model_flops_per_token(spec, setup.seq_len) * tokens_per_step
+    est = SpeedEstimate(
+        model_id=spec.id,
+        device=_device_label(rates, n_dev),
+        compute_precision=used,
+        micro_step_seconds=micro_s,
+        step_seconds=step_s,
+        tokens_per_second=tokens_per_step / step_s,
+        samples_per_second=samples_per_step / step_s,
+        step_flops=sf.total_flops * setup.grad_accum * n_dev,
+        achieved_tflops_per_device=sf.total_flops * setup.grad_accum / step_s / 1e12,
+        mfu=model_flops / (peak * n_dev * step_s),
+        matmul_efficiency=eff,
+        seconds_by_part=parts,
+        bottleneck=bottleneck,
+        notes=notes,
+    )
+    return with_workload(est, setup, workload) if workload else est
+
+
+def _communication_seconds(
+    setup: TrainingSetup, rates: DeviceRates, n: int, n_stored: float, trainable: float, micro_s: float, sf: F.StepFlops
+) -> float:
+    """Collective time per optimizer step that is not hidden behind compute."""
+    if n <= 1 or rates.link_bytes_per_s <= 0:
+        return 0.0
+    link = rates.link_bytes_per_s
+    ring = (n - 1) / n
+    grad_bytes = 2.0 if setup.precision != "fp32" else 4.0
+    bwd_share = sf.backward_flops / max(sf.total_flops, 1.0)
+    latency = 2 * (n - 1) * 20e-6  # per collective, ring hops
+    if setup.zero_stage <= 1:
+        # DDP: one bucketed all-reduce during the last micro-batch's backward.
+        comm = 2 * ring * trainable * grad_bytes / link + latency
+        return max(comm - 0.9 * bwd_share * micro_s, 0.0) + latency
+    if setup.zero_stage == 2:
+        per_micro = ring * trainable * grad_bytes / link + latency
+        hidden = 0.9 * bwd_share * micro_s
+        gather = ring * n_stored * 2.0 / link  # updated bf16 params, after the step
+        return setup.grad_accum * max(per_micro - hidden, 0.0) + gather
+    # ZeRO-3 / FSDP FULL_SHARD: gather params for forward, again for backward (and recompute),
+    # reduce-scatter grads; prefetching hides most of it behind compute.
+    gathers = 2 + (1 if setup.grad_checkpointing == "full" else 0)
+    per_micro = ring * (gathers * n_stored * 2.0 + trainable * grad_bytes) / link + 3 * latency
+    return setup.grad_accum * max(per_micro - 0.85 * micro_s, 0.05 * per_micro)
+
+
+def _device_label(rates: DeviceRates, n: int) -> str:
+    if rates.kind == "cpu":
+        return f"cpu ({rates.name})"
+    return f"cuda x{n} ({rates.name})"
+
+
+def with_workload(est: SpeedEstimate, setup: TrainingSetup, workload: Workload) -> SpeedEstimate:
+    """Fill steps per epoch, total steps and run time for a dataset."""
+    import dataclasses
+
+    if workload.epochs <= 0:
+        raise BadInputError(f"--epochs must be positive, got {workload.epochs}")
+    if workload.examples is not None:
+        samples = workload.examples
+    elif workload.dataset_tokens is not None:
+        samples = math.ceil(workload.dataset_tokens / setup.seq_len)
+    else:
+        raise BadInputError("give --dataset-tokens N or --examples N")
+    if samples <= 0:
+        raise BadInputError("the dataset must have at least one example / token")
+    per_step = setup.micro_batch * setup.grad_accum * max(1, setup.num_gpus if setup.device != "cpu" else 1)
+    steps_per_epoch = math.ceil(samples / per_step)
+    total_steps = math.ceil(steps_per_epoch * workload.epochs)
+    return dataclasses.replace(
+        est,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        total_seconds=total_steps * est.step_seconds,
+    )
+
+
+def _predict_inference(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, notes: list[str]) -> SpeedEstimate:
+    """Prefill is compute-bound; each decode step reads all weights plus the KV cache."""
+    precision = compute_precision(setup.precision, setup.method)
+    peak, used = rates.flops_for(precision)
+    batch = setup.micro_batch
+    prompt_tokens = batch * setup.seq_len
+    bw = rates.memory_bandwidth_bytes_per_s * rates.memory_efficiency
+    w_bytes = _bytes_per_weight(setup)
+    weights = F.matmul_params_stored(spec) * w_bytes
+    eff_prefill = rates.matmul_efficiency(spec.hidden_size, prompt_tokens)
+    prefill_flops = prompt_tokens * (
+        2.0 * F.matmul_params_per_token(spec) + F.attention_core_flops_per_token(spec, setup.seq_len, True)
+    )
+    overhead = KERNELS_PER_LAYER_FORWARD * spec.num_layers * rates.op_overhead_seconds
+    prefill_s = max(prefill_flops / (peak * eff_prefill), weights / bw) + overhead
+    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * (4.0 if precision == "fp32" else 2.0)
+    gen = max(setup.generate_tokens, 0)
+    avg_context = setup.seq_len + gen / 2
+    decode_flops = batch * F.decode_flops_per_token(spec, int(avg_context))
+    decode_bytes = weights + batch * avg_context * kv_per_token
+    eff_decode = rates.matmul_efficiency(spec.hidden_size, batch)
+    decode_compute = decode_flops / (peak * eff_decode)
+    decode_memory = decode_bytes / bw
+    decode_s = max(decode_compute, decode_memory) + overhead
+    total = prefill_s + gen * decode_s
+    parts = {
+        "compute": prefill_s + (gen * decode_compute if decode_compute >= decode_memory else 0.0),
+        "memory bandwidth": gen * decode_memory if decode_memory > decode_compute else 0.0,
+        "framework overhead": (1 + gen) * overhead,
+    }
+    bottleneck: Bottleneck = max(parts, key=parts.get)  # type: ignore[arg-type]
+    produced = batch * gen if gen else prompt_tokens
+    return SpeedEstimate(
+        model_id=spec.id,
+        device=_device_label(rates, 1),
+        compute_precision=used,
+        micro_step_seconds=total,
+        step_seconds=total,
+        tokens_per_second=produced / total,
+        samples_per_second=batch / total,
+        step_flops=prefill_flops + gen * decode_flops,
+        achieved_tflops_per_device=(prefill_flops + gen * decode_flops) / total / 1e12,
+        mfu=(prefill_flops + gen * decode_flops) / (peak * total),
+        matmul_efficiency=eff_prefill,
+        seconds_by_part=parts,
+        bottleneck=bottleneck,
+        prefill_seconds=prefill_s,
+        decode_seconds_per_token=decode_s if gen else None,
+        notes=notes,
+    )

@@ -1,0 +1,296 @@
+"""What a device can sustain: peak FLOP/s by precision, an efficiency curve, memory and link bandwidth.
+
+One `DeviceRates` describes one training device (a GPU, or the whole CPU). It is built from a
+HardwareProfile (catalog figures, or the profile's *measured* matmul / bandwidth numbers when
+`trainfit profile --benchmark` was run) and is the only thing the step-time model reads.
+
+Efficiency: the fraction of peak that large GEMMs reach in real training stacks. Small hidden
+sizes and small micro-batches reach less (thin matrices under-fill the tensor cores / vector
+units and are bound by weight reads), modelled as h/(h+h0) * t/(t+t0) on top of a ceiling per
+architecture. The ceilings are set so that published end-to-end throughputs are reproduced
+(tests/speed/test_published.py cites each one); the CPU constants are calibrated on a measured
+machine by bench/step_time_accuracy.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainfit.core.gpu_spec import GpuSpec
+from trainfit.core.profile import HardwareProfile
+
+GB = 1e9
+
+# Ceiling of matmul efficiency (achieved / dense catalog peak) of a real PyTorch training step
+# with large matrices. Anchors: A100 57 % MFU (PyTorch FSDP blog, 2024-03), H100 40-46 % MFU
+# (MosaicML LLM Foundry tables), T4 reaches ~40 % of its 65 TFLOPS fp16 peak at 70 W.
+ARCH_CEILING = {
+    "hopper": 0.56,
+    "blackwell": 0.50,
+    "ampere": 0.66,
+    "ada": 0.55,
+    "turing": 0.42,
+    "volta": 0.50,
+    "cdna3": 0.40,
+    "cdna2": 0.40,
+    "rdna3": 0.35,
+}
+DEFAULT_GPU_CEILING = 0.40
+# Per-kernel host overhead of eager PyTorch (launch + dispatcher), seconds.
+GPU_OP_OVERHEAD_SECONDS = 12e-6
+
+# Efficiency curve shape on GPUs: hidden size and tokens per micro-batch at which half of the
+# ceiling is reached.
+GPU_HALF_HIDDEN = 200.0
+GPU_HALF_TOKENS = 96.0
+# Fraction of the HBM/GDDR peak that streaming kernels reach.
+GPU_MEMORY_EFFICIENCY = 0.75
+# PCIe payload bandwidth per direction per generation, x16 (GB/s): 8/16/32 GT/s with 128b/130b.
+PCIE_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+PCIE_EFFICIENCY = 0.8
+# Host (CPU) DRAM bandwidth assumed for optimizer offload when the host is not profiled:
+# a dual-channel-per-socket server reaches ~50 GB/s in STREAM.
+DEFAULT_HOST_BANDWIDTH_GBPS = 50.0
+
+# CPU constants, calibrated on this repository's reference machine (AMD EPYC Zen 4, 2 cores,
+# torch 2.13 CPU) by bench/step_time_accuracy.py; see bench/results/step_time_accuracy.md.
+CPU_CEILING = 0.85
+CPU_HALF_HIDDEN = 96.0
+CPU_HALF_TOKENS = 24.0
+CPU_MEMORY_EFFICIENCY = 0.55
+CPU_OP_OVERHEAD_SECONDS = 40e-6
+# Peak FLOPs per cycle per core when nothing was measured (fp32 FMA lanes x 2).
+CPU_FLOPS_PER_CYCLE = {"avx512": 64.0, "avx2": 32.0, "neon": 16.0, "none": 8.0}
+
+LinkKind = Literal["nvlink", "pcie-p2p", "pcie-host", "none"]
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    kind: Literal["gpu", "cpu"]
+    name: str
+    architecture: str
+    count: int  # devices training in data parallel (1 for the CPU)
+    peak_flops: dict[str, float]  # FLOP/s by precision ("fp32", "fp16", "bf16", ...)
+    measured: bool  # peak_flops come from a matmul benchmark on this machine
+    ceiling: float  # efficiency reached by large matrices
+    half_hidden: float
+    half_tokens: float
+    memory_bandwidth_bytes_per_s: float
+    memory_efficiency: float
+    op_overhead_seconds: float
+    link_kind: LinkKind
+    link_bytes_per_s: float  # per direction, per device, usable for collectives
+    pcie_bytes_per_s: float  # host <-> device, per direction (0 for the CPU)
+    host_bandwidth_bytes_per_s: float  # CPU DRAM, for offloaded optimizer steps
+    tdp_watts: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def matmul_efficiency(self, hidden: int, tokens: int) -> float:
+        """Fraction of peak reached by the GEMMs of a model of width `hidden` on `tokens` rows."""
+        h_term = hidden / (hidden + self.half_hidden)
+        t_term = tokens / (tokens + self.half_tokens)
+        return self.ceiling * h_term * t_term
+
+    def flops_for(self, precision: str) -> tuple[float, str]:
+        """Peak FLOP/s for a compute precision, falling back to fp32 when it is not supported."""
+        if precision in self.peak_flops:
+            return self.peak_flops[precision], precision
+        return self.peak_flops.get("fp32", min(self.peak_flops.values())), "fp32"
+
+
+def compute_precision(precision_mode: str, method: str) -> str:
+    """Precision the matmuls run in for a TrainingSetup.precision value."""
+    if precision_mode.startswith("bf16"):
+        return "bf16"
+    if precision_mode.startswith("fp16"):
+        return "fp16"
+    return "fp32"
+
+
+def _catalog_spec(catalog_id: str | None) -> GpuSpec | None:
+    """The GPU catalog entry for an id, or None when the catalog does not know it."""
+    if not catalog_id:
+        return None
+    try:
+        from trainfit.core.gpu_catalog import get_gpu
+    except ImportError:
+        return None
+    try:
+        return get_gpu(catalog_id)
+    except Exception:  # an unknown id only loses the link figure, never the estimate
+        return None
+
+
+def _build_gpu_rates(
+    *,
+    name: str,
+    architecture: str,
+    count: int,
+    peak_tflops: dict[str, float],
+    measured: bool,
+    bandwidth_gbps: float | None,
+    pcie_gen: int | None,
+    pcie_width: int | None,
+    interconnect: str | None,
+    interconnect_gbps: float | None,
+    host_bandwidth_gbps: float | None,
+    tdp_watts: float | None,
+    notes: list[str],
+) -> DeviceRates:
+    if not peak_tflops:
+        raise ValueError(f"GPU {name} has no peak FLOP/s figure")
+    arch = (architecture or "unknown").lower()
+    ceiling = 0.85 if measured else ARCH_CEILING.get(arch, DEFAULT_GPU_CEILING)
+    if bandwidth_gbps is None:
+        bandwidth_gbps = 300.0
+        notes.append("GPU memory bandwidth unknown: assumed 300 GB/s")
+    pcie = PCIE_GBPS.get(pcie_gen or 4, 31.5) * (pcie_width or 16) / 16 * PCIE_EFFICIENCY * GB
+    if count > 1 and (interconnect or "").startswith(("nvlink", "infinity")):
+        # Catalog figures are bidirectional per GPU; a ring collective uses one direction.
+        link = (interconnect_gbps or 300.0) / 2 * 0.7 * GB
+        link_kind: LinkKind = "nvlink"
+    elif count > 1:
+        link = pcie * 0.75  # P2P over the PCIe switch or bounced through host memory
+        link_kind = "pcie-p2p"
+    else:
+        link, link_kind = 0.0, "none"
+    return DeviceRates(
+        kind="gpu",
+        name=name,
+        architecture=arch,
+        count=max(1, count),
+        peak_flops={k: v * 1e12 for k, v in peak_tflops.items()},
+        measured=measured,
+        ceiling=ceiling,
+        half_hidden=GPU_HALF_HIDDEN,
+        half_tokens=GPU_HALF_TOKENS,
+        memory_bandwidth_bytes_per_s=bandwidth_gbps * GB,
+        memory_efficiency=GPU_MEMORY_EFFICIENCY,
+        op_overhead_seconds=GPU_OP_OVERHEAD_SECONDS,
+        link_kind=link_kind,
+        link_bytes_per_s=link,
+        pcie_bytes_per_s=pcie,
+        host_bandwidth_bytes_per_s=(host_bandwidth_gbps or DEFAULT_HOST_BANDWIDTH_GBPS) * GB,
+        tdp_watts=tdp_watts,
+        notes=notes,
+    )
+
+
+def gpu_spec_rates(spec: GpuSpec, count: int = 1, host_bandwidth_gbps: float | None = None) -> DeviceRates:
+    """Rates of `count` identical catalog GPUs (cloud flavors, hardware named by catalog id)."""
+    return _build_gpu_rates(
+        name=spec.name,
+        architecture=spec.architecture,
+        count=count,
+        peak_tflops=dict(spec.peak_tflops),
+        measured=False,
+        bandwidth_gbps=spec.memory_bandwidth_gbps,
+        pcie_gen=spec.pcie_gen,
+        pcie_width=16,
+        interconnect=spec.interconnect,
+        interconnect_gbps=spec.interconnect_gbps,
+        host_bandwidth_gbps=host_bandwidth_gbps,
+        tdp_watts=spec.tdp_watts,
+        notes=[],
+    )
+
+
+def gpu_rates(profile: HardwareProfile) -> DeviceRates:
+    """Rates of the profile's first GPU (data-parallel peers are assumed identical)."""
+    gpu = profile.gpus[0]
+    notes: list[str] = []
+    bench = profile.benchmark
+    measured = bool(bench and bench.gpu_tflops)
+    if measured:
+        notes.append("GPU matmul rate measured by trainfit profile --benchmark")
+    spec = _catalog_spec(gpu.catalog_id)
+    interconnect = spec.interconnect if spec else None
+    if gpu.nvlink_peers and not (interconnect or "").startswith("nvlink"):
+        interconnect = "nvlink"
+    return _build_gpu_rates(
+        name=gpu.name,
+        architecture=gpu.architecture or (spec.architecture if spec else "unknown"),
+        count=profile.gpu_count,
+        peak_tflops=dict(bench.gpu_tflops) if measured else dict(gpu.peak_tflops),  # type: ignore[union-attr]
+        measured=measured,
+        bandwidth_gbps=(bench.gpu_bandwidth_gbps if bench and bench.gpu_bandwidth_gbps else None)
+        or gpu.memory_bandwidth_gbps,
+        pcie_gen=gpu.pcie_gen_max or gpu.pcie_gen,
+        pcie_width=gpu.pcie_width_max or gpu.pcie_width,
+        interconnect=interconnect,
+        interconnect_gbps=spec.interconnect_gbps if spec else None,
+        host_bandwidth_gbps=bench.memory_bandwidth_gbps if bench else None,
+        tdp_watts=gpu.power_limit_watts or gpu.tdp_watts,
+        notes=notes,
+    )
+
+
+def _cpu_isa(profile: HardwareProfile) -> str:
+    flags = profile.cpu.flags
+    if flags.get("avx512f"):
+        return "avx512"
+    if flags.get("avx2"):
+        return "avx2"
+    if flags.get("neon") or profile.cpu.architecture in ("aarch64", "arm64"):
+        return "neon"
+    return "none"
+
+
+def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceRates:
+    """Rates of the CPU: measured matmul GFLOP/s and bandwidth when benchmarked, else estimated."""
+    notes: list[str] = []
+    cores = threads or profile.cpu.usable_cores or profile.cpu.logical_cores
+    bench = profile.benchmark
+    peak: dict[str, float] = {}
+    measured = False
+    if bench and bench.cpu_fp32_gflops:
+        measured = True
+        peak["fp32"] = bench.cpu_fp32_gflops * 1e9
+        if bench.cpu_bf16_gflops:
+            peak["bf16"] = bench.cpu_bf16_gflops * 1e9
+        notes.append("CPU matmul rate measured by trainfit profile --benchmark")
+    else:
+        clock_mhz = profile.cpu.boost_clock_mhz or profile.cpu.base_clock_mhz or 2500.0
+        per_core = CPU_FLOPS_PER_CYCLE[_cpu_isa(profile)] * clock_mhz * 1e6
+        # Real GEMMs reach about 70 % of the FMA peak (turbo limits, memory stalls).
+        peak["fp32"] = per_core * cores * 0.7
+        notes.append("CPU matmul rate estimated from cores x clock x vector width (run --benchmark to measure)")
+    if "bf16" not in peak:
+        has_bf16 = profile.cpu.flags.get("avx512_bf16") or profile.cpu.flags.get("amx_bf16")
+        # Native bf16 dot products double the fp32 rate; without them bf16 matmuls are emulated.
+        peak["bf16"] = peak["fp32"] * (2.0 if has_bf16 else 0.5)
+    peak.setdefault("fp16", peak["fp32"] * 0.5)
+    if bench and bench.memory_bandwidth_gbps:
+        bandwidth = bench.memory_bandwidth_gbps
+    else:
+        bandwidth = 8.0 * cores  # ~8 GB/s per core of a memory-bound stream, when unmeasured
+        notes.append("memory bandwidth estimated at 8 GB/s per core (run --benchmark to measure)")
+    return DeviceRates(
+        kind="cpu",
+        name=profile.cpu.model or "CPU",
+        architecture=_cpu_isa(profile),
+        count=1,
+        peak_flops=peak,
+        measured=measured,
+        ceiling=CPU_CEILING,
+        half_hidden=CPU_HALF_HIDDEN,
+        half_tokens=CPU_HALF_TOKENS,
+        memory_bandwidth_bytes_per_s=bandwidth * GB,
+        memory_efficiency=CPU_MEMORY_EFFICIENCY,
+        op_overhead_seconds=CPU_OP_OVERHEAD_SECONDS,
+        link_kind="none",
+        link_bytes_per_s=0.0,
+        pcie_bytes_per_s=0.0,
+        host_bandwidth_bytes_per_s=bandwidth * GB,
+        tdp_watts=profile.power.cpu_tdp_watts,
+        notes=notes,
+    )
+
+
+def device_rates(profile: HardwareProfile, device: str) -> DeviceRates:
+    """Rates for the device a setup trains on ('cpu' uses the CPU even when GPUs exist)."""
+    if device == "cpu" or not profile.gpus:
+        return cpu_rates(profile)
+    return gpu_rates(profile)
