@@ -1,0 +1,172 @@
+"""The model catalog (`data/models.yaml`): load, validate, look up; and `resolve_model` for any
+model reference a user may type (catalog id or alias, local directory / config.json, shape)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.core.serde import SerdeError, from_jsonable
+from trainfit.errors import BadInputError, close_matches
+
+CATALOG_FILE = "models.yaml"
+_ENTRY_ONLY_KEYS = {"variants"}
+
+
+def _load_yaml(text: str, origin: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BadInputError(f"{origin}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise BadInputError(f"{origin}: expected a mapping with a 'models' list")
+    return data
+
+
+def parse_catalog(text: str, origin: str = CATALOG_FILE) -> list[ModelSpec]:
+    """Parse and validate a catalog document; every problem is reported at once."""
+    data = _load_yaml(text, origin)
+    defaults = data.get("architecture_defaults") or {}
+    problems: list[str] = []
+    specs: list[ModelSpec] = []
+    for i, raw in enumerate(data["models"]):
+        name = raw.get("id", f"#{i}") if isinstance(raw, dict) else f"#{i}"
+        if not isinstance(raw, dict):
+            problems.append(f"entry {name}: expected a mapping")
+            continue
+        try:
+            specs += _expand(raw, defaults)
+        except (SerdeError, BadInputError, ValueError) as exc:
+            problems.append(f"entry {name!r}: {exc}")
+    problems += _check_unique(specs)
+    if problems:
+        raise BadInputError(f"{origin}: " + "; ".join(problems))
+    return specs
+
+
+def _expand(raw: dict[str, Any], defaults: dict[str, Any]) -> list[ModelSpec]:
+    arch = raw.get("architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"key 'architecture': {arch!r} is not one of {', '.join(SUPPORTED_ARCHITECTURES)}")
+    for key in ("family", "source"):
+        if not raw.get(key):
+            raise ValueError(f"missing key '{key}'")
+    fields = {**defaults.get(arch, {}), **{k: v for k, v in raw.items() if k not in _ENTRY_ONLY_KEYS}}
+    if "head_dim" not in fields and isinstance(fields.get("hidden_size"), int) and fields.get("num_heads"):
+        fields["head_dim"] = fields["hidden_size"] // fields["num_heads"]
+    base = from_jsonable(ModelSpec, fields, path="")
+    _validate(base)
+    out = [base]
+    for var in raw.get("variants") or []:
+        if not isinstance(var, dict) or not isinstance(var.get("id"), str):
+            raise ValueError("key 'variants': each variant needs an 'id'")
+        var_id = var["id"]
+        source = base.source.replace(base.id, var_id)
+        out.append(from_jsonable(ModelSpec, {**fields, "id": var_id, "aliases": var.get("aliases", []),
+                                             "source": var.get("source", source)}, path=""))
+    return out
+
+
+def _validate(s: ModelSpec) -> None:
+    """Semantic checks beyond types; raises ValueError naming the key."""
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                "intermediate_size", "max_position_embeddings"):
+        if getattr(s, key) <= 0:
+            raise ValueError(f"key '{key}' must be positive, got {getattr(s, key)}")
+    if s.num_heads % s.num_kv_heads:
+        raise ValueError(f"key 'num_kv_heads': {s.num_kv_heads} does not divide num_heads {s.num_heads}")
+    if s.num_experts and not 0 < s.experts_per_token <= s.num_experts:
+        raise ValueError(f"key 'experts_per_token': must be 1..num_experts ({s.num_experts})")
+    if bool(s.num_experts) != (s.architecture in ("mixtral", "qwen2_moe")):
+        raise ValueError(f"key 'num_experts': {s.architecture} {'needs' if not s.num_experts else 'has no'} experts")
+    if (s.vision is not None) != (s.architecture == "qwen2_vl"):
+        raise ValueError("key 'vision': only qwen2_vl entries have (and need) a vision tower")
+    if s.vision is not None and s.vision.params != vision_params(s):
+        raise ValueError(f"key 'vision.params': {s.vision.params} but the tower's shapes give {vision_params(s)}")
+    if not s.source.startswith("https://"):
+        raise ValueError("key 'source': must be the URL of the config.json")
+
+
+def _check_unique(specs: list[ModelSpec]) -> list[str]:
+    seen: dict[str, str] = {}
+    problems = []
+    for s in specs:
+        for name in [s.id, *s.aliases]:
+            key = name.lower()
+            if key in seen and seen[key] != s.id:
+                problems.append(f"name {name!r} used by both {seen[key]!r} and {s.id!r}")
+            seen[key] = s.id
+    return problems
+
+
+@functools.lru_cache(maxsize=1)
+def all_models() -> tuple[ModelSpec, ...]:
+    """Every catalog entry (variants included), in file order."""
+    text = resources.files("trainfit").joinpath("data", CATALOG_FILE).read_text(encoding="utf-8")
+    return tuple(parse_catalog(text))
+
+
+@functools.lru_cache(maxsize=1)
+def _index() -> dict[str, ModelSpec]:
+    index: dict[str, ModelSpec] = {}
+    short: dict[str, list[ModelSpec]] = {}
+    for s in all_models():
+        index[s.id.lower()] = s
+        for a in s.aliases:
+            index[a.lower()] = s
+        short.setdefault(s.id.split("/")[-1].lower(), []).append(s)
+    # The part after "owner/" works as a name too when it is unambiguous ("Qwen2.5-7B").
+    for name, hits in short.items():
+        if len(hits) == 1:
+            index.setdefault(name, hits[0])
+    return index
+
+
+def families() -> list[str]:
+    return sorted({s.family for s in all_models()})
+
+
+def get_model(name_or_alias: str) -> ModelSpec:
+    """Catalog entry by hub id or alias (case-insensitive)."""
+    spec = _index().get(name_or_alias.strip().lower())
+    if spec is None:
+        names = [s.id for s in all_models()] + [a for s in all_models() for a in s.aliases]
+        similar = close_matches(name_or_alias, names, n=5)
+        hint = f"did you mean: {', '.join(similar)}" if similar else "see 'trainfit models' for the list"
+        raise BadInputError(f"unknown model {name_or_alias!r}", hint=hint + "; a local directory, a config.json "
+                            "or a shape such as 'shape:125m' also work")
+    return spec
+
+
+def _looks_like_path(ref: str) -> bool:
+    # Hub ids have exactly one "/" ("owner/name"); paths start with . / ~ or have more parts.
+    return ref.startswith((".", "/", "~")) or ref.endswith(".json") or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
+
+
+def resolve_model(ref: str) -> ModelSpec:
+    """A ModelSpec from a catalog id/alias, a local model directory, a config.json path or a shape
+    ("shape:125m", "125m", "shape:layers=12,hidden=768,heads=12,vocab=50257")."""
+    from trainfit.core import model_loader, model_shapes
+
+    ref = ref.strip()
+    if not ref:
+        raise BadInputError("model: empty reference", hint="give a catalog id, a directory, a config.json or a shape")
+    if ref.lower().startswith("shape:"):
+        return model_shapes.parse_shape(ref[len("shape:"):])
+    path = Path(os.path.expanduser(ref))
+    if path.exists():
+        return model_loader.load_local(path)
+    if ref.lower() in _index():
+        return _index()[ref.lower()]
+    if model_shapes.looks_like_size(ref):
+        return model_shapes.parse_shape(ref)
+    if _looks_like_path(ref):
+        raise BadInputError(f"model: {ref!r} does not exist (no such file or directory)")
+    return get_model(ref)
