@@ -1,0 +1,137 @@
+"""`--benchmark`: short measurements that the estimators can use instead of datasheet peaks.
+
+- memory bandwidth: numpy copy of a large array, counted as read + write bytes (STREAM "Copy"
+  convention, https://www.cs.virginia.edu/stream/ref.html)
+- CPU matmul GFLOP/s: fp32 via numpy (2 n^3 FLOP per n x n matmul); bf16 via torch when torch is
+  importable and the CPU has bf16 instructions
+- GPU matmul TFLOP/s and device-memory bandwidth: torch in a SUBPROCESS, so the profiling
+  process never creates a CUDA context
+- disk: sequential write + fsync + read of a larger file than the default profile uses
+Each part is best-of-N (the least disturbed run); the whole stays under 30 s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+
+from trainfit.core.profile import BenchmarkInfo, CpuInfo, GpuInfo
+from trainfit.hardware.sources import Sources
+
+DISK_BYTES = 512 << 20
+GPU_TIMEOUT_SECONDS = 20.0
+
+_GPU_SCRIPT = r"""
+import json, time, torch
+dev = torch.device("cuda")  # ROCm builds also use the "cuda" device name
+out = {"tflops": {}}
+def timed(fn, reps):
+    fn(); torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter(); fn(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t0)
+    return best
+n = 8192
+for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    if name == "bf16" and not torch.cuda.is_bf16_supported():
+        continue
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(n, n, device=dev, dtype=dtype); b = torch.randn(n, n, device=dev, dtype=dtype)
+    out["tflops"][name] = 2 * n**3 / timed(lambda: a @ b, 5) / 1e12
+    del a, b
+x = torch.empty(1 << 28, dtype=torch.float32, device=dev); y = torch.empty_like(x)
+out["bandwidth_gbps"] = 2 * x.numel() * 4 / timed(lambda: y.copy_(x), 10) / 1e9
+print(json.dumps(out))
+"""
+
+
+def _best(fn, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def memory_bandwidth_gbps(size_bytes: int = 256 << 20, reps: int = 5) -> float:
+    import numpy as np
+
+    src = np.ones(size_bytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in before timing
+    return 2 * size_bytes / _best(lambda: np.copyto(dst, src), reps) / 1e9
+
+
+def cpu_fp32_gflops(n: int = 2048, reps: int = 3) -> float:
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    a @ b  # warm-up: BLAS thread pool start
+    return 2 * n**3 / _best(lambda: a @ b, reps) / 1e9
+
+
+def cpu_bf16_gflops(n: int = 2048, reps: int = 3) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    b = torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    return 2 * n**3 / _best(lambda: a @ b, reps) / 1e9
+
+
+def gpu_benchmark(timeout_s: float = GPU_TIMEOUT_SECONDS) -> tuple[dict[str, float], float | None, str | None]:
+    try:
+        done = subprocess.run([sys.executable, "-c", _GPU_SCRIPT], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {}, None, f"GPU benchmark timed out after {timeout_s:g} s"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {}, None, f"GPU benchmark failed: {last}"
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    return ({k: round(v, 1) for k, v in data["tflops"].items()}, round(data["bandwidth_gbps"], 1), None)
+
+
+def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: str | None = None,
+                  disk_bytes: int = DISK_BYTES, scale: float = 1.0) -> BenchmarkInfo:
+    """All measurements; `scale` < 1 shrinks the problem sizes (tests)."""
+    t0 = time.perf_counter()
+    reasons: dict[str, str] = {}
+    mem = round(memory_bandwidth_gbps(int((256 << 20) * scale)), 1)
+    fp32 = round(cpu_fp32_gflops(max(128, int(2048 * scale))), 1)
+    bf16 = None
+    if not cpu.flags.get("bf16"):
+        reasons["cpu_bf16_gflops"] = "the CPU has no bf16 instructions (avx512_bf16 / amx / FEAT_BF16)"
+    elif importlib.util.find_spec("torch") is None:
+        reasons["cpu_bf16_gflops"] = "torch not installed (pip install 'trainfit[train]')"
+    else:
+        bf16 = round(cpu_bf16_gflops(max(128, int(2048 * scale))), 1)
+    gpu_tflops: dict[str, float] = {}
+    gpu_bw = None
+    cuda_like = [g for g in gpus if g.vendor in ("nvidia", "amd")]
+    if not cuda_like:
+        reasons["gpu_bandwidth_gbps"] = "no NVIDIA/AMD GPU to benchmark"
+    elif importlib.util.find_spec("torch") is None:
+        reasons["gpu_bandwidth_gbps"] = "torch not installed (pip install 'trainfit[train]')"
+    else:
+        gpu_tflops, gpu_bw, why = gpu_benchmark()
+        if why:
+            reasons["gpu_bandwidth_gbps"] = why
+    read = write = None
+    try:
+        read, write = (round(v, 1) for v in src.disk_bench(work_dir or src.cwd, disk_bytes))
+    except OSError as exc:
+        reasons["disk_read_mbps"] = reasons["disk_write_mbps"] = f"disk test failed: {exc}"
+    return BenchmarkInfo(mem, fp32, bf16, gpu_tflops, gpu_bw, read, write,
+                         round(time.perf_counter() - t0, 2), reasons)
+
+
+def benchmark_unavailable(reason: str) -> BenchmarkInfo:
+    fields = ("memory_bandwidth_gbps", "cpu_fp32_gflops", "cpu_bf16_gflops", "gpu_bandwidth_gbps",
+              "disk_read_mbps", "disk_write_mbps")
+    return BenchmarkInfo(None, None, None, {}, None, None, None, 0.0, {f: reason for f in fields})

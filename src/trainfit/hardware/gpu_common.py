@@ -1,0 +1,92 @@
+"""Building GpuInfo records from what a vendor probe could read, and catalog enrichment.
+
+Every vendor probe reads a different subset of the fields; `make_gpu` fills the rest with
+None plus a reason, so no field is ever unknown without saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainfit.core.profile import GpuInfo
+
+_LIST_FIELDS = {"precisions": [], "peak_tflops": {}, "nvlink_peers": [], "throttle_reasons": []}
+# Filled from the GPU catalog, not by the probes.
+CATALOG_FIELDS = ("architecture", "matrix_unit", "memory_bandwidth_gbps", "tdp_watts")
+
+
+def make_gpu(
+    *, index: int, vendor: str, name: str, unified_memory: bool, reasons: dict[str, str],
+    default_reason: str, **values: Any,
+) -> GpuInfo:
+    """GpuInfo from the values read; any other field is None with reasons[field] or the default.
+
+    A value given as None must have its reason in `reasons` (or takes the default reason).
+    """
+    kwargs: dict[str, Any] = {"index": index, "vendor": vendor, "name": name,
+                              "unified_memory": unified_memory}
+    unavailable: dict[str, str] = {}
+    for f in dataclasses.fields(GpuInfo):
+        if f.name in kwargs or f.name == "unavailable":
+            continue
+        if f.name in _LIST_FIELDS:
+            kwargs[f.name] = values.get(f.name, type(_LIST_FIELDS[f.name])())
+            continue
+        value = values.get(f.name)
+        kwargs[f.name] = value
+        if value is None:
+            if f.name in CATALOG_FIELDS and f.name not in reasons:
+                unavailable[f.name] = "not matched in the GPU catalog"
+            else:
+                unavailable[f.name] = reasons.get(f.name, default_reason)
+    unknown = set(values) - set(kwargs)
+    if unknown:
+        raise TypeError(f"unknown GpuInfo field(s): {', '.join(sorted(unknown))}")
+    # reasons for fields that are None "by meaning" are still useful (e.g. catalog_id)
+    for key, why in reasons.items():
+        if key in kwargs and kwargs[key] is None:
+            unavailable.setdefault(key, why)
+    return GpuInfo(**kwargs, unavailable=unavailable)
+
+
+def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
+    """Fill catalog_id, architecture, matrix unit, precisions, peak TFLOP/s, bandwidth and TDP
+    from the GPU catalog (`trainfit.core.gpu_catalog.find_gpu`). Probe values win over the
+    catalog where both exist (a probe reads this board; the catalog knows the model)."""
+    try:
+        from trainfit.core.gpu_catalog import find_gpu
+    except ImportError:
+        return _without_catalog(gpu, "GPU catalog unavailable")
+    lookup_name = gpu.name.split(" (")[0]  # "Apple M2 Pro (19-core GPU)" -> "Apple M2 Pro"
+    try:
+        spec = find_gpu(lookup_name, gpu.vram_total_bytes)
+    except Exception as exc:  # a catalog bug must not break profiling
+        return _without_catalog(gpu, f"GPU catalog lookup failed: {type(exc).__name__}: {exc}")
+    if spec is None:
+        return _without_catalog(gpu, f"'{lookup_name}' is not in the GPU catalog")
+    unavailable = dict(gpu.unavailable)
+    updates: dict[str, Any] = {"catalog_id": spec.id}
+    for name, value in (("architecture", spec.architecture), ("matrix_unit", spec.matrix_unit),
+                        ("memory_bandwidth_gbps", spec.memory_bandwidth_gbps),
+                        ("tdp_watts", spec.tdp_watts),
+                        ("compute_capability", spec.compute_capability)):
+        if getattr(gpu, name) is None and value is not None:
+            updates[name] = value
+            unavailable.pop(name, None)
+        elif getattr(gpu, name) is None and name == "matrix_unit":
+            unavailable[name] = "catalog: no matrix unit on this GPU"
+    if not gpu.peak_tflops:
+        updates["peak_tflops"] = dict(spec.peak_tflops)
+        updates["precisions"] = list(spec.precisions)
+    unavailable.pop("catalog_id", None)
+    return dataclasses.replace(gpu, **updates, unavailable=unavailable)
+
+
+def _without_catalog(gpu: GpuInfo, reason: str) -> GpuInfo:
+    unavailable = dict(gpu.unavailable)
+    unavailable["catalog_id"] = reason
+    for name in CATALOG_FIELDS:
+        if getattr(gpu, name) is None:
+            unavailable[name] = reason
+    return dataclasses.replace(gpu, unavailable=unavailable)

@@ -1,0 +1,109 @@
+"""RAM and swap: totals, the cgroup limit that binds in containers, an OS reserve, swap kind.
+
+psutil reports the host inside a container (psutil #2100), so the cgroup v2 `memory.max` / v1
+`memory.limit_in_bytes` found via /proc/self/cgroup caps what training may use.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from trainfit.core.profile import MemoryInfo
+from trainfit.hardware.cgroup import cgroup_dirs, memory_limit_bytes
+from trainfit.hardware.sources import Sources, read_int, read_text
+from trainfit.hardware.storage import _disk_of, _mount_of, classify_disk
+
+GIB = 1 << 30
+
+
+def os_reserve_bytes(total_bytes: int, *, desktop: bool, in_cgroup: bool) -> int:
+    """RAM kept back for everything that is not the training process.
+
+    - Desktop / laptop (a display session, or macOS / Windows): max(1.5 GiB, 10 % of RAM). An
+      idle GNOME/KDE or macOS session with a browser and an editor holds 1.5-3 GiB, and the
+      kernel's page cache and the compositor grow with RAM, hence the proportional part.
+    - Headless server: max(1 GiB, 5 %): sshd, systemd and the page cache the data loader needs.
+    - Inside a memory-limited cgroup the OS lives outside the limit, so only the container's
+      other processes (shell, logging, dataloader workers' own overhead): max(256 MiB, 5 %).
+    """
+    if in_cgroup:
+        return max(256 << 20, total_bytes // 20)
+    if desktop:
+        return max(int(1.5 * GIB), total_bytes // 10)
+    return max(GIB, total_bytes // 20)
+
+
+def is_desktop(src: Sources) -> bool:
+    if src.platform.system in ("Darwin", "Windows"):
+        return True
+    return bool(src.env.get("DISPLAY") or src.env.get("WAYLAND_DISPLAY"))
+
+
+def swap_kind(src: Sources) -> tuple[str, str | None]:
+    """Kind of the first active swap device from /proc/swaps, with the reason when unknown."""
+    if src.platform.system == "Darwin":
+        return "ssd", None  # macOS swaps to files on the internal SSD (/private/var/vm)
+    if src.platform.system != "Linux":
+        return "unknown", f"swap device not read on {src.platform.system}"
+    text = read_text(src.fs, "/proc/swaps")
+    if text is None:
+        return "unknown", "/proc/swaps unreadable"
+    lines = [ln.split() for ln in text.splitlines()[1:] if ln.strip()]
+    if not lines:
+        return "none", None
+    name, kind = lines[0][0], lines[0][1]
+    if "zram" in name:
+        return "zram", None
+    if kind == "file":
+        mount = _mount_of(src, name)
+        disk = _disk_of(src, mount[3]) if mount else None
+    else:
+        dev = posixpath.basename(name)
+        real = src.fs.realpath(f"/sys/class/block/{dev}")
+        disk = posixpath.basename(posixpath.dirname(real)) if src.fs.exists(f"{real}/partition") else dev
+    if not disk:
+        return "unknown", f"block device of swap {name} not found"
+    disk_kind, why = classify_disk(src, disk)
+    if disk_kind in ("nvme", "ssd", "hdd", "network"):
+        return disk_kind, None
+    return "unknown", why
+
+
+def _cgroup_usage_bytes(src: Sources) -> int | None:
+    for d in cgroup_dirs(src.fs, "memory")[:1]:
+        for name in ("memory.current", "memory.usage_in_bytes"):
+            value = read_int(src.fs, f"{d}/{name}")
+            if value is not None:
+                return value
+    return None
+
+
+def probe_memory(src: Sources) -> MemoryInfo:
+    vm = src.psutil.virtual_memory()
+    sw = src.psutil.swap_memory()
+    total, available = int(vm.total), int(vm.available)
+    limit = memory_limit_bytes(src.fs) if src.platform.system == "Linux" else None
+    if limit is not None and limit >= total:
+        limit = None  # a limit above physical RAM does not bind
+    budget = min(total, limit) if limit is not None else total
+    if limit is not None:
+        used = _cgroup_usage_bytes(src)
+        if used is not None:
+            available = min(available, max(0, limit - used))
+    reserve = os_reserve_bytes(budget, desktop=is_desktop(src), in_cgroup=limit is not None)
+    kind, why = ("none", None) if int(sw.total) == 0 else swap_kind(src)
+    unified = src.platform.system == "Darwin" and src.platform.machine == "arm64"
+    return MemoryInfo(
+        total_bytes=total, available_bytes=available, cgroup_limit_bytes=limit,
+        usable_bytes=max(0, budget - reserve), os_reserve_bytes=reserve,
+        swap_total_bytes=int(sw.total), swap_free_bytes=int(sw.free), swap_kind=kind,  # type: ignore[arg-type]
+        unified_with_gpu=unified, unavailable={"swap_kind": why} if why else {},
+    )
+
+
+def memory_unavailable(src: Sources, reason: str) -> MemoryInfo:
+    """When the probe failed or timed out: zeros that say so in `unavailable`, so no estimator
+    mistakes them for a machine with no RAM without seeing the reason."""
+    fields = ("total_bytes", "available_bytes", "usable_bytes", "os_reserve_bytes",
+              "swap_total_bytes", "swap_free_bytes", "swap_kind")
+    return MemoryInfo(0, 0, None, 0, 0, 0, 0, "unknown", False, {f: reason for f in fields})
