@@ -1,0 +1,278 @@
+"""Read a local model directory or config.json into a ModelSpec, offline and without executing
+any code from the model repository.
+
+The exact parameter count and stored dtype come from the safetensors headers when present: a
+.safetensors file starts with an 8-byte little-endian header length and a JSON header mapping
+tensor names to dtype / shape / offsets (https://huggingface.co/docs/safetensors, "Format").
+Sharded checkpoints list their files in model.safetensors.index.json ("weight_map").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
+from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.errors import BadInputError
+
+# Per model_type: config defaults transformers applies when a key is absent.
+_TIE_DEFAULT = {"gemma": True, "gemma2": True, "gpt2": True}
+_ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+         "gelu_new": "gelu_new", "relu": "relu"}
+_ST_DTYPES: dict[str, StoredDtype] = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8",
+                                      "F8_E4M3": "fp8", "F8_E5M2": "fp8"}
+_CFG_DTYPES: dict[str, StoredDtype] = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+# The default Qwen2-VL image for tokens_per_image: 448 x 448 pixels.
+_VL_IMAGE_PIXELS = 448
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class _Cfg:
+    """config.json access that names the file and key in every error."""
+
+    def __init__(self, data: dict[str, Any], origin: str):
+        self.data, self.origin = data, origin
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.get(key, default)
+        if value is None:
+            raise BadInputError(f"{self.origin}: missing key '{key}'")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BadInputError(f"{self.origin}: key '{key}' must be a positive integer, got {value!r}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise BadInputError(f"{self.origin}: key '{key}' must be true or false, got {value!r}")
+        return value
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise BadInputError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_local(path: str | Path) -> ModelSpec:
+    """A ModelSpec from a model directory (config.json + optional safetensors) or a config.json."""
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        raise BadInputError(f"{path}: no config.json found", hint="give a model directory or a config.json file")
+    spec = spec_from_config(_read_json(config_path), origin=str(config_path), model_id=f"local:{directory}")
+    if path.is_dir():
+        quantized = "quantization_config" in _read_json(config_path)
+        exact, dtype = read_safetensors_params(directory)
+        if exact is not None:
+            import dataclasses
+
+            # Pre-quantized checkpoints pack several weights per stored element: the element
+            # count is not the parameter count (the llmfit#1045 trap), so keep computed shapes.
+            spec = dataclasses.replace(spec, exact_params=None if quantized else exact,
+                                       stored_dtype=spec.stored_dtype if quantized else dtype)
+    return spec
+
+
+def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id: str = "local") -> ModelSpec:
+    """ModelSpec from a parsed config.json. Remote-code configs (auto_map) are read only when their
+    model_type is one trainfit knows; nothing from the repository is ever executed."""
+    cfg = _Cfg(data, origin)
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        remote = " (it needs trust_remote_code, which trainfit never runs)" if "auto_map" in data else ""
+        raise BadInputError(f"{origin}: key 'model_type': {model_type!r} is not supported{remote}",
+                            hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    text = _Cfg(data["text_config"], f"{origin} text_config") if model_type == "qwen2_vl" and isinstance(
+        data.get("text_config"), dict) else cfg
+    fields = _gpt2_fields(cfg) if model_type == "gpt2" else _common_fields(text, model_type)
+    if model_type in ("mixtral", "qwen2_moe"):
+        fields.update(_moe_fields(cfg, model_type))
+    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False)))
+    fields["tie_embeddings"] = bool(tie)
+    fields.update(_bias_fields(text, model_type))
+    spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg, text),
+                     source=origin, **fields)
+    if model_type == "qwen2_vl":
+        spec = _with_vision(spec, cfg)
+    return spec
+
+
+def _activation(cfg: _Cfg, key: str, default: str) -> str:
+    name = cfg.get(key, default)
+    if not isinstance(name, str):
+        raise BadInputError(f"{cfg.origin}: key '{key}' must be a string, got {name!r}")
+    if name in _ACTS:
+        return _ACTS[name]
+    if name.startswith("gelu"):
+        return "gelu"
+    raise BadInputError(f"{cfg.origin}: key '{key}': activation {name!r} is not supported",
+                        hint=f"supported: {', '.join(_ACTS)}")
+
+
+def _common_fields(cfg: _Cfg, model_type: str) -> dict[str, Any]:
+    hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    kv = cfg.int("num_key_value_heads", heads)
+    gated = model_type not in ("phi", "gpt_neox")
+    act_key = "hidden_activation" if model_type in ("gemma", "gemma2") and cfg.get("hidden_activation") else "hidden_act"
+    if model_type == "phi" and cfg.get("qk_layernorm"):
+        raise BadInputError(f"{cfg.origin}: key 'qk_layernorm': phi with q/k LayerNorm is not supported")
+    sliding = cfg.get("sliding_window")
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen2_vl") and not cfg.get("use_sliding_window", False):
+        sliding = None  # Qwen configs carry a window but use it only with use_sliding_window
+    return dict(
+        vocab_size=cfg.int("vocab_size"), hidden_size=hidden, num_layers=cfg.int("num_hidden_layers"),
+        num_heads=heads, num_kv_heads=kv, head_dim=cfg.int("head_dim", hidden // heads),
+        intermediate_size=cfg.int("intermediate_size"),
+        activation=_activation(cfg, act_key, "gelu_new" if model_type == "phi" else "silu"), gated_mlp=gated,
+        position="rope", max_position_embeddings=cfg.int("max_position_embeddings", 2048),
+        norm="layernorm" if model_type in ("phi", "gpt_neox") else "rmsnorm",
+        sliding_window=sliding if isinstance(sliding, int) and not isinstance(sliding, bool) else None,
+    )
+
+
+def _gpt2_fields(cfg: _Cfg) -> dict[str, Any]:
+    if cfg.get("add_cross_attention"):
+        raise BadInputError(f"{cfg.origin}: key 'add_cross_attention': GPT-2 with cross-attention is not supported")
+    hidden, heads = cfg.int("n_embd"), cfg.int("n_head")
+    return dict(
+        vocab_size=cfg.int("vocab_size"), hidden_size=hidden, num_layers=cfg.int("n_layer"), num_heads=heads,
+        num_kv_heads=heads, head_dim=hidden // heads, intermediate_size=cfg.int("n_inner", 4 * hidden),
+        activation=_activation(cfg, "activation_function", "gelu_new"), gated_mlp=False, position="learned",
+        max_position_embeddings=cfg.int("n_positions", 1024), norm="layernorm",
+    )
+
+
+def _bias_fields(cfg: _Cfg, model_type: str) -> dict[str, bool]:
+    if model_type in ("phi", "gpt2"):
+        return dict(qkv_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=model_type == "phi")
+    if model_type == "gpt_neox":
+        bias = cfg.bool("attention_bias", True)
+        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=True, lm_head_bias=False)
+    if model_type in ("qwen2", "qwen2_moe", "qwen2_vl"):  # q/k/v biases are hard-wired
+        return dict(qkv_bias=True, o_bias=False, mlp_bias=False, lm_head_bias=False)
+    if model_type in ("llama", "qwen3", "gemma", "gemma2"):
+        bias = cfg.bool("attention_bias", False)
+        mlp = cfg.bool("mlp_bias", False) if model_type == "llama" else False
+        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=mlp, lm_head_bias=False)
+    return dict(qkv_bias=False, o_bias=False, mlp_bias=False, lm_head_bias=False)
+
+
+def _moe_fields(cfg: _Cfg, model_type: str) -> dict[str, Any]:
+    if model_type == "mixtral":
+        experts = cfg.int("num_local_experts")
+        return dict(num_experts=experts, experts_per_token=cfg.int("num_experts_per_tok"),
+                    moe_intermediate_size=cfg.int("intermediate_size"))
+    if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+        raise BadInputError(f"{cfg.origin}: keys 'decoder_sparse_step'/'mlp_only_layers': qwen2_moe with dense "
+                            "layers between the MoE layers is not supported")
+    moe, shared = cfg.int("moe_intermediate_size"), cfg.get("shared_expert_intermediate_size", 0)
+    if shared % moe:
+        raise BadInputError(f"{cfg.origin}: key 'shared_expert_intermediate_size' ({shared}) must be a multiple "
+                            f"of moe_intermediate_size ({moe})")
+    return dict(num_experts=cfg.int("num_experts"), experts_per_token=cfg.int("num_experts_per_tok"),
+                moe_intermediate_size=moe, shared_experts=shared // moe)
+
+
+def _config_dtype(*cfgs: _Cfg) -> StoredDtype:
+    quant = cfgs[0].get("quantization_config")
+    if isinstance(quant, dict):  # pre-quantized weights: bitsandbytes, GPTQ/AWQ bits, fp8
+        if quant.get("load_in_4bit") or quant.get("bits") == 4:
+            return "int4"
+        if quant.get("load_in_8bit") or quant.get("bits") == 8:
+            return "int8"
+        if "fp8" in str(quant.get("quant_method", "")).lower():
+            return "fp8"
+    for cfg in cfgs:
+        name = cfg.get("torch_dtype", cfg.get("dtype"))
+        if name in _CFG_DTYPES:
+            return _CFG_DTYPES[name]
+    return "float32"  # transformers' default when a config names no dtype
+
+
+def _with_vision(spec: ModelSpec, cfg: _Cfg) -> ModelSpec:
+    import dataclasses
+
+    raw = cfg.get("vision_config")
+    if not isinstance(raw, dict):
+        raise BadInputError(f"{cfg.origin}: missing key 'vision_config'")
+    v = _Cfg(raw, f"{cfg.origin} vision_config")
+    embed, patch, merge = v.int("embed_dim", 1280), v.int("patch_size", 14), v.int("spatial_merge_size", 2)
+    patches = (_VL_IMAGE_PIXELS // patch) ** 2
+    tower = VisionTowerSpec(params=0, hidden_size=embed, num_layers=v.int("depth", 32),
+                            num_heads=v.int("num_heads", 16), intermediate_size=embed * v.int("mlp_ratio", 4),
+                            patch_size=patch, tokens_per_image=patches // merge**2, patches_per_image=patches)
+    spec = dataclasses.replace(spec, vision=tower)
+    return dataclasses.replace(spec, vision=dataclasses.replace(tower, params=vision_params(spec)))
+
+
+def _is_buffer(name: str, shape: list[int]) -> bool:
+    # Older checkpoints also saved non-parameter buffers: rotary inv_freq, GPT-2 / GPT-NeoX causal
+    # masks ("attn.bias" 4-D, "masked_bias"). They are not parameters.
+    return name.endswith(("inv_freq", "masked_bias")) or (name.endswith(".bias") and len(shape) == 4)
+
+
+def _header(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            raw_len = fh.read(8)
+            if len(raw_len) != 8:
+                raise BadInputError(f"{path}: too short to be a safetensors file")
+            (length,) = struct.unpack("<Q", raw_len)
+            if length > _MAX_HEADER_BYTES:
+                raise BadInputError(f"{path}: safetensors header length {length} is implausible (corrupt file?)")
+            header = json.loads(fh.read(length))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadInputError(f"{path}: safetensors header is not valid JSON") from None
+    except OSError as exc:
+        raise BadInputError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(header, dict):
+        raise BadInputError(f"{path}: safetensors header is not a JSON object")
+    return header
+
+
+def read_safetensors_params(directory: str | Path) -> tuple[int | None, StoredDtype]:
+    """(parameter count, dominant stored dtype) from the safetensors headers in `directory`;
+    (None, "float32") when there are no safetensors files. Only headers are read, never weights."""
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise BadInputError(f"{index}: missing key 'weight_map'")
+        files = sorted({directory / str(f) for f in weight_map.values()})
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None, "float32"
+    total = 0
+    by_dtype: dict[str, int] = {}
+    for f in files:
+        if not f.is_file():
+            raise BadInputError(f"{f}: listed in model.safetensors.index.json but missing")
+        for name, info in _header(f).items():
+            if name == "__metadata__" or not isinstance(info, dict):
+                continue
+            shape = info.get("shape")
+            if not isinstance(shape, list) or _is_buffer(name, shape):
+                continue
+            n = math.prod(shape)
+            total += n
+            by_dtype[str(info.get("dtype"))] = by_dtype.get(str(info.get("dtype")), 0) + n
+    dominant = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "F32"
+    return total, _ST_DTYPES.get(dominant, "float32")
