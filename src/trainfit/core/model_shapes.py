@@ -137,7 +137,7 @@ def parse_shape(text: str) -> ModelSpec:
     intermediate=3072,max_positions=2048,tie=true]" -> shape_from_dims."""
     text = text.strip()
     if "=" not in text:
-        return shape_for_params(parse_param_count(text)) if text else _bad_shape(text)
+        return shape_for_params(text) if text else _bad_shape(text)
     keys = {"layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "max_positions", "tie", "head_dim"}
     values: dict[str, int | bool] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
