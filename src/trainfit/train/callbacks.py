@@ -1,0 +1,164 @@
+"""TrainerCallbacks: metrics.jsonl, step timing, memory, progress bar / log lines, stop-at-step.
+
+Only the main process writes or prints; every process times its own steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def device_memory() -> dict[str, int]:
+    """Peak memory on the training device: CUDA allocator statistics, else the process RSS."""
+    import torch
+
+    out = {"peak_rss_bytes": peak_rss_bytes()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        out["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+    return out
+
+
+class StepTimer(TrainerCallback):
+    """Wall seconds of every optimizer step (forward + backward of all micro-batches + update)."""
+
+    def __init__(self) -> None:
+        self.step_seconds: list[float] = []
+        self._t0 = 0.0
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        self.step_seconds.append(time.perf_counter() - self._t0)
+
+
+class StopAt(TrainerCallback):
+    """Stop (and checkpoint) after `stop_step` optimizer steps, keeping the configured schedule,
+    so that a later --resume continues the very same run. Also checkpoints the final step."""
+
+    def __init__(self, stop_step: int | None) -> None:
+        self.stop_step = stop_step
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.stop_step is not None and state.global_step >= self.stop_step:
+            control.should_training_stop = True
+            control.should_save = True
+        if state.max_steps and state.global_step >= state.max_steps:
+            control.should_save = True
+
+
+class MetricsWriter(TrainerCallback):
+    """Appends one JSON line per logging step to metrics.jsonl (main process only)."""
+
+    def __init__(self, path: Path | None, tokens_fn, timer: StepTimer, world_size: int) -> None:
+        self.path = path
+        self.tokens_fn = tokens_fn  # () -> tokens processed on this rank so far
+        self.timer = timer
+        self.world = world_size
+        self.records: list[dict[str, Any]] = []
+        self._last_t = self._last_tokens = 0.0
+        self._last_step = 0
+        self._start = 0.0
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._start = self._last_t = time.perf_counter()
+        self._last_tokens = self.tokens_fn()
+        self._last_step = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
+            return
+        now, tokens = time.perf_counter(), self.tokens_fn()
+        dt = max(now - self._last_t, 1e-9)
+        steps = max(state.global_step - self._last_step, 1)
+        batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.world
+        rec = {
+            "step": state.global_step,
+            "loss": float(logs["loss"]),
+            "learning_rate": float(logs.get("learning_rate", 0.0)),
+            "grad_norm": float(logs["grad_norm"]) if logs.get("grad_norm") is not None else None,
+            "tokens_per_second": (tokens - self._last_tokens) * self.world / dt,
+            "samples_per_second": steps * batch / dt,
+            "step_seconds": self.timer.step_seconds[-1] if self.timer.step_seconds else None,
+            "elapsed_seconds": now - self._start,
+            "time": time.time(),
+            **device_memory(),
+        }
+        for k in ("rewards/accuracies", "rewards/margins"):
+            if k in logs:
+                rec[k.replace("/", "_")] = float(logs[k])
+        self._last_t, self._last_tokens, self._last_step = now, tokens, state.global_step
+        self.records.append(rec)
+        if self.path is not None:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+class Progress(TrainerCallback):
+    """A rich progress bar with ETA on stderr, or plain log lines (--quiet / not a terminal)."""
+
+    def __init__(self, mode: str, label: str, writer: MetricsWriter) -> None:
+        self.mode = mode  # "bar" or "lines"
+        self.label = label
+        self.writer = writer
+        self._bar = None
+        self._task = None
+        self._last_line = 0.0
+
+    def on_train_begin(self, args, state, control, **kw):
+        if not state.is_world_process_zero or self.mode != "bar":
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
+        from rich.progress import TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        from trainfit.cli.output import console
+
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=console(stderr=True), transient=False,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(self.label, total=state.max_steps, completed=state.global_step, loss="-")
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=state.global_step, loss=f"{logs['loss']:.4f}")
+            return
+        now = time.perf_counter()
+        if now - self._last_line < 1.0 and state.global_step < state.max_steps:
+            return  # at most one line a second, plus the last step
+        self._last_line = now
+        rec = self.writer.records[-1] if self.writer.records else {}
+        tps = rec.get("tokens_per_second")
+        print(f"step {state.global_step}/{state.max_steps} loss {logs['loss']:.4f} "
+              f"lr {logs.get('learning_rate', 0):.3g}" + (f" tokens/s {tps:.0f}" if tps else ""),
+              file=sys.stderr, flush=True)
+
+    def on_step_end(self, args, state, control, **kw):
+        if self._bar is not None:
+            self._bar.update(self._task, completed=state.global_step)
+
+    def on_train_end(self, args, state, control, **kw):
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -1,0 +1,133 @@
+"""Build the run's model: a pretraining shape, a catalog entry or a local directory, with random
+or local weights. Every model goes through a ModelSpec when one can be made, so the memory and
+speed predictions in summary.json describe exactly the model that runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.errors import BadInputError, UnavailableError
+from trainfit.train.run_config import RunConfig, ShapeConfig, parse_count
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    model: Any  # transformers PreTrainedModel (before PEFT wrapping)
+    spec: ModelSpec | None  # None when no spec could be made (predictions then unavailable)
+    spec_note: str  # why spec is None, or where it came from
+    weights: str  # "random (initialised here, not pretrained)" or "local: <path>"
+    hf_config: Any
+
+
+def _swiglu_intermediate(hidden: int) -> int:
+    # Llama's SwiGLU width: 2/3 of 4*hidden, rounded up to a multiple of 64 (Touvron et al. 2023).
+    return ((int(8 * hidden / 3) + 63) // 64) * 64
+
+
+def shape_spec(shape: ShapeConfig, vocab_size: int) -> ModelSpec:
+    """ModelSpec of a pretraining shape (a Llama-style decoder unless `architecture` says otherwise)."""
+    if shape.params is not None:
+        try:
+            from trainfit.core.model_shapes import shape_for_params
+        except ImportError:
+            raise UnavailableError("model.shape.params needs trainfit.core.model_shapes, not in this build",
+                                   hint="give model.shape layers/hidden/heads instead") from None
+        spec = shape_for_params(parse_count(shape.params))
+        return dataclasses.replace(spec, vocab_size=vocab_size, id=f"shape:{shape.params}",
+                                   max_position_embeddings=shape.max_position_embeddings)
+    hidden, heads = shape.hidden, shape.heads
+    assert hidden and heads and shape.layers
+    return ModelSpec(
+        id=f"shape:{shape.layers}x{hidden}", architecture=shape.architecture, vocab_size=vocab_size,
+        hidden_size=hidden, num_layers=shape.layers, num_heads=heads, num_kv_heads=shape.kv_heads or heads,
+        head_dim=hidden // heads, intermediate_size=shape.intermediate or _swiglu_intermediate(hidden),
+        activation="silu", gated_mlp=True, tie_embeddings=shape.tie_embeddings, position="rope",
+        max_position_embeddings=shape.max_position_embeddings, norm="rmsnorm", qkv_bias=False,
+        o_bias=False, mlp_bias=False, lm_head_bias=False, stored_dtype="float32", source="shape",
+    )
+
+
+def _spec_from_dir(path: str) -> tuple[ModelSpec | None, str]:
+    try:
+        from trainfit.core.model_catalog import resolve_model
+    except ImportError:
+        return None, "trainfit.core.model_catalog is not in this build"
+    try:
+        return resolve_model(path), f"config.json in {path}"
+    except Exception as exc:  # an unusual config must not stop training, only the prediction
+        return None, f"cannot describe {path}: {exc}"
+
+
+def _attn(cfg: RunConfig) -> str:
+    return {"flash": "flash_attention_2"}.get(cfg.training.attention, cfg.training.attention)
+
+
+def build_model(cfg: RunConfig, tokenizer, *, quantization_config: Any = None) -> BuiltModel:
+    """Instantiate the model. Random weights use the run's seed, so runs are reproducible."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainfit.train.hf_config import build_hf_config
+
+    m = cfg.model
+    vocab = len(tokenizer)
+    if m.shape is not None:
+        spec, note = shape_spec(m.shape, vocab), "pretraining shape"
+        hf_cfg = build_hf_config(spec)
+    elif m.id is not None:
+        try:
+            from trainfit.core.model_catalog import resolve_model
+        except ImportError:
+            raise UnavailableError("model.id needs the model catalog (trainfit.core.model_catalog), "
+                                   "not in this build", hint="use model.shape or model.path") from None
+        spec, note = resolve_model(m.id), "model catalog"
+        hf_cfg = build_hf_config(spec)
+    else:
+        hf_cfg = AutoConfig.from_pretrained(m.path, local_files_only=True)
+        spec, note = _spec_from_dir(m.path)
+    text_vocab = getattr(hf_cfg.get_text_config(), "vocab_size", vocab)
+    if vocab > text_vocab:
+        raise BadInputError(f"tokenizer: {vocab} tokens do not fit the model's vocab_size {text_vocab}",
+                            hint="lower tokenizer.vocab_size or use the model's own tokenizer (tokenizer.path)")
+    hf_cfg._attn_implementation = _attn(cfg)
+    if m.weights == "local":
+        kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": _attn(cfg)}
+        if quantization_config is not None:
+            kwargs["quantization_config"] = quantization_config
+        try:
+            model = AutoModelForCausalLM.from_pretrained(m.path, **kwargs)
+        except OSError as exc:
+            raise BadInputError(f"model.path: no loadable weights in {m.path}: {str(exc).splitlines()[0]}",
+                                hint="use weights: random to train from a random initialisation") from None
+        weights = f"local: {m.path}"
+    else:
+        torch.manual_seed(cfg.schedule.seed)
+        model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=_attn(cfg))
+        weights = "random (initialised here, not pretrained)"
+    if m.weights == "random":
+        # A random model has no token conventions of its own: take the tokenizer's.
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(tokenizer, key, None)
+            if value is not None:
+                setattr(model.config, key, value)
+                if getattr(model, "generation_config", None) is not None:
+                    setattr(model.generation_config, key, value)
+    elif model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return BuiltModel(model=model, spec=spec, spec_note=note, weights=weights, hf_config=hf_cfg)
+
+
+def lora_config(cfg: RunConfig):
+    """peft.LoraConfig from training.lora (defaults when the section is absent)."""
+    from peft import LoraConfig
+
+    from trainfit.core.setup import LoraSettings
+
+    lo = cfg.training.lora or LoraSettings()
+    targets: Any = "all-linear" if lo.target_modules == ["all-linear"] else list(lo.target_modules)
+    return LoraConfig(r=lo.rank, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets,
+                      task_type="CAUSAL_LM")

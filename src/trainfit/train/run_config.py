@@ -1,0 +1,400 @@
+"""The run config: a small, versioned YAML schema for one training run (docs/run-config.md).
+
+    version: 1
+    method: pretrain            # pretrain | sft | lora | qlora | dpo
+    model: {shape: {layers: 4, hidden: 256, heads: 4}, weights: random}
+    data: {paths: [builtin:tiny-corpus], format: text}
+    training: {micro_batch: 8, seq_len: 128, precision: fp32}
+    schedule: {max_steps: 200, lr: 1.0e-3}
+
+`load_run_config(path)` parses into frozen dataclasses and reports every problem at once (key
+path, what is wrong, what is valid), as one BadInputError. Relative file paths are resolved
+against the config file's directory, so a config can be run from anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
+from trainfit.core.setup import (
+    Attention, Checkpointing, LoraSettings, Offload, Optimizer, PrecisionMode, Quant, TrainingSetup,
+)
+from trainfit.errors import BadInputError, close_matches
+
+CONFIG_VERSION = 1
+RunMethod = Literal["pretrain", "sft", "lora", "qlora", "dpo"]
+BUILTIN_DATA = {
+    "tiny-corpus": ("tiny-corpus.txt", "text"),
+    "tiny-chat": ("tiny-chat.jsonl", "chat"),
+    "tiny-preferences": ("tiny-preferences.jsonl", "preference"),
+}
+# The memory/speed models' name for each run method.
+SETUP_METHOD = {"pretrain": "pretrain", "sft": "full", "lora": "lora", "qlora": "qlora", "dpo": "dpo"}
+
+
+@dataclass(frozen=True)
+class ShapeConfig:
+    """A pretraining shape: either layers/hidden/heads, or a parameter budget (params: 8m)."""
+
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None  # default: heads (no grouped-query attention)
+    intermediate: int | None = None  # default: SwiGLU 8/3 * hidden rounded up to 64
+    params: int | str | None = None  # "8m", "125m", 8000000
+    architecture: str = "llama"
+    max_position_embeddings: int = 2048
+    tie_embeddings: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    id: str | None = None  # catalog id or alias ("Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b")
+    path: str | None = None  # local directory with config.json (and weights for weights: local)
+    shape: ShapeConfig | None = None
+    weights: Literal["random", "local"] = "random"
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    path: str | None = None  # local tokenizer directory; default: model.path when it has one
+    vocab_size: int = 4096  # when a BPE tokenizer is trained on the corpus
+    train_max_bytes: int = 20_000_000  # corpus bytes fed to the BPE trainer at most
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    paths: list[str] = field(default_factory=list)
+    format: Literal["text", "chat", "preference"] | None = None  # default: from the builtin / method
+    text_column: str = "text"
+    messages_column: str = "messages"
+    prompt_column: str = "prompt"
+    chosen_column: str = "chosen"
+    rejected_column: str = "rejected"
+    cache_dir: str | None = None
+    streaming: bool = False
+    max_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The TrainingSetup knobs (see trainfit.core.setup), plus the device to run on."""
+
+    precision: PrecisionMode = "fp32"
+    optimizer: Optimizer = "adamw"
+    micro_batch: int = 4
+    grad_accum: int = 1
+    seq_len: int = 256
+    grad_checkpointing: Checkpointing = "none"
+    attention: Attention = "sdpa"
+    lora: LoraSettings | None = None
+    quant: Quant = "none"
+    zero_stage: int = 0
+    offload: Offload = "none"
+    num_gpus: int = 1
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dpo_reference: Literal["separate", "lora-base", "precomputed"] = "separate"
+    dpo_beta: float = 0.1
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    max_steps: int | None = None
+    epochs: float | None = None
+    lr: float = 3.0e-4
+    warmup_steps: int = 0
+    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 100
+    keep_last: int = 2
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    every_steps: int = 1
+    progress: Literal["auto", "bar", "lines"] = "auto"
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    strategy: Literal["auto", "ddp", "fsdp", "deepspeed"] = "auto"  # auto: ddp when launched with >1 process
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    version: int
+    method: RunMethod
+    model: ModelConfig
+    data: DataConfig
+    name: str = ""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpointing: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    source: str = ""  # file the config was read from (not part of the hash)
+
+    @property
+    def data_format(self) -> str:
+        """The data format, with its default filled in from the builtin set or the method."""
+        if self.data.format:
+            return self.data.format
+        for p in self.data.paths:
+            if p.startswith("builtin:") and p[8:] in BUILTIN_DATA:
+                return BUILTIN_DATA[p[8:]][1]
+        return "preference" if self.method == "dpo" else "text"
+
+    def to_setup(self, device: str = "cpu", num_gpus: int | None = None) -> TrainingSetup:
+        """The TrainingSetup the memory and speed models take for this run."""
+        t = self.training
+        lora = t.lora if self.method in ("lora", "qlora") or (self.method == "dpo" and t.lora) else None
+        if self.method in ("lora", "qlora") and lora is None:
+            lora = LoraSettings()
+        return TrainingSetup(
+            method=SETUP_METHOD[self.method], precision=t.precision, optimizer=t.optimizer,  # type: ignore[arg-type]
+            micro_batch=t.micro_batch, seq_len=t.seq_len, grad_accum=t.grad_accum,
+            grad_checkpointing=t.grad_checkpointing, attention=t.attention, lora=lora, quant=t.quant,
+            num_gpus=num_gpus if num_gpus is not None else t.num_gpus, zero_stage=t.zero_stage,
+            offload=t.offload, device=device,  # type: ignore[arg-type]
+            dpo_reference=t.dpo_reference,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = to_jsonable(self)
+        data.pop("source", None)
+        return data
+
+    def config_hash(self) -> str:
+        """Hash of everything that changes the maths of the run.
+
+        Logging and keep_last do not change a single loss, so a resumed run may change them.
+        """
+        data = self.to_dict()
+        data.pop("logging", None)
+        data["checkpointing"].pop("keep_last", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+_SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "tokenizer": TokenizerConfig, "data": DataConfig, "training": TrainingConfig,
+    "schedule": ScheduleConfig, "checkpointing": CheckpointConfig, "logging": LoggingConfig,
+    "distributed": DistributedConfig,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+
+
+def parse_count(value: int | str) -> int:
+    """'8m' -> 8_000_000; '1.5b' -> 1_500_000_000; ints pass through. ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a count like 8m, 125m, 1.5b or 8000000")
+    mult = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def _build_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
+    """Build one dataclass field by field, so that every bad key is reported, not just the first."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        errors.append(f"{path}: expected a mapping, got {type(raw).__name__}")
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = __import__("typing").get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            near = close_matches(str(key), fields)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            errors.append(f"{path}.{key}: unknown key ({hint}valid: {', '.join(fields)})")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        sub = hints[name]
+        try:
+            if name == "shape" and cls is ModelConfig and raw[name] is not None:
+                kwargs[name] = _build_section(ShapeConfig, raw[name], f"{path}.shape", errors)
+            else:
+                kwargs[name] = from_jsonable(sub, raw[name], f"{path}.{name}")
+        except SerdeError as exc:
+            errors.append(str(exc))
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field missing
+        errors.append(f"{path}: {exc}")
+        return None
+
+
+def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = "") -> RunConfig:
+    """Validate a loaded YAML mapping into a RunConfig; every problem reported at once."""
+    errors: list[str] = []
+    if not isinstance(raw, dict):
+        raise BadInputError(f"{source or 'run config'}: expected a YAML mapping at the top level")
+    top = {"version", "name", "method"} | set(_SECTIONS)
+    for key in raw:
+        if key not in top:
+            near = close_matches(str(key), top)
+            errors.append(f"{key}: unknown key ({'did you mean ' + ', '.join(near) + '? ' if near else ''}"
+                          f"valid: {', '.join(sorted(top))})")
+    version = raw.get("version")
+    if version != CONFIG_VERSION:
+        errors.append(f"version: {version!r} is not supported (this trainfit reads version: {CONFIG_VERSION})")
+    method = raw.get("method")
+    valid_methods = ("pretrain", "sft", "lora", "qlora", "dpo")
+    if method not in valid_methods:
+        errors.append(f"method: {method!r} is not one of {', '.join(valid_methods)}")
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        errors.append("name: expected a string")
+    sections = {k: _build_section(cls, raw.get(k), k, errors) for k, cls in _SECTIONS.items()}
+    if "model" not in raw:
+        errors.append("model: missing (give one of model.id, model.path or model.shape)")
+    if "data" not in raw:
+        errors.append("data: missing (give data.paths, e.g. [builtin:tiny-corpus])")
+    if errors:
+        raise BadInputError(_joined(source, errors))
+    base = base_dir or Path.cwd()
+    sections["model"], sections["tokenizer"], sections["data"] = _resolve_paths(
+        sections["model"], sections["tokenizer"], sections["data"], base)
+    cfg = RunConfig(version=version, method=method, name=name, source=source, **sections)
+    errors.extend(semantic_errors(cfg))
+    if errors:
+        raise BadInputError(_joined(source, errors))
+    return cfg
+
+
+def _joined(source: str, errors: list[str]) -> str:
+    head = f"{source}: " if source else ""
+    if len(errors) == 1:
+        return head + errors[0]
+    return head + f"{len(errors)} problems: " + "; ".join(errors)
+
+
+def _abs(p: str | None, base: Path) -> str | None:
+    if p is None or p.startswith("builtin:"):
+        return p
+    path = Path(p).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _resolve_paths(model: ModelConfig, tok: TokenizerConfig, data: DataConfig, base: Path):
+    model = dataclasses.replace(model, path=_abs(model.path, base))
+    tok = dataclasses.replace(tok, path=_abs(tok.path, base))
+    data = dataclasses.replace(data, paths=[_abs(p, base) for p in data.paths],  # type: ignore[misc]
+                               cache_dir=_abs(data.cache_dir, base))
+    return model, tok, data
+
+
+def semantic_errors(cfg: RunConfig) -> list[str]:
+    """Cross-field checks and file existence; each message names the key and the fix."""
+    errs: list[str] = []
+    m, t, s = cfg.model, cfg.training, cfg.schedule
+    given = [k for k in ("id", "path", "shape") if getattr(m, k) is not None]
+    if len(given) != 1:
+        errs.append(f"model: give exactly one of id, path, shape (got {', '.join(given) or 'none'})")
+    if m.path is not None and not Path(m.path, "config.json").is_file():
+        errs.append(f"model.path: {m.path} has no config.json")
+    if m.weights == "local" and m.path is None:
+        errs.append("model.weights: 'local' needs model.path (a directory with safetensors weights); "
+                    "catalog models cannot be downloaded here, use weights: random")
+    if m.shape is not None:
+        sh = m.shape
+        explicit = [sh.layers, sh.hidden, sh.heads]
+        if sh.params is not None and any(v is not None for v in explicit):
+            errs.append("model.shape: give either params or layers/hidden/heads, not both")
+        elif sh.params is None and any(v is None for v in explicit):
+            errs.append("model.shape: give layers, hidden and heads (or params: 8m)")
+        if sh.params is not None:
+            try:
+                parse_count(sh.params)
+            except ValueError as exc:
+                errs.append(f"model.shape.params: {exc}")
+        if sh.hidden and sh.heads and sh.hidden % sh.heads:
+            errs.append(f"model.shape: hidden ({sh.hidden}) must be a multiple of heads ({sh.heads})")
+        if sh.heads and sh.kv_heads and sh.heads % sh.kv_heads:
+            errs.append(f"model.shape.kv_heads: heads ({sh.heads}) must be a multiple of kv_heads ({sh.kv_heads})")
+    if cfg.tokenizer.path is not None and not Path(cfg.tokenizer.path).is_dir():
+        errs.append(f"tokenizer.path: {cfg.tokenizer.path} is not a directory")
+    if not cfg.data.paths:
+        errs.append("data.paths: empty (give files, a save_to_disk directory, or builtin:tiny-corpus, "
+                    "builtin:tiny-chat, builtin:tiny-preferences)")
+    for i, p in enumerate(cfg.data.paths):
+        if p.startswith("builtin:"):
+            if p[8:] not in BUILTIN_DATA:
+                errs.append(f"data.paths[{i}]: unknown {p!r} (valid: "
+                            f"{', '.join('builtin:' + k for k in BUILTIN_DATA)})")
+        elif not Path(p).exists():
+            errs.append(f"data.paths[{i}]: {p} does not exist")
+    fmt = cfg.data_format
+    if cfg.method == "dpo" and fmt != "preference":
+        errs.append(f"data.format: dpo needs 'preference' data (prompt/chosen/rejected), got {fmt!r}")
+    if cfg.method != "dpo" and fmt == "preference":
+        errs.append(f"data.format: 'preference' data is for method dpo, not {cfg.method}")
+    if cfg.method == "pretrain" and fmt == "chat":
+        errs.append("data.format: pretrain takes 'text' data; use method sft for chat data")
+    if cfg.method == "pretrain" and m.weights == "local":
+        errs.append("model.weights: pretrain starts from random weights; use method sft to fine-tune local weights")
+    for key, v in (("micro_batch", t.micro_batch), ("grad_accum", t.grad_accum), ("seq_len", t.seq_len),
+                   ("num_gpus", t.num_gpus)):
+        if v < 1:
+            errs.append(f"training.{key}: must be >= 1, got {v}")
+    if not 0 <= t.zero_stage <= 3:
+        errs.append(f"training.zero_stage: must be 0..3, got {t.zero_stage}")
+    if cfg.method == "qlora" and t.quant == "none":
+        pass  # qlora defaults to nf4-dq at run time
+    elif cfg.method != "qlora" and t.quant != "none":
+        errs.append(f"training.quant: {t.quant!r} is for method qlora (got method {cfg.method})")
+    if t.dpo_reference == "lora-base" and not (cfg.method == "dpo" and t.lora):
+        errs.append("training.dpo_reference: 'lora-base' needs method dpo with training.lora set")
+    if s.max_steps is None and s.epochs is None:
+        errs.append("schedule: give max_steps or epochs")
+    if s.max_steps is not None and s.max_steps < 1:
+        errs.append(f"schedule.max_steps: must be >= 1, got {s.max_steps}")
+    if cfg.data.streaming and s.max_steps is None:
+        errs.append("schedule.max_steps: streaming data has no length, so give max_steps (not epochs)")
+    if s.lr <= 0:
+        errs.append(f"schedule.lr: must be > 0, got {s.lr}")
+    if cfg.checkpointing.every_steps < 1 or cfg.checkpointing.keep_last < 1:
+        errs.append("checkpointing: every_steps and keep_last must be >= 1")
+    if cfg.logging.every_steps < 1:
+        errs.append("logging.every_steps: must be >= 1")
+    return errs
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read and validate a run config file. BadInputError (exit 2) on any problem."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"run config {path} does not exist",
+                            hint="see examples/*.yaml and docs/run-config.md")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise BadInputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    return parse_run_config(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def dump_run_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML (absolute paths, defaults filled in)."""
+    import yaml
+
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

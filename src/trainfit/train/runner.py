@@ -1,0 +1,403 @@
+"""Run one training from a RunConfig: pretrain, SFT (full / LoRA / QLoRA) or DPO.
+
+Built on Transformers' Trainer and TRL's SFTTrainer / DPOTrainer (so resume, DDP, FSDP and
+DeepSpeed are the libraries' tested code paths); trainfit adds the run directory, atomic
+checkpoints, metrics, progress and predicted-vs-measured figures.
+
+Run directory:
+    config.yaml        the resolved config        config.sha256   its hash (see RunConfig.config_hash)
+    tokenizer/         the tokenizer used (trained here when none was given)
+    checkpoints/       checkpoint-<step> (complete, with manifest), at most keep_last of them
+    metrics.jsonl      one line per logged step      summary.json  the result
+    final/             the trained model (or adapter) and tokenizer
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trainfit.errors import BadInputError, UnavailableError, require_extra
+from trainfit.train import checkpoints as ck
+from trainfit.train.run_config import RunConfig, dump_run_config
+
+Log = Callable[[str], None]
+_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
+          "sgd": "sgd", "sgd-momentum": "sgd", "adafactor": "adafactor", "lion": "lion_32bit"}
+_NEEDS_BNB = {"adamw-8bit", "paged-adamw-8bit", "lion"}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    global_step: int
+    losses: list[tuple[int, float]]  # (step, loss) of this invocation's logged steps
+    summary: dict[str, Any]
+    resumed_from: str | None = None
+    step_seconds: list[float] = field(default_factory=list)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment (torchrun / accelerate / deepspeed)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_device(cfg: RunConfig) -> str:
+    import torch
+
+    want = cfg.training.device
+    if want == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        mps = getattr(torch.backends, "mps", None)
+        return "mps" if mps is not None and mps.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise UnavailableError("training.device: cuda asked, but torch sees no CUDA device",
+                               hint="use device: auto or cpu")
+    return want
+
+
+def check_method_available(cfg: RunConfig, device: str) -> None:
+    """QLoRA and 8-bit optimizers need CUDA + bitsandbytes: exit 4 with the reason otherwise."""
+    import importlib.util
+
+    t = cfg.training
+    if cfg.method == "qlora" or t.optimizer in _NEEDS_BNB:
+        what = "method qlora" if cfg.method == "qlora" else f"training.optimizer {t.optimizer}"
+        if device != "cuda":
+            raise UnavailableError(f"{what} needs a CUDA GPU (bitsandbytes kernels); this run's device is {device}",
+                                   hint="use method lora (or optimizer adamw) on this machine")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise UnavailableError(f"{what} needs bitsandbytes", hint="pip install bitsandbytes")
+    if cfg.training.precision.startswith("fp16") and device == "cpu":
+        raise BadInputError("training.precision: fp16 does not train on CPU (valid there: fp32, bf16-mixed, bf16)")
+    if cfg.distributed.strategy == "deepspeed":
+        require_extra("deepspeed", "deepspeed")
+
+
+# ---------------------------------------------------------------------------------------------
+# run directory
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log) -> ck.CheckpointInfo | None:
+    """Check the run dir against the config (read-only). Returns the checkpoint to resume from."""
+    digest_file = run_dir / "config.sha256"
+    ckpt_dir = run_dir / "checkpoints"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise BadInputError(f"--out: {run_dir} is a file, not a directory")
+    has_run = digest_file.is_file() or ckpt_dir.is_dir()
+    if has_run and not resume:
+        raise BadInputError(f"--out: {run_dir} already holds a run",
+                            hint="pass --resume to continue it, or choose another --out")
+    if not has_run:
+        if resume:
+            log(f"nothing to resume in {run_dir}: starting a new run")
+        return None
+    stored = digest_file.read_text().strip() if digest_file.is_file() else "(none)"
+    if stored != cfg.config_hash():
+        raise BadInputError(f"--resume: {run_dir} belongs to a different config (hash {stored[:12]}, this config "
+                            f"{cfg.config_hash()[:12]}); nothing was changed",
+                            hint="use the config stored in the run dir (config.yaml) or another --out")
+    best = ck.latest_complete(ckpt_dir, log=log)
+    infos, staging = ck.scan(ckpt_dir)
+    if best is None and (infos or staging):
+        bad = "; ".join(f"{i.path.name}: {i.problem}" for i in infos) or "only interrupted writes"
+        raise BadInputError(f"--resume: no complete checkpoint in {ckpt_dir} ({bad}); nothing was changed",
+                            hint="move the damaged checkpoint away to start the run again from step 0")
+    return best
+
+
+def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None) -> None:
+    from trainfit.cli.output import write_atomic
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    write_atomic(run_dir / "config.yaml", dump_run_config(cfg))
+    write_atomic(run_dir / "config.sha256", cfg.config_hash() + "\n")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        # Keep the trajectory the checkpoint belongs to; steps after it are re-run.
+        keep, dropped = [], 0
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                dropped += 1  # a line cut short by a crash
+                continue
+            if resume_step is not None and rec.get("step", 0) <= resume_step:
+                keep.append(line)
+            else:
+                dropped += 1
+        keep.append(json.dumps({"event": "resume" if resume_step is not None else "restart",
+                                "from_step": resume_step or 0, "dropped_records": dropped, "time": time.time()}))
+        write_atomic(metrics, "\n".join(keep) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments, data, model
+def training_kwargs(cfg: RunConfig, device: str, ckpt_dir: Path, world_size: int) -> dict[str, Any]:
+    t, s = cfg.training, cfg.schedule
+    kw: dict[str, Any] = dict(
+        output_dir=str(ckpt_dir), per_device_train_batch_size=t.micro_batch,
+        gradient_accumulation_steps=t.grad_accum, learning_rate=s.lr, lr_scheduler_type=s.scheduler,
+        warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
+        seed=s.seed, data_seed=s.seed, optim=_OPTIM[t.optimizer],
+        save_strategy="steps", save_steps=cfg.checkpointing.every_steps,
+        logging_strategy="steps", logging_steps=cfg.logging.every_steps,
+        report_to="none", disable_tqdm=True, dataloader_num_workers=0, use_cpu=device == "cpu",
+        activation_checkpointing=t.grad_checkpointing != "none",
+        bf16=t.precision == "bf16-mixed", fp16=t.precision == "fp16-mixed",
+    )
+    if t.optimizer == "sgd-momentum":
+        kw["optim_args"] = "momentum=0.9"
+    if s.max_steps is not None:
+        kw["max_steps"] = s.max_steps
+    else:
+        kw["num_train_epochs"] = s.epochs
+    if world_size > 1:
+        backend = cfg.distributed.backend
+        kw["ddp_backend"] = ("nccl" if device == "cuda" else "gloo") if backend == "auto" else backend
+        kw["ddp_find_unused_parameters"] = False
+    strategy = cfg.distributed.strategy
+    if strategy == "fsdp":
+        shard = {0: "no_shard", 1: "shard_grad_op", 2: "shard_grad_op", 3: "full_shard"}[t.zero_stage]
+        kw["fsdp"] = f"{shard} auto_wrap" + (" offload" if t.offload != "none" else "")
+        kw["fsdp_config"] = {"use_orig_params": True}
+    elif strategy == "deepspeed":
+        kw["deepspeed"] = deepspeed_config(cfg)
+    return kw
+
+
+def deepspeed_config(cfg: RunConfig) -> dict[str, Any]:
+    """DeepSpeed config dict; 'auto' values are filled in by Transformers from the arguments."""
+    t = cfg.training
+    zero: dict[str, Any] = {"stage": t.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+    if t.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if t.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": zero,
+            "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+
+
+def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
+    from trainfit.train.data import load_raw_dataset, text_iterator
+    from trainfit.train.tokenizer import has_tokenizer_files, load_tokenizer, train_bpe_tokenizer
+
+    saved = run_dir / "tokenizer"
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path), f"local: {cfg.tokenizer.path}"
+    if cfg.model.path and has_tokenizer_files(cfg.model.path):
+        return load_tokenizer(cfg.model.path, "model.path"), f"local: {cfg.model.path}"
+    with args.main_process_first(local=False, desc="tokenizer"):
+        if has_tokenizer_files(saved):
+            return load_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
+        log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
+        raw = load_raw_dataset(cfg)
+        tok = train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
+                                  cfg.tokenizer.vocab_size, saved)
+        return load_tokenizer(saved), "byte-level BPE trained on the corpus"
+
+
+def build_dataset(cfg: RunConfig, tokenizer, args):
+    from trainfit.train.data import check_columns, load_raw_dataset, pack_for_pretraining, rename_for_trl
+
+    with args.main_process_first(local=False, desc="dataset"):
+        raw = load_raw_dataset(cfg)
+        check_columns(cfg, raw)
+        if cfg.method == "pretrain":
+            return pack_for_pretraining(cfg, raw, tokenizer)
+        return rename_for_trl(cfg, raw)
+
+
+def _quantization(cfg: RunConfig):
+    if cfg.method != "qlora":
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    quant = cfg.training.quant if cfg.training.quant != "none" else "nf4-dq"
+    if quant == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_use_double_quant=quant == "nf4-dq",
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
+    """The model to train (PEFT-wrapped for lora/qlora), its reference for DPO, and the BuiltModel."""
+    import copy
+
+    import torch
+
+    from trainfit.train.model_build import build_model, lora_config
+
+    qconf = _quantization(cfg)
+    if qconf is not None and cfg.model.weights == "random":
+        # bitsandbytes quantizes while loading: save the random init once, then load it quantized.
+        init_dir = run_dir / "random-init"
+        if not (init_dir / "config.json").is_file():
+            build_model(cfg, tokenizer).model.save_pretrained(str(init_dir))
+        from transformers import AutoModelForCausalLM
+
+        built = build_model(cfg, tokenizer)
+        built = type(built)(AutoModelForCausalLM.from_pretrained(str(init_dir), quantization_config=qconf),
+                            built.spec, built.spec_note, built.weights, built.hf_config)
+    else:
+        built = build_model(cfg, tokenizer, quantization_config=qconf)
+    model = built.model
+    if cfg.training.precision in ("bf16", "fp16"):
+        model = model.to(torch.bfloat16 if cfg.training.precision == "bf16" else torch.float16)
+    ref = None
+    use_lora = cfg.method in ("lora", "qlora") or (cfg.method == "dpo" and cfg.training.lora is not None)
+    if cfg.method == "dpo" and cfg.training.dpo_reference == "separate":
+        ref = copy.deepcopy(model).eval()  # a frozen copy of the starting weights
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    if use_lora:
+        from peft import get_peft_model, prepare_model_for_kbit_training
+
+        if qconf is not None:
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=cfg.training.grad_checkpointing != "none")
+        model = get_peft_model(model, lora_config(cfg))
+    log(f"model: {built.spec.id if built.spec else cfg.model.path} weights {built.weights}; "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,} trainable")
+    return model, ref, built
+
+
+def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, kwargs: dict, callbacks: list, log: Log,
+                 ckpt_dir: Path):
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    from trainfit.train.trainer_ext import with_trainfit
+
+    keep = cfg.checkpointing.keep_last
+    if cfg.method == "pretrain":
+        cls = with_trainfit(Trainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
+        return cls(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
+                   data_collator=default_data_collator, processing_class=tokenizer, callbacks=callbacks)
+    if cfg.method == "dpo":
+        from trl import DPOConfig, DPOTrainer
+
+        args = DPOConfig(**kwargs, max_length=cfg.training.seq_len, beta=cfg.training.dpo_beta,
+                         precompute_ref_log_probs=cfg.training.dpo_reference == "precomputed")
+        cls = with_trainfit(DPOTrainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
+        return cls(model=model, ref_model=ref, args=args, train_dataset=dataset, processing_class=tokenizer,
+                   callbacks=callbacks)
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(**kwargs, max_length=cfg.training.seq_len, packing=False, dataset_text_field="text",
+                     eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token)
+    cls = with_trainfit(SFTTrainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
+    return cls(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+
+
+# ---------------------------------------------------------------------------------------------
+def median_after_warmup(values: list[float], warmup: int = 2) -> float | None:
+    tail = values[warmup:] if len(values) > warmup else values
+    return statistics.median(tail) if tail else None
+
+
+def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
+                 quiet: bool = False, log: Log | None = None, extra_callbacks: list | None = None,
+                 write_summary: bool = True) -> RunResult:
+    """Train; the Python twin of `trainfit train`. `stop_after` stops (with a checkpoint) after
+    that many optimizer steps without changing the schedule, so --resume continues the same run."""
+    require_extra("torch", "train")
+    require_extra("trl", "train")
+    from trainfit.train.callbacks import MetricsWriter, Progress, StepTimer, StopAt, device_memory
+
+    rank, world_size = world()
+    log = log or (lambda m: None)
+    say = log if rank == 0 else (lambda m: None)
+    run_dir = Path(run_dir).resolve()
+    device = resolve_device(cfg)
+    check_method_available(cfg, device)
+    resume_from = prepare_run_dir(cfg, run_dir, resume, say)
+    ckpt_dir = run_dir / "checkpoints"
+    kwargs = training_kwargs(cfg, device, ckpt_dir, world_size)
+    from transformers import TrainingArguments
+
+    probe_args = TrainingArguments(**kwargs)  # initialises the process group under a launcher
+    if rank == 0:
+        write_run_files(cfg, run_dir, resume_from.step if resume_from else None)
+    probe_args.distributed_state.wait_for_everyone()
+    if resume_from:
+        say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
+    tokenizer, tok_note = get_tokenizer(cfg, run_dir, probe_args, say)
+    dataset = build_dataset(cfg, tokenizer, probe_args)
+    model, ref, built = make_model(cfg, tokenizer, run_dir, say)
+    if built.weights.startswith("random"):
+        say("weights: RANDOM initialisation (not a pretrained model)")
+    timer = StepTimer()
+    writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
+                           timer, world_size)
+    interactive = not quiet and cfg.logging.progress != "lines" and (
+        cfg.logging.progress == "bar" or os.isatty(2))
+    progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer)
+    callbacks = [timer, StopAt(stop_after), writer, progress] + list(extra_callbacks or [])
+    trainer = make_trainer(cfg, model, ref, tokenizer, dataset, kwargs, callbacks, say, ckpt_dir)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # it prints log dicts on stdout; ours go to stderr
+    started = time.perf_counter()
+    trainer.train(resume_from_checkpoint=str(resume_from.path) if resume_from else None)
+    wall = time.perf_counter() - started
+    losses = [(r["step"], r["loss"]) for r in writer.records]
+    summary: dict[str, Any] = {}
+    if rank == 0:
+        final = run_dir / "final"
+        trainer.save_model(str(final))
+        tokenizer.save_pretrained(str(final))
+        summary = build_summary(cfg, built, trainer, timer, writer, device, world_size, wall,
+                                resume_from, tok_note, device_memory())
+        if write_summary:
+            from trainfit.cli.output import write_atomic
+
+            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    trainer.accelerator.wait_for_everyone()
+    return RunResult(run_dir, trainer.state.global_step, losses, summary,
+                     str(resume_from.path) if resume_from else None, list(timer.step_seconds))
+
+
+def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, resume_from, tok_note,
+                  memory) -> dict[str, Any]:
+    from trainfit.train.predictions import predict
+
+    model = trainer.model
+    measured_step = median_after_warmup(timer.step_seconds)
+    pred = predict(built.spec, cfg.to_setup(device, num_gpus=world_size if device == "cuda" else 1),
+                   built.spec_note)
+    measured_peak = memory.get("cuda_max_allocated_bytes", memory["peak_rss_bytes"])
+    records = writer.records
+    return {
+        "method": cfg.method, "name": cfg.name, "model": built.spec.id if built.spec else cfg.model.path,
+        "weights": built.weights, "tokenizer": tok_note, "device": device, "processes": world_size,
+        "params_total": sum(p.numel() for p in model.parameters()),
+        "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "global_batch": cfg.training.micro_batch * cfg.training.grad_accum * world_size,
+        "global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
+        "resumed_from": resume_from.path.name if resume_from else None,
+        "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,
+        "wall_seconds": wall,
+        "measured": {"step_seconds_median": measured_step, "steps_timed": len(timer.step_seconds),
+                     "peak_bytes": measured_peak,
+                     "peak_kind": "cuda_max_allocated" if "cuda_max_allocated_bytes" in memory else "peak_rss",
+                     **memory,
+                     "tokens_per_second_median": statistics.median([r["tokens_per_second"] for r in records])
+                     if records else None},
+        "predicted": {"tensor_peak_bytes": pred.tensor_peak_bytes, "total_bytes": pred.total_bytes,
+                      "step_seconds": pred.step_seconds, "unavailable": pred.unavailable},
+        "ratios": {
+            "peak_memory_measured_over_predicted_total": (measured_peak / pred.total_bytes
+                                                          if pred.total_bytes else None),
+            "step_seconds_measured_over_predicted": (measured_step / pred.step_seconds
+                                                     if measured_step and pred.step_seconds else None),
+        },
+    }

@@ -1,0 +1,62 @@
+"""The run's tokenizer: a local one, or a byte-level BPE trained on the run's own corpus.
+
+No model hub is reachable, so pretraining (and catalog models built with random weights) need
+a tokenizer made here. Byte-level BPE (the GPT-2 / Llama-3 family scheme) never meets an
+unknown character. The trained tokenizer is saved in the run directory and reused on resume,
+so token ids never change under a resumed run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainfit.errors import BadInputError
+
+SPECIAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "unk_token": "<|unk|>"}
+# A minimal chat format for trained tokenizers (which come without one), so chat data works.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}<|eos|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def train_bpe_tokenizer(texts, vocab_size: int, out_dir: Path):
+    """Train a byte-level BPE on an iterator of strings and save it as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=SPECIAL["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
+    fast.chat_template = CHAT_TEMPLATE
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def load_tokenizer(path: str | Path, key: str = "tokenizer.path"):
+    """Load a local tokenizer; no hub access. Adds a pad token when the tokenizer has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"{key}: cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
+    if tok.pad_token is None:
+        # Padding is masked out of the loss, so reusing EOS is safe (the usual choice).
+        tok.pad_token = tok.eos_token
+    if tok.chat_template is None:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def has_tokenizer_files(path: str | Path) -> bool:
+    p = Path(path)
+    return any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json"))
