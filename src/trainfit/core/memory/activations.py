@@ -1,0 +1,184 @@
+"""Activation memory of a training step: tensors autograd saves, per token and per layer.
+
+Starting point: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (arXiv 2205.05198), s*b*h*(34 + 5*a*s/h) bytes per layer for a GPT block with 16-bit
+activations and dropout. That form does not describe today's models, so the terms below follow
+what transformers' modeling code and PyTorch's autograd actually save, tensor by tensor:
+
+* RMSNorm (HF: x.to(fp32); pow; mean; rsqrt; mul; weight * y.to(dtype)) saves the fp32 input
+  (4h), rsqrt (4 B/token) and, when the norm weight trains, the normalised tensor.
+  LayerNorm (native op) saves its input plus mean and rstd (8 B/token).
+* A linear saves its input only when its weight trains (autograd saves mat1 only if mat2
+  requires grad). Under autocast every linear casts its fp32 input itself, so q, k and v keep
+  three bf16 copies of the norm output; without autocast they share one tensor.
+* SDPA / flash keep q, k, v, the output and a fp32 logsumexp (4 B per head per token); eager
+  attention keeps the softmax probabilities b*heads*s^2 (fp32 softmax, plus its 16-bit copy
+  when the compute dtype is 16-bit), k and v repeated to all heads (GQA), and a contiguous
+  copy of the output.
+* SwiGLU keeps gate, act(gate), up and their product (4 x ffn); GELU MLPs 2 x ffn.
+* LoRA (PEFT) keeps each adapted module's (cast) input for dA, the r-wide A output for dB, and
+  with dropout > 0 a bool mask plus the dropped copy per adapted module.
+* Loss (transformers ForCausalLMLoss): fp32 upcast of the logits, log_softmax output saved
+  (4 B x vocab per token); its backward holds grad of log_softmax and grad of logits together
+  with the saved output: 12 B x vocab per token.
+
+Coefficients were then checked against the live-tensor counter on CPU (bench/memory_accuracy.py);
+see bench/results/memory_accuracy.md for the errors reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.core.memory.stats import ModelStats
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.setup import TrainingSetup
+
+
+@dataclass(frozen=True)
+class Widths:
+    h: int
+    q: int  # heads x head_dim
+    kv: int  # kv heads x head_dim
+    f: int  # MLP inner width a token passes through (MoE: top-k x expert width)
+    heads: int
+
+
+def widths(spec: ModelSpec, st: ModelStats) -> Widths:
+    return Widths(spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim,
+                  st.ffn_width, spec.num_heads)
+
+
+def dtype_bytes(setup: TrainingSetup) -> tuple[int, int, bool]:
+    """(residual-stream bytes, compute bytes, autocast?) for a precision mode."""
+    p = setup.precision
+    mixed = p.endswith("-mixed")
+    residual = 4 if (p == "fp32" or mixed) else 2
+    compute = 4 if p == "fp32" else 2
+    if setup.method == "qlora" and not mixed and p != "fp32":
+        residual = 2
+    return residual, compute, mixed
+
+
+def attention_kv_len(spec: ModelSpec, seq_len: int) -> int:
+    """Keys each query attends to in a materialised score matrix (eager): the full sequence;
+    HF builds the full s x s scores even for sliding-window layers and masks them."""
+    return seq_len
+
+
+def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
+                          lora_where: dict[str, int] | None) -> tuple[float, float]:
+    """(saved bytes per token for one decoder layer, of which the attention core).
+
+    `lora_where` is None for full training, else the adapted modules per block by position.
+    """
+    w = widths(spec, st)
+    r, a, mixed = dtype_bytes(setup)
+    full = lora_where is None
+    arch = spec.architecture
+    rank = setup.lora.rank if setup.lora else 0
+    dropout = bool(setup.lora and setup.lora.dropout > 0)
+    # Frozen fp32 base with 16-bit compute keeps LoRA adapters in fp32 (PEFT autocast_adapter_dtype).
+    adapter_cast = 4 if (not full and a == 2 and not mixed) else 0
+
+    def norm() -> float:
+        if spec.norm == "layernorm":
+            return r * w.h + 8
+        saved = 4 * w.h + 4  # fp32 input (a copy when the stream is 16-bit) and rsqrt
+        if arch in ("gemma", "gemma2"):
+            saved += 4 * w.h  # y * (1 + weight) in fp32 keeps y whatever trains
+        elif full:
+            saved += r * w.h
+        return saved
+
+    def inputs(consumers: int, adapted: int) -> float:
+        """Saved copies of a norm output read by `consumers` linears, `adapted` of them LoRA."""
+        if full:
+            return consumers * 2 * w.h if mixed else r * w.h
+        if adapted == 0:
+            return 0.0
+        out = adapted * rank * (2 if mixed else 4)  # A output, kept for dB
+        if dropout:
+            per = w.h + r * w.h + (2 * w.h if mixed else adapter_cast * w.h)
+            return out + adapted * per
+        if mixed:
+            return out + adapted * 2 * w.h
+        if adapter_cast:
+            return out + adapted * adapter_cast * w.h
+        return out + r * w.h
+
+    def inner(width: int, adapted: int) -> float:
+        """Extra saved for LoRA on a module whose input is already saved (o_proj, down_proj)."""
+        if adapted == 0:
+            return 0.0
+        out = adapted * rank * (2 if mixed else 4)
+        if dropout:
+            return out + adapted * (width + a * width + (adapter_cast * width))
+        return out + adapted * adapter_cast * width
+
+    lw = lora_where or {}
+    n_norms = {"gemma2": 4, "phi": 1}.get(arch, 2)
+    total = n_norms * norm()
+    attn_in = 4 if arch == "phi" else st.attn_inputs
+    total += inputs(attn_in, lw.get("attn_in", 0) + (lw.get("mlp_in", 0) if arch == "phi" else 0))
+    if arch != "phi":
+        total += inputs(st.mlp_inputs, lw.get("mlp_in", 0))
+
+    # Attention core.
+    rep = w.q if w.kv != w.q else w.kv
+    if setup.attention == "eager":
+        core = a * (2 * w.q + 2 * rep)
+    else:
+        core = a * (2 * w.q + 2 * w.kv) + 4 * w.heads
+    total += core + inner(w.q, lw.get("attn_out", 0))
+
+    # MLP.
+    if spec.gated_mlp:
+        mlp = (4 if (full or lw.get("mlp_out", 0)) else 3) * a * w.f
+    elif spec.activation == "gelu_new":
+        mlp = (5 if (full or lw.get("mlp_out", 0)) else 4) * a * w.f
+    else:
+        mlp = (2 if (full or lw.get("mlp_out", 0)) else 1) * a * w.f
+    if spec.num_experts:
+        # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
+        mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
+    total += mlp + inner(w.f, lw.get("mlp_out", 0))
+    return total, core
+
+
+def eager_scores_bytes(spec: ModelSpec, setup: TrainingSetup, tokens: int, seq_len: int) -> float:
+    """Per layer, eager attention's saved probabilities: fp32 softmax + its 16-bit copy."""
+    if setup.attention != "eager":
+        return 0.0
+    _, a, _ = dtype_bytes(setup)
+    per = 4 if a == 4 else 6
+    return tokens * spec.num_heads * attention_kv_len(spec, seq_len) * per
+
+
+def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool) -> float:
+    r, a, mixed = dtype_bytes(setup)
+    h = spec.hidden_size
+    if spec.norm == "layernorm":
+        saved = r * h + 8
+    else:
+        saved = 4 * h + 4 + (r * h if full else 0)
+    if full:
+        saved += 2 * h if mixed else r * h  # lm_head input
+    return saved
+
+
+def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, float, float]:
+    """(saved, forward transient, backward transient) bytes per token of logits + loss.
+
+    transformers' ForCausalLMLoss upcasts logits to fp32 and calls cross_entropy: log_softmax's
+    fp32 output is saved; its backward briefly holds grad(log_softmax) and grad(logits) (fp32).
+    Gemma-2's final soft-capping (tanh) saves one more logits-sized tensor.
+    """
+    _, a, _ = dtype_bytes(setup)
+    v = spec.vocab_size
+    saved = 4 * v
+    if spec.architecture == "gemma2":
+        saved += a * v
+    fwd = a * v + (4 * v if a != 4 else 0)
+    bwd = 8 * v
+    return saved, fwd, bwd

@@ -1,0 +1,222 @@
+"""estimate_memory: the per-device memory of one training or inference setup, with its parts.
+
+Peak timing (where other calculators go wrong):
+* the loss backward (grad of log_softmax + grad of logits, 12 B x vocab per token) happens while
+  every saved activation is still alive;
+* the first optimizer step allocates the states while all gradients are alive;
+* with gradient accumulation gradients stay alive through the next micro-batch's forward;
+* under autocast, the 16-bit copies of trained weights are cached for the whole forward and
+  kept by autograd until each layer's backward.
+The tensor peak is the largest of the phase peaks; margins (context, fragmentation, NCCL) sit on
+top of it in `total_bytes`.
+"""
+
+from __future__ import annotations
+
+from trainfit.core.memory import activations as act
+from trainfit.core.memory.checks import check_setup
+from trainfit.core.memory.inference import inference_components
+from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins
+from trainfit.core.memory.states import model_states
+from trainfit.core.memory.stats import lora_stats, model_stats
+from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.profile import HardwareProfile
+from trainfit.core.setup import LoraSettings, TrainingSetup
+
+C = MemoryComponent
+
+
+def estimate_memory(model: ModelSpec, setup: TrainingSetup,
+                    hardware: HardwareProfile | None = None) -> MemoryEstimate:
+    """Memory per device for `setup` on `model`; capacities from `hardware` when given."""
+    check_setup(model, setup)
+    st = model_stats(model)
+    lora = setup.lora
+    uses_lora = setup.method in ("lora", "qlora") or (setup.method == "dpo" and lora is not None)
+    if uses_lora and lora is None:
+        lora = LoraSettings()
+    lora_params, where = (lora_stats(model, lora.target_modules, lora.rank) if uses_lora and lora
+                          else (0, None))
+    if uses_lora and setup.lora is None:
+        setup = _with_lora(setup, lora)
+    notes: list[str] = []
+    states = model_states(model, st, setup, lora_params)
+    if setup.method == "inference":
+        comps, notes = inference_components(model, st, setup, states)
+        trainable = 0
+    else:
+        comps = _training_components(model, st, setup, states, where, notes)
+        trainable = states.trainable
+    peak = sum(c.bytes for c in comps if c.in_tensor_peak)
+    device = setup.device
+    gpu_name = None
+    arch = None
+    if hardware is not None and hardware.gpus:
+        arch = hardware.gpus[0].architecture
+        gpu_name = hardware.gpus[0].name
+    total_comps = comps + margins(device, peak, architecture=arch, num_gpus=setup.num_gpus,
+                                  training=setup.method != "inference")
+    total = sum(c.bytes for c in total_comps)
+    label = "cpu" if device == "cpu" else f"{'mps' if device == 'mps' else 'cuda'}:0"
+    capacity = None
+    if hardware is not None:
+        capacity = cpu_capacity(hardware) if device == "cpu" else gpu_capacity(hardware)
+        if device != "cpu" and capacity is None:
+            notes.append(f"the hardware has no {device} device: capacity unknown")
+    devices = [DeviceMemory(label, int(peak), int(total), capacity, total_comps)]
+    if states.cpu and device != "cpu":
+        cpu_comps = [C("offload", int(states.cpu), states.cpu_what, True)]
+        cpu_peak = int(states.cpu)
+        cpu_comps.append(C("framework_overhead", int(0.5 * states.cpu),
+                           "pinned staging buffers and CPU Adam working copies: 50 % (DeepSpeed uses 1.5x)",
+                           False))
+        devices.append(DeviceMemory("cpu", cpu_peak, int(1.5 * states.cpu),
+                                    cpu_capacity(hardware) if hardware is not None else None, cpu_comps))
+    if setup.num_gpus > 1:
+        notes.append(f"per GPU figures; all {setup.num_gpus} GPUs hold the same amount under data parallelism")
+    if setup.optimizer == "paged-adamw-8bit":
+        notes.append("paged optimizer states live in unified memory: counted on the GPU at peak, "
+                     "but the driver can page them to CPU RAM instead of failing")
+    if gpu_name:
+        notes.append(f"capacity: {gpu_name}")
+    return MemoryEstimate(model.id, st.total, trainable, devices, notes)
+
+
+def _with_lora(setup: TrainingSetup, lora: LoraSettings) -> TrainingSetup:
+    import dataclasses
+
+    return dataclasses.replace(setup, lora=lora)
+
+
+def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, where,
+                         notes: list[str]) -> list[MemoryComponent]:
+    full = where is None
+    dpo = setup.method == "dpo"
+    seqs = setup.micro_batch * (2 if dpo else 1)  # DPO: chosen + rejected
+    tokens = seqs * setup.seq_len
+    per_tok, core = act.layer_bytes_per_token(model, st, setup, where)
+    scores = act.eager_scores_bytes(model, setup, tokens, setup.seq_len)
+    layer = per_tok * tokens + scores
+    n = model.num_layers
+    r, a, mixed = act.dtype_bytes(setup)
+    ckpt = setup.grad_checkpointing
+    if ckpt == "full":
+        # One hidden-state input per layer kept; one layer recomputed at a time during backward.
+        saved_layers = n * r * model.hidden_size * tokens + layer
+        ckpt_what = f"full checkpointing: {n} layer inputs (b*s*h*{r} B) + one layer recomputed"
+    elif ckpt == "selective":
+        saved_layers = n * (layer - core * tokens - scores) + (core * tokens + scores)
+        ckpt_what = "selective checkpointing: attention core recomputed, one layer's core alive"
+    else:
+        saved_layers = n * layer
+        ckpt_what = f"{n} layers x {per_tok:.0f} B/token x {tokens} tokens" + (
+            " + eager scores" if scores else "")
+    final = act.final_norm_bytes_per_token(model, setup, full) * tokens
+    if dpo:
+        loss_saved, loss_fwd, loss_bwd = a * model.vocab_size, a * model.vocab_size, 2 * a * model.vocab_size
+    else:
+        loss_saved, loss_fwd, loss_bwd = act.loss_bytes_per_token(model, setup)
+    loss_saved *= tokens
+    loss_fwd *= tokens
+    loss_bwd *= tokens
+    # autocast caches the 16-bit copy of every trained weight that a matmul reads.
+    cache = 2.0 * (st.linear + (st.lm_head or st.embedding)) if (mixed and full) else 0.0
+    # Frozen quantised / 16-bit base: one weight de-quantised (or cast) at a time.
+    transient = states.dequant_transient
+    weights = states.weights + states.quant_overhead + states.lora
+    ref = 0.0
+    if dpo and setup.dpo_reference == "separate":
+        ref = states.weights + states.quant_overhead if not full else _frozen_copy(st, setup)
+    g_acc = states.gradients if setup.grad_accum > 1 else 0.0
+    base = weights + ref + states.optimizer + states.master_weights + states.gathered + states.buckets
+    acts = saved_layers + final + cache
+    # Reference forward (no_grad) of DPO: logits for all chosen+rejected tokens, one layer's temps.
+    ref_fwd = 0.0
+    if dpo and setup.dpo_reference != "precomputed":
+        ref_fwd = a * model.vocab_size * tokens + layer / 2
+    phases = {
+        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient,
+        "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient,
+        "optimizer step": base + states.gradients,
+        "reference forward": base + g_acc + ref_fwd,
+    }
+    where_peak = max(phases, key=phases.get)
+    peak = phases[where_peak]
+    notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
+                 + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
+    comps = [
+        C("weights", int(states.weights), _weights_what(setup), True),
+    ]
+    if states.quant_overhead:
+        comps.append(C("quant_overhead", int(states.quant_overhead), _quant_what(setup), True))
+    if states.lora:
+        comps.append(C("lora", int(states.lora), f"adapters r={setup.lora.rank}: {states.trainable:,} params x 4 B (fp32)", True))
+    if ref:
+        comps.append(C("reference_model", int(ref), "frozen DPO reference: a second copy of the base weights", True))
+    if states.master_weights:
+        comps.append(C("master_weights", int(states.master_weights), "fp32 master copy (4 B/param, sharded by ZeRO)", True))
+    if states.optimizer:
+        comps.append(C("optimizer", int(states.optimizer), _opt_what(setup), True))
+    if states.gathered:
+        comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
+    if states.buckets:
+        comps.append(C("grad_buckets", int(states.buckets), "DDP flat gradient buckets / ZeRO reduce bucket (hidden^2)", True))
+    grads_at_peak = states.gradients if where_peak == "optimizer step" else g_acc
+    if grads_at_peak:
+        comps.append(C("gradients", int(grads_at_peak), _grad_what(setup, states), True))
+    if where_peak == "optimizer step":
+        return comps
+    if where_peak == "reference forward":
+        comps.append(C("reference_forward", int(ref_fwd), "reference logits (2*b*s*vocab) + one layer's temporaries, no_grad", True))
+        return comps
+    comps.append(C("activations", int(saved_layers + final), ckpt_what, True))
+    if cache:
+        comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights: 2 B/param", True))
+    loss_extra = loss_fwd if where_peak == "forward" else loss_bwd
+    comps.append(C("logits", int(loss_saved + loss_extra),
+                   f"logits + loss: {tokens} tokens x vocab {model.vocab_size} (fp32 log_softmax, its grads)", True))
+    if transient:
+        comps.append(C("dequant_transient", int(transient), "largest quantised weight de-quantised to 16-bit", True))
+    return comps
+
+
+def _frozen_copy(st, setup: TrainingSetup) -> float:
+    return st.total * (4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2)
+
+
+def _weights_what(setup: TrainingSetup) -> str:
+    if setup.quant in ("nf4", "nf4-dq"):
+        return "linear weights NF4 (0.5 B/param); embeddings, norms, lm_head in 16-bit"
+    if setup.quant == "int8":
+        return "linear weights int8 (1 B/param); embeddings, norms, lm_head in 16-bit"
+    b = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2
+    if setup.zero_stage >= 1 and setup.precision.endswith("-mixed"):
+        b = 2
+    return f"params x {b} B" + (f" / {setup.num_gpus} GPUs (ZeRO-3)" if setup.zero_stage == 3 else "")
+
+
+def _quant_what(setup: TrainingSetup) -> str:
+    if setup.quant == "nf4":
+        return "NF4 absmax: one fp32 per 64 weights (0.0625 B/param)"
+    if setup.quant == "nf4-dq":
+        return "double-quantised absmax: uint8 per 64 weights + fp32 per 256 blocks (0.0159 B/param)"
+    return "LLM.int8 row scales: one fp32 per output row"
+
+
+def _opt_what(setup: TrainingSetup) -> str:
+    shard = f" / {setup.num_gpus} (ZeRO-{setup.zero_stage})" if setup.zero_stage >= 1 else ""
+    return {
+        "adamw": "AdamW: 2 moments x param dtype (8 B/param fp32)",
+        "adamw-8bit": "8-bit AdamW: 2 x (1 B + fp32 absmax per 256) per param",
+        "paged-adamw-8bit": "paged 8-bit AdamW: 2 x (1 B + fp32 absmax per 256) per param",
+        "sgd": "SGD: no state",
+        "sgd-momentum": "SGD momentum buffer: 1 x param dtype",
+        "adafactor": "Adafactor: factored second moments (rows + cols per matrix)",
+        "lion": "Lion: 1 momentum x param dtype",
+    }[setup.optimizer] + shard
+
+
+def _grad_what(setup: TrainingSetup, states) -> str:
+    why = "alive at the optimizer step" if setup.grad_accum == 1 else "kept across accumulation micro-steps"
+    return f"gradients of {states.trainable:,} trainable params ({why})"

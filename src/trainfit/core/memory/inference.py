@@ -1,0 +1,70 @@
+"""Inference memory: weights, KV cache, and the largest transient of prefill or decoding.
+
+KV cache (HF DynamicCache): 2 (K and V) x layers x batch x tokens x kv_heads x head_dim x bytes,
+tokens = prompt + generated; sliding-window layers keep at most `window` tokens (Mistral: all
+layers; Gemma-2: every other layer). The cache grows by torch.cat, so one layer's K (or V) is
+briefly held twice. Prefill runs one layer at a time over the whole prompt: q/k/v, the attention
+output (eager: the b x heads x s x s scores in fp32 and their 16-bit copy) and the MLP's inner
+tensors; generate() computes logits for the last position only (logits_to_keep=1) and upcasts
+them to fp32. Sources: transformers cache_utils.py / generation/utils.py; llm-analysis
+(cli99) inference memory (weights + KV + max(one layer, logits)).
+"""
+
+from __future__ import annotations
+
+from trainfit.core.memory_types import MemoryComponent
+from trainfit.core.model_spec import ModelSpec
+
+C = MemoryComponent
+
+
+def kv_cache_bytes(model: ModelSpec, batch: int, tokens: int, kv_bytes: int) -> tuple[float, float]:
+    """(whole cache, one layer's cache) in bytes."""
+    per_tok_layer = 2 * model.num_kv_heads * model.head_dim * kv_bytes
+    window = model.sliding_window
+    if window is None or window >= tokens:
+        layers_full, layers_swa = model.num_layers, 0
+    elif model.architecture == "gemma2":
+        layers_swa = model.num_layers // 2
+        layers_full = model.num_layers - layers_swa
+    else:
+        layers_full, layers_swa = 0, model.num_layers
+    swa_tokens = min(tokens, window or tokens)
+    total = batch * per_tok_layer * (layers_full * tokens + layers_swa * swa_tokens)
+    one = batch * per_tok_layer * (tokens if layers_full else swa_tokens)
+    return total, one
+
+
+def inference_components(model: ModelSpec, st, setup, states) -> tuple[list[MemoryComponent], list[str]]:
+    a = 4 if setup.precision == "fp32" else 2
+    b, s, g = setup.micro_batch, setup.seq_len, setup.generate_tokens
+    kv_all, kv_layer = kv_cache_bytes(model, b, s + g, a)
+    kv_prompt, _ = kv_cache_bytes(model, b, s, a)
+    h, q = model.hidden_size, model.num_heads * model.head_dim
+    kv_w = model.num_kv_heads * model.head_dim
+    tokens = b * s
+    # One layer over the prompt: normed input, q/k/v (+ GQA repeat for eager), attention output,
+    # the MLP's gate/act/up alive together (3 x ffn), residual.
+    attn = a * tokens * (2 * h + 2 * q + 2 * kv_w)
+    if setup.attention == "eager":
+        attn += tokens * model.num_heads * s * (4 + (a if a != 4 else 0)) + a * tokens * 2 * q
+    mlp = a * tokens * (3 if model.gated_mlp else 2) * st.ffn_width + a * tokens * h
+    logits = b * model.vocab_size * (a + 4)
+    prefill = max(attn, mlp) + logits
+    decode = kv_layer / 2 + logits  # torch.cat: the old and the grown K (or V) of one layer
+    weights = states.weights + states.quant_overhead
+    p_prefill = weights + kv_prompt + prefill + states.dequant_transient
+    p_decode = weights + kv_all + decode + states.dequant_transient
+    at_prefill = p_prefill >= p_decode
+    comps = [C("weights", int(states.weights), f"params x {a if setup.quant == 'none' else 'quantised'} B", True)]
+    if states.quant_overhead:
+        comps.append(C("quant_overhead", int(states.quant_overhead), "quantisation scales (absmax / row scales)", True))
+    kv = kv_prompt if at_prefill else kv_all
+    comps.append(C("kv_cache", int(kv), f"2 x {model.num_layers} layers x {b} x {s if at_prefill else s + g} tokens "
+                   f"x {model.num_kv_heads} kv heads x {model.head_dim} x {a} B", True))
+    comps.append(C("activations", int(prefill if at_prefill else decode),
+                   "prefill: one layer's q/k/v/MLP temporaries + last-token logits" if at_prefill
+                   else "decode: one layer's cache copy during torch.cat + logits", True))
+    if states.dequant_transient:
+        comps.append(C("dequant_transient", int(states.dequant_transient), "largest quantised weight de-quantised", True))
+    return comps, [f"inference peak during {'prefill' if at_prefill else 'decoding'}"]

@@ -1,0 +1,160 @@
+"""Model states: weights, gradients, optimizer states, master weights; quantised weights; ZeRO.
+
+Sources:
+* ZeRO (Rajbhandari et al. 2020, arXiv 1910.02054): mixed-precision Adam = 2+2+12 = 16 B/param;
+  per GPU with N ranks: stage 1 optimizer/N, stage 2 + gradients/N, stage 3 + parameters/N.
+  DeepSpeed keeps an fp32 gradient partition as well (estimate_zero2_model_states_mem_needs:
+  2*P + 18*P/N, DeepSpeed PR #5099), which is what we count for stages 1-3.
+* PyTorch AMP (stage 0, no DeepSpeed): fp32 weights + fp32 grads + 2 fp32 Adam moments = 16 B.
+* QLoRA (Dettmers et al. 2023, arXiv 2305.14314) and bitsandbytes' Params4bit/QuantState:
+  NF4 packs 2 weights per byte with one fp32 absmax per 64-weight block; double quantisation
+  stores the absmax as uint8 with one fp32 scale per 256 absmax values (+ a 256-entry fp32
+  code table per tensor). LLM.int8 (Dettmers et al. 2022): int8 weights + one fp32 scale per
+  output row (SCB). Embeddings, norms and lm_head stay in the compute dtype.
+* 8-bit optimizers (Dettmers et al. 2021, arXiv 2110.02861): uint8 states, block-wise with one
+  fp32 absmax per 256 values. Adafactor (Shazeer & Stern 2018): row + column second moments
+  for matrices, full for vectors, no first moment by default. Lion (Chen et al. 2023): one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.core.memory.stats import ModelStats
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.setup import TrainingSetup
+
+NF4_BLOCK = 64
+DQ_BLOCK = 256
+OPT8_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class States:
+    weights: float  # base model weights on each GPU (frozen or trained)
+    quant_overhead: float  # absmax / scales of quantised weights
+    lora: float  # adapter weights
+    gradients: float
+    optimizer: float
+    master_weights: float  # fp32 copy kept by DeepSpeed / fp16 optimizers
+    gathered: float  # ZeRO-3 parameters gathered for the current + prefetched block
+    buckets: float  # DDP gradient buckets / ZeRO reduce buckets
+    cpu: float  # bytes on the host with CPU offload (whole node, all ranks)
+    cpu_what: str
+    trainable: int
+    dequant_transient: float
+
+
+def optimizer_bytes_per_param(setup: TrainingSetup, param_bytes: int) -> float:
+    o = setup.optimizer
+    if o == "adamw":
+        return 2 * param_bytes
+    if o in ("adamw-8bit", "paged-adamw-8bit"):
+        return 2 * (1 + 4 / OPT8_BLOCK)
+    if o == "sgd":
+        return 0.0
+    if o in ("sgd-momentum", "lion"):
+        return float(param_bytes)
+    return 0.0  # adafactor handled with shapes in adafactor_bytes
+
+
+def adafactor_bytes(spec: ModelSpec, st: ModelStats, trainable: int, rank: int | None) -> float:
+    """Factored second moments: rows + cols per matrix (fp32), full size for vectors."""
+    if rank:
+        # LoRA A (r x in) and B (out x r): rows + cols = in + out + 2r per module, and the
+        # module has r * (in + out) parameters, so about trainable / r.
+        return 4 * trainable / rank
+    h, n = spec.hidden_size, spec.num_layers
+    ffn = spec.intermediate_size
+    per_layer = 4 * (h + spec.num_heads * spec.head_dim) + 3 * (h + ffn) * (1 + spec.num_experts)
+    emb = spec.vocab_size + h
+    return 4 * (n * per_layer + emb * (1 if spec.tie_embeddings else 2) + st.norms)
+
+
+def weight_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, float, float]:
+    """(weights, quantisation overhead, largest de-quantised weight) of the base model."""
+    p = setup.precision
+    dense = 4 if p in ("fp32", "bf16-mixed", "fp16-mixed") and setup.quant == "none" else 2
+    if setup.method == "inference" and p.endswith("-mixed"):
+        dense = 2  # inference loads the checkpoint in the 16-bit dtype
+    if setup.quant == "none":
+        return st.total * dense, 0.0, 0.0
+    if p == "fp32":
+        dense = 4
+    rest = (st.total - st.linear) * dense
+    if setup.quant == "int8":
+        return st.linear * 1 + rest, st.linear_out_rows * 4, st.largest_linear * 2
+    blocks = st.linear / NF4_BLOCK
+    if setup.quant == "nf4":
+        overhead = blocks * 4
+    else:
+        overhead = blocks * 1 + (blocks / DQ_BLOCK) * 4
+    return st.linear * 0.5 + rest, overhead, st.largest_linear * 2
+
+
+def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_params: int) -> States:
+    n = max(1, setup.num_gpus)
+    z = setup.zero_stage
+    w, qover, deq = weight_bytes(st, setup)
+    if setup.method == "inference":
+        return States(w, qover, 0, 0, 0, 0, 0, 0, 0, "", 0, deq)
+    lora_mode = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
+    if lora_mode:
+        trainable = lora_params
+        # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype.
+        pbytes = 4
+        lora_w = trainable * 4.0
+    else:
+        trainable = st.total
+        pbytes = 2 if setup.precision in ("bf16", "fp16") else 4
+        lora_w = 0.0
+    deepspeed = z > 0
+    if deepspeed and not lora_mode and setup.precision.endswith("-mixed"):
+        # DeepSpeed bf16/fp16: 16-bit weights and grads, fp32 master + fp32 grad partition.
+        w = st.total * 2.0
+        grads16 = st.total * 2.0
+        master = st.total * 4.0
+        grads32 = st.total * 4.0
+    else:
+        grads16 = 0.0
+        master = 0.0
+        grads32 = trainable * float(pbytes)
+    if setup.optimizer == "adafactor":
+        opt = adafactor_bytes(spec, st, trainable, setup.lora.rank if lora_mode and setup.lora else None) * (pbytes / 4)
+    else:
+        opt = trainable * optimizer_bytes_per_param(setup, pbytes)
+    # Sharding (per GPU).
+    gathered = buckets = 0.0
+    if n > 1 and z == 0:
+        buckets = grads32  # DDP keeps its own flat buckets unless gradient_as_bucket_view=True
+    if z >= 1:
+        opt /= n
+        master /= n
+    if z >= 2:
+        grads32 /= n
+        grads16 /= n
+        buckets = spec.hidden_size ** 2 * 2.0  # HF "auto" reduce_bucket_size = hidden^2
+    elif z == 1:
+        grads32 /= n
+    if z == 3:
+        w_sharded = (w if not lora_mode else w) / n
+        block_bytes = st.per_layer * (2 if lora_mode or setup.precision != "fp32" else 4)
+        gathered = 2 * block_bytes  # current block + prefetched next one (+ their grads briefly)
+        w = w_sharded
+        if lora_mode:
+            lora_w /= n
+    cpu = 0.0
+    cpu_what = ""
+    if setup.offload in ("optimizer", "optimizer+params"):
+        # The whole node's ranks share the host: optimizer + master + fp32 grads of all shards.
+        cpu = (opt + master + grads32) * n
+        cpu_what = "optimizer states, fp32 master weights and fp32 gradients (all ranks on this host)"
+        opt = master = 0.0
+        grads32 = 0.0 if deepspeed and grads16 else grads32
+        if setup.offload == "optimizer+params":
+            cpu += w * n
+            cpu_what += " + 16-bit parameters"
+            w = 0.0
+    grads = grads16 + grads32
+    return States(w, qover / (n if z == 3 else 1), lora_w, grads, opt, master, gathered, buckets,
+                  cpu, cpu_what, trainable, deq)

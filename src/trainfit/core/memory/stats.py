@@ -1,0 +1,114 @@
+"""Per-model quantities the memory model needs, computed once per ModelSpec and cached.
+
+The planner calls `estimate_memory` thousands of times for the same model, so everything that
+depends only on the shapes (parameter groups, linear layers, LoRA sizes) is computed here once.
+Parameter counts come from `trainfit.core.params` (exact against transformers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.params import count_params, linear_layers, lora_targets
+
+# Families whose decoder block the activation model describes (see activations.py).
+GATED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "phi3", "mixtral", "qwen2_moe")
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    total: int
+    embedding: int  # token + position embeddings (never quantised)
+    lm_head: int  # 0 when tied
+    norms: int  # all norm parameters
+    linear: int  # parameters in linear layers and experts except lm_head (what bitsandbytes quantises)
+    linear_out_rows: int  # sum of output rows of those layers (LLM.int8 keeps one fp32 scale per row)
+    largest_linear: int  # elements of the largest quantisable weight (de-quantisation transient)
+    largest_param: int  # elements of the largest parameter tensor (embedding or lm_head usually)
+    per_layer: int  # parameters of one decoder block (ZeRO-3 gathers one block at a time)
+    attn_inputs: int  # linear modules reading the attention-norm output (q, k, v: 3; fused qkv: 1)
+    mlp_inputs: int  # linear modules reading the MLP-norm output (gate, up: 2)
+    ffn_width: int  # intermediate width per token (MoE: experts_per_token x expert width)
+    vision: int
+
+
+# Linear modules that read the attention output or the MLP's inner width (not a norm output).
+_OUTPUT_PROJECTIONS = ("o_proj", "dense", "c_proj", "down_proj", "fc2", "dense_4h_to_h")
+
+_CACHE: dict[int, tuple[ModelSpec, ModelStats]] = {}
+_LORA_CACHE: dict[tuple, tuple[int, dict[str, int]]] = {}
+
+
+def model_stats(spec: ModelSpec) -> ModelStats:
+    """Shape-derived quantities of `spec`; cached by object identity (specs are frozen)."""
+    hit = _CACHE.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    stats = _compute(spec)
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[id(spec)] = (spec, stats)
+    return stats
+
+
+def _compute(spec: ModelSpec) -> ModelStats:
+    pb = count_params(spec)
+    layers = [x for x in linear_layers(spec) if x.kind != "lm_head" and not x.vision]
+    linear = sum(x.params for x in layers)
+    rows = sum(x.count * x.out_features for x in layers)
+    largest_linear = max((x.in_features * x.out_features for x in layers), default=0)
+    if spec.num_experts:
+        # transformers >= 5 fuses all experts of a layer into one 3-D parameter.
+        largest_linear = max(largest_linear, pb.experts_per_layer)
+    largest_param = max(largest_linear, pb.embedding, pb.lm_head)
+    norms = pb.num_layers * pb.norms_per_layer + pb.final_norm
+    arch = spec.architecture
+    attn_inputs = {"gpt2": 1, "phi3": 1, "gpt_neox": 1, "phi": 4}.get(arch, 3)
+    mlp_inputs = 2 if (spec.gated_mlp and arch != "phi3") else (0 if arch == "phi" else 1)
+    if spec.num_experts:
+        ffn = spec.experts_per_token * (spec.moe_intermediate_size or spec.intermediate_size)
+        ffn += spec.shared_experts * (spec.moe_intermediate_size or 0)
+    else:
+        ffn = spec.intermediate_size
+    return ModelStats(
+        total=pb.total if spec.exact_params is None else spec.exact_params,
+        embedding=pb.embedding + pb.position_embedding,
+        lm_head=pb.lm_head,
+        norms=norms,
+        linear=linear,
+        linear_out_rows=rows,
+        largest_linear=largest_linear,
+        largest_param=largest_param,
+        per_layer=pb.per_layer,
+        attn_inputs=attn_inputs,
+        mlp_inputs=mlp_inputs,
+        ffn_width=ffn,
+        vision=pb.vision,
+    )
+
+
+def lora_stats(spec: ModelSpec, targets: list[str] | str, rank: int) -> tuple[int, dict[str, int]]:
+    """(trainable LoRA params, adapted modules per block by position: attn_in, mlp_in, attn_out, mlp_out).
+
+    The positions tell the activation model which saved inputs LoRA adds (see activations.py).
+    Raises BadInputError for a module the model does not have (from trainfit.core.params).
+    """
+    key = (id(spec), tuple(targets) if isinstance(targets, list) else targets, rank)
+    hit = _LORA_CACHE.get(key)
+    if hit is not None:
+        return hit
+    chosen = [x for x in lora_targets(spec, targets) if not x.vision]
+    params = sum(x.count * rank * (x.in_features + x.out_features) for x in chosen)
+    where = {"attn_in": 0, "mlp_in": 0, "attn_out": 0, "mlp_out": 0, "lm_head": 0}
+    for x in chosen:
+        if x.kind == "lm_head":
+            where["lm_head"] += 1
+        else:
+            part = "attn" if x.path.startswith(("self_attn", "attn.", "attention")) else "mlp"
+            side = "out" if x.name in _OUTPUT_PROJECTIONS else "in"
+            where[f"{part}_{side}"] += 1
+    if len(_LORA_CACHE) > 1024:
+        _LORA_CACHE.clear()
+    _LORA_CACHE[key] = (params, where)
+    return params, where
