@@ -7,11 +7,14 @@ None plus a reason, so no field is ever unknown without saying why.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from trainfit.core.profile import GpuInfo
 
 _LIST_FIELDS = {"precisions": [], "peak_tflops": {}, "nvlink_peers": [], "throttle_reasons": []}
+# None means "does not apply" for these (profile._NONE_IS_MEANINGFUL); a reason only when given.
+_DOES_NOT_APPLY = {"catalog_id", "mig_profile", "rocm_version", "cuda_version", "compute_capability"}
 # Filled from the GPU catalog, not by the probes.
 CATALOG_FIELDS = ("architecture", "matrix_unit", "memory_bandwidth_gbps", "tdp_watts")
 
@@ -35,6 +38,8 @@ def make_gpu(
             continue
         value = values.get(f.name)
         kwargs[f.name] = value
+        if value is None and f.name in _DOES_NOT_APPLY:
+            continue  # cuda_version on an AMD GPU, mig_profile on a whole board: no reason needed
         if value is None:
             if f.name in CATALOG_FIELDS and f.name not in reasons:
                 unavailable[f.name] = "not matched in the GPU catalog"
@@ -59,8 +64,11 @@ def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
     except ImportError:
         return _without_catalog(gpu, "GPU catalog unavailable")
     lookup_name = gpu.name.split(" (")[0]  # "Apple M2 Pro (19-core GPU)" -> "Apple M2 Pro"
+    vram = gpu.vram_total_bytes
+    if gpu.mig_profile:  # "NVIDIA A100-SXM4-80GB MIG 1g.10gb": look up the board
+        lookup_name, vram = lookup_name.split(" MIG")[0], None
     try:
-        spec = find_gpu(lookup_name, gpu.vram_total_bytes)
+        spec = find_gpu(lookup_name, vram)
     except Exception as exc:  # a catalog bug must not break profiling
         return _without_catalog(gpu, f"GPU catalog lookup failed: {type(exc).__name__}: {exc}")
     if spec is None:
@@ -77,10 +85,25 @@ def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
         elif getattr(gpu, name) is None and name == "matrix_unit":
             unavailable[name] = "catalog: no matrix unit on this GPU"
     if not gpu.peak_tflops:
-        updates["peak_tflops"] = dict(spec.peak_tflops)
+        share = mig_share(gpu.mig_profile, gpu.vram_total_bytes, spec.vram_bytes)
+        updates["peak_tflops"] = {k: round(v * share[0], 2) for k, v in spec.peak_tflops.items()}
         updates["precisions"] = list(spec.precisions)
+        if gpu.mig_profile:
+            updates["memory_bandwidth_gbps"] = round(spec.memory_bandwidth_gbps * share[1], 1)
     unavailable.pop("catalog_id", None)
     return dataclasses.replace(gpu, **updates, unavailable=unavailable)
+
+
+def mig_share(profile: str | None, slice_bytes: int | None, board_bytes: int) -> tuple[float, float]:
+    """(compute share, memory-bandwidth share) of a MIG slice. A100/H100 split into 7 compute
+    slices ("1g" = 1/7 of the SMs) and 8 memory slices; bandwidth follows the memory share
+    (NVIDIA MIG User Guide, "Supported MIG Profiles")."""
+    if not profile:
+        return 1.0, 1.0
+    match = re.match(r"(\d+)g\.", profile)
+    compute = int(match.group(1)) / 7 if match else 1.0
+    memory = min(1.0, slice_bytes / board_bytes) if slice_bytes and board_bytes else compute
+    return min(1.0, compute), memory
 
 
 def _without_catalog(gpu: GpuInfo, reason: str) -> GpuInfo:

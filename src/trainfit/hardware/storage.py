@@ -183,9 +183,12 @@ def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES) -> list[St
                     device = disk if disks == [disk] else f"{disk} ({'+'.join(disks)})"
                     kind, why = kinds[0] if len({k for k, _ in kinds}) == 1 else (
                         "unknown", "; ".join(r for _, r in kinds))
-        if mount and mount[0] not in measured:
-            measured[mount[0]] = _measure(src, here, test_bytes)
-        read_mbps, write_mbps, fail = measured.get(mount[0] if mount else "", (None, None, "no mount"))
+        if mount is None and src.platform.system != "Linux":
+            why = f"block device not read on {src.platform.system}"
+        key = mount[0] if mount else here  # one measurement per filesystem
+        if key not in measured:
+            measured[key] = _measure(src, here, test_bytes)
+        read_mbps, write_mbps, fail = measured[key]
         if fail:
             reasons["read_mbps"] = reasons["write_mbps"] = fail
         if device is None:
