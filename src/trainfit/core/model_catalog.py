@@ -95,14 +95,13 @@ def _validate(s: ModelSpec) -> None:
 
 
 def _check_unique(specs: list[ModelSpec]) -> list[str]:
-    seen: dict[str, str] = {}
+    seen: dict[str, int] = {}
     problems = []
-    for s in specs:
-        for name in [s.id, *s.aliases]:
-            key = name.lower()
-            if key in seen and seen[key] != s.id:
-                problems.append(f"name {name!r} used by both {seen[key]!r} and {s.id!r}")
-            seen[key] = s.id
+    for i, s in enumerate(specs):
+        for name in dict.fromkeys(n.lower() for n in [s.id, *s.aliases]):
+            if name in seen:
+                problems.append(f"name {name!r} used by both {specs[seen[name]].id!r} and {s.id!r}")
+            seen[name] = i
     return problems
 
 

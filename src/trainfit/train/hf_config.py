@@ -155,14 +155,14 @@ def shrink(spec: ModelSpec, layers: int = 2, hidden: int = 64, *, heads: int = 4
            max_positions: int = 256) -> ModelSpec:
     """A tiny ModelSpec with the same features: GQA ratio, gated MLP, tied embeddings, biases,
     MoE (experts and top-k, capped), sliding window, vision tower, norm kind."""
-    if hidden % heads:
-        raise BadInputError(f"shrink: hidden ({hidden}) must be a multiple of heads ({heads})")
     group = max(1, spec.num_heads // max(1, spec.num_kv_heads))
-    kv = max(1, heads // group) if heads % group == 0 else heads
-    if heads % kv:
-        kv = heads
-    # Keep head_dim > hidden/heads where the original does (Gemma-2 head_dim 256 > 2304/8).
+    if heads % group:
+        heads = group  # keep grouped-query attention: one KV head shared by `group` query heads
+    kv = heads // group
+    if hidden % heads:
+        hidden = heads * 16  # transformers checks hidden % heads == 0 even with an explicit head_dim
     head_dim = hidden // heads
+    # Keep head_dim > hidden/heads where the original does (Gemma-2 head_dim 256 > 2304/8).
     if spec.head_dim * spec.num_heads > spec.hidden_size and spec.architecture not in _HEAD_DIM_DERIVED:
         head_dim *= 2
     ratio = spec.intermediate_size / spec.hidden_size
