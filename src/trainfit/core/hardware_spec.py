@@ -82,8 +82,8 @@ def host_template(spec: GpuSpec | None, count: int, ram_gib: int | None = None) 
     if cls == "apple":
         hint = host_hint(spec.id)
         cores = hint.physical_cores if hint else 8
-        # Package power (CPU+GPU) is in the GPU's TDP figure; 10 W for display, SSD, fans.
-        return HostTemplate("apple", cores, cores, spec.vram_bytes, False, None, 10.0, 0)
+        # The catalog's Apple figure is the whole machine's maximum wall power (CPU, GPU, SSD).
+        return HostTemplate("apple", cores, cores, spec.vram_bytes, False, None, 0.0, 0)
     if cls == "datacenter":
         logical = max(8, 12 * count)
         sockets = 2 if count >= 4 else 1  # 4- and 8-GPU HGX boards sit in dual-socket servers
