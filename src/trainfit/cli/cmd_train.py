@@ -1,0 +1,77 @@
+"""`trainfit train RUN_CONFIG`: run a training (pretrain, SFT full / LoRA / QLoRA, DPO)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "run a training from a run config (pretrain, sft, lora, qlora, dpo); resumable"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="RUN_CONFIG", help="run config YAML (see docs/run-config.md)")
+    parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest complete checkpoint in RUN_DIR")
+    parser.add_argument("--max-steps", type=int, metavar="N",
+                        help="stop (with a checkpoint) after N optimizer steps; the schedule still follows "
+                             "the config, so --resume later continues the same run")
+    parser.add_argument("--verify", action="store_true",
+                        help="first run a few steps to compare measured and predicted memory and time")
+    parser.add_argument("--quiet", action="store_true", help="log lines only, no progress bar")
+    parser.add_argument("--json", action="store_true", help="print summary.json on stdout")
+
+
+def default_run_dir(config_path: str) -> str:
+    from pathlib import Path
+
+    return str(Path("runs") / Path(config_path).stem)
+
+
+def train(config: str, out: str | None = None, *, resume: bool = False, max_steps: int | None = None,
+          verify: bool = False, quiet: bool = False, log=None) -> dict:
+    """Python twin of the command: returns the summary (plus the verify report when asked)."""
+    from trainfit.core.serde import to_jsonable
+    from trainfit.errors import BadInputError
+    from trainfit.train.run_config import load_run_config
+
+    if max_steps is not None and max_steps < 1:
+        raise BadInputError(f"--max-steps: must be >= 1, got {max_steps}")
+    cfg = load_run_config(config)
+    report = None
+    if verify:
+        from trainfit.cli.cmd_verify import render_report
+        from trainfit.train.verify import verify_run
+
+        report = verify_run(cfg, log=log)
+        if log:
+            for line in render_report(report):
+                log(line)
+    from trainfit.train.runner import run_training
+
+    result = run_training(cfg, out or default_run_dir(config), resume=resume, stop_after=max_steps,
+                          quiet=quiet, log=log)
+    summary = dict(result.summary)
+    if report is not None:
+        summary["verify"] = to_jsonable(report)
+        if result.summary:
+            from trainfit.cli.output import write_atomic
+
+            write_atomic(result.run_dir / "verify.json", json.dumps(summary["verify"], indent=2) + "\n")
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.cli.output import print_json, say
+
+    summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
+                    quiet=args.quiet, log=say)
+    if args.json:
+        print_json(summary)
+    elif summary:
+        first, last = summary.get("first_loss"), summary.get("final_loss")
+        loss = f"loss {first:.4f} -> {last:.4f}" if first is not None and last is not None else "no steps run"
+        step = summary["measured"]["step_seconds_median"]
+        say(f"done: step {summary['global_step']}/{summary['max_steps']}, {loss}"
+            + (f", {step:.3f} s/step" if step else "") + f"; weights: {summary['weights']}")
+    return 0

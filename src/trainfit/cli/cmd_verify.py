@@ -1,0 +1,63 @@
+"""`trainfit verify RUN_CONFIG`: run a few real steps, compare measured and predicted memory and
+step time, and store the ratios as this machine's calibration."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run a few real steps of a run config and compare memory and speed with the predictions"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="RUN_CONFIG", help="run config YAML (see docs/run-config.md)")
+    parser.add_argument("--steps", type=int, default=5, metavar="N", help="timed steps after warm-up (default 5)")
+    parser.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")
+    parser.add_argument("--no-save", action="store_true", help="do not store the calibration")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+
+def _gib(n: int | None) -> str:
+    return "unavailable" if n is None else f"{n / 2**30:.3f} GiB"
+
+
+def render_report(r) -> list[str]:
+    """Lines of the human report (GiB = 2^30 bytes)."""
+    ratio = lambda v: "n/a" if v is None else f"{v:.2f}x"  # noqa: E731
+    sec = lambda v: "unavailable" if v is None else f"{v:.4f} s"  # noqa: E731
+    lines = [
+        f"verify {r.method} {r.model} on {r.device} ({r.steps} steps)",
+        f"  tensor peak   measured {_gib(r.measured_tensor_peak_bytes)}   predicted "
+        f"{_gib(r.predicted_tensor_peak_bytes)}   ratio {ratio(r.memory_ratio)}",
+        f"  peak RSS      measured {_gib(r.measured_peak_rss_bytes)}   predicted total {_gib(r.predicted_total_bytes)}",
+        f"  step time     measured {sec(r.measured_step_seconds)}   predicted {sec(r.predicted_step_seconds)}   "
+        f"ratio {ratio(r.step_time_ratio)}",
+    ]
+    if r.measured_cuda_reserved_bytes is not None:
+        lines.append(f"  CUDA reserved {_gib(r.measured_cuda_reserved_bytes)}")
+    for key, why in r.unavailable.items():
+        lines.append(f"  {key}: {why}")
+    lines.append(f"  calibration: {r.calibration_file or 'not stored'} (machine {r.fingerprint})")
+    return lines
+
+
+def verify(config: str, *, steps: int = 5, warmup: int = 2, save: bool = True, log=None):
+    """Python twin: returns the VerifyReport."""
+    from trainfit.errors import BadInputError
+    from trainfit.train.run_config import load_run_config
+    from trainfit.train.verify import verify_run
+
+    if steps < 1 or warmup < 0:
+        raise BadInputError("--steps must be >= 1 and --warmup >= 0")
+    return verify_run(load_run_config(config), warmup=warmup, timed=steps, save=save, log=log)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.cli.output import print_json, say
+
+    report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say)
+    if args.json:
+        print_json(report)
+    else:
+        for line in render_report(report):
+            print(line)
+    return 0
