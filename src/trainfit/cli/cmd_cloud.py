@@ -1,0 +1,123 @@
+"""`trainfit cloud MODEL ...`: rank cloud flavors by whether the job fits, its time and its cost."""
+
+from __future__ import annotations
+
+import argparse
+
+from trainfit.core.cloud_rank import (
+    DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, TRAIN_METHODS, CloudRanking, CloudRequest,
+)  # fmt: skip
+from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+
+HELP = "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fit, time and cost"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model id, alias or config.json directory (see: trainfit models)")
+    parser.add_argument("--method", default="lora", choices=TRAIN_METHODS, help="training method (default lora)")
+    parser.add_argument("--dataset-tokens", type=int, help="tokens in the dataset (one epoch)")
+    parser.add_argument("--examples", type=int, help="examples (DPO: preference pairs) in the dataset")
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per example (default 1024)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs (default 1)")
+    parser.add_argument("--budget", type=float, help="most dollars to spend")
+    parser.add_argument("--max-hours", type=float, help="most hours the run may take")
+    parser.add_argument("--prices", help="YAML or CSV file overriding / adding flavors and prices")
+    parser.add_argument("--flavor", action="append", help="only this flavor (repeatable)")
+    parser.add_argument("--no-fallback", action="store_true", help="never fall back to LoRA / QLoRA")
+    parser.add_argument("--spot", action="store_true", help="use spot / interruptible prices where known")
+    parser.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                        help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")  # fmt: skip
+    parser.add_argument("--setup-minutes", type=float, default=DEFAULT_SETUP_MINUTES,
+                        help=f"billed time before training starts (default {DEFAULT_SETUP_MINUTES:g})")  # fmt: skip
+    parser.add_argument("--top", type=int, default=0, help="show only the first N rows (default all)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def cloud(
+    model: str,
+    *,
+    method: str = "lora",
+    dataset_tokens: int | None = None,
+    examples: int | None = None,
+    seq_len: int = 1024,
+    epochs: float = 1.0,
+    budget: float | None = None,
+    max_hours: float | None = None,
+    prices: str | None = None,
+    flavors: list[str] | None = None,
+    allow_fallback: bool = True,
+    spot: bool = False,
+    global_batch: int = DEFAULT_GLOBAL_BATCH,
+    setup_minutes: float = DEFAULT_SETUP_MINUTES,
+) -> CloudRanking:
+    """Python twin of `trainfit cloud`: the ranking it prints."""
+    from trainfit.core.cloud_catalog import load_cloud_catalog
+    from trainfit.core.cloud_rank import rank_flavors
+    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.speed import Workload
+
+    if method not in TRAIN_METHODS:
+        raise BadInputError(f"--method: {method!r} is not one of {', '.join(TRAIN_METHODS)}")
+    if dataset_tokens is not None and examples is not None:
+        raise BadInputError("give either --dataset-tokens or --examples, not both")
+    catalog = load_cloud_catalog(prices)  # bad price files fail before any model work
+    spec = resolve_model(model)
+    req = CloudRequest(
+        model=spec, method=method, seq_len=seq_len,  # type: ignore[arg-type]
+        workload=Workload(examples=examples, dataset_tokens=dataset_tokens, epochs=epochs),
+        allow_fallback=allow_fallback, budget_usd=budget, max_hours=max_hours, global_batch=global_batch,
+        setup_minutes=setup_minutes, spot=spot,
+    )  # fmt: skip
+    return rank_flavors(req, catalog, flavor_ids=flavors)
+
+
+def run(args: argparse.Namespace) -> int:
+    ranking = cloud(
+        args.model, method=args.method, dataset_tokens=args.dataset_tokens, examples=args.examples,
+        seq_len=args.seq_len, epochs=args.epochs, budget=args.budget, max_hours=args.max_hours,
+        prices=args.prices, flavors=args.flavor, allow_fallback=not args.no_fallback, spot=args.spot,
+        global_batch=args.global_batch, setup_minutes=args.setup_minutes,
+    )  # fmt: skip
+    if args.json:
+        from trainfit.cli.output import print_json
+
+        print_json(ranking)
+    else:
+        _render(ranking, args.top)
+    if ranking.cheapest is None:
+        from trainfit.cli.output import say
+
+        say(f"trainfit: {ranking.recommendation}" + (f"; {ranking.reasoning[0]}" if ranking.reasoning else ""))
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK
+
+
+def _render(r: CloudRanking, top: int) -> None:
+    from rich.table import Table
+
+    from trainfit.cli.output import console
+
+    out = console()
+    table = Table(title=f"{r.model_id} - {r.method}, {r.tokens_per_epoch:,} tokens x {r.epochs:g} epoch(s)")
+    for col in ("flavor", "provider", "GPUs", "$/h", "fits", "setting / why not", "memory GiB", "hours", "cost", "class"):
+        table.add_column(col, justify="right" if col in ("$/h", "hours", "cost", "memory GiB") else "left")
+    rows = r.results[:top] if top > 0 else r.results
+    for x in rows:
+        gpus = f"{x.gpu_count}x {x.gpu}" if x.gpu else "cpu"
+        mem = f"{x.memory_gib_per_device:.1f}/{x.capacity_gib_per_device:.0f}" if x.fits else (
+            f"{x.memory_ratio:.2f}x" if x.memory_ratio else "-")  # fmt: skip
+        flag = "yes" if x.fits else "no"
+        if x.fits and (x.within_budget is False or x.within_time is False):
+            flag = "over limit"
+        table.add_row(
+            x.flavor, x.provider, gpus, f"{x.usd_per_hour:.2f}" if x.usd_per_hour is not None else "-", flag, x.why, mem,
+            f"{x.hours:.1f}" if x.hours is not None else "-", f"${x.cost_usd:.2f}" if x.cost_usd is not None else "-",
+            x.cost_class or "-",
+        )  # fmt: skip
+    out.print(table)
+    out.print(f"[bold]Recommendation:[/bold] {r.recommendation}")
+    for line in r.reasoning:
+        out.print(f"  - {line}")
+    if r.skipped:
+        out.print(f"Not evaluated: {', '.join(f'{k} ({v})' for k, v in r.skipped.items())}")
+    out.print("Hours include the setup time; GiB are binary (2^30). Prices: see each flavor's source (--json).")

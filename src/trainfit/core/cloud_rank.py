@@ -1,0 +1,343 @@
+"""Rank cloud flavors for one training job: does it fit, with which setting, how long, how much.
+
+For every flavor the memory model (trainfit.core.memory) and the speed model (core.speed) are run
+over a small grid: the method as asked, then LoRA / QLoRA when fallback is allowed (a cheaper
+method is only used when the asked one fits nowhere on that flavor); precision by GPU capability
+(bf16 on Ampere and newer, fp16 on Turing / Volta); micro-batch 1..32 (the largest that fits is
+not always the fastest, so all fitting ones are timed); gradient checkpointing off / on; ZeRO-2 /
+ZeRO-3 on multi-GPU machines. Flavors with the same GPUs are evaluated once and priced apiece.
+
+Time = run time predicted for the dataset + a fixed setup time (image pull, dependency install,
+weight download; seed 004's "5-10 steps, ~10-15 minutes" quick demo implies ~10 minutes).
+Cost = hours x the flavor's hourly price (spot price with spot=True where one is known).
+Cost classes follow seed 004: under $5, $5-20, $20-50, $50-200, over $200.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trainfit.core.cloud_catalog import CloudCatalog, Flavor
+from trainfit.core.memory_types import MemoryEstimate
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.profile import HardwareProfile
+from trainfit.core.setup import LoraSettings, Method, TrainingSetup
+from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
+from trainfit.errors import BadInputError
+
+GIB = 1 << 30
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+COST_CLASSES = ((5.0, "under $5"), (20.0, "$5-20"), (50.0, "$20-50"), (200.0, "$50-200"), (math.inf, "over $200"))
+TRAIN_METHODS = ("full", "lora", "qlora", "dpo", "pretrain")
+DEFAULT_SETUP_MINUTES = 10.0
+DEFAULT_GLOBAL_BATCH = 16
+MemoryFn = Callable[[ModelSpec, TrainingSetup, HardwareProfile], MemoryEstimate]
+
+
+@dataclass(frozen=True)
+class CloudRequest:
+    model: ModelSpec
+    method: Method
+    seq_len: int
+    workload: Workload
+    allow_fallback: bool = True  # LoRA / QLoRA when the asked method fits nowhere on a flavor
+    budget_usd: float | None = None
+    max_hours: float | None = None
+    global_batch: int = DEFAULT_GLOBAL_BATCH
+    setup_minutes: float = DEFAULT_SETUP_MINUTES
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(target_modules=["all-linear"]))
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class FlavorResult:
+    flavor: str
+    provider: str
+    gpu: str | None
+    gpu_count: int
+    usd_per_hour: float | None
+    fits: bool
+    why: str  # one line: the setting chosen, or why nothing fits
+    method: str | None = None
+    precision: str | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    grad_checkpointing: str | None = None
+    zero_stage: int | None = None
+    memory_gib_per_device: float | None = None  # predicted peak (GiB) of the chosen setting
+    capacity_gib_per_device: float | None = None
+    memory_ratio: float | None = None  # smallest need / capacity seen (for "closest")
+    tokens_per_second: float | None = None
+    bottleneck: str | None = None
+    hours: float | None = None
+    cost_usd: float | None = None
+    cost_class: str | None = None
+    within_budget: bool | None = None
+    within_time: bool | None = None
+    price_source: str = ""
+    price_as_of: str = ""
+
+
+@dataclass(frozen=True)
+class CloudRanking:
+    model_id: str
+    method: str
+    tokens_per_epoch: int
+    epochs: float
+    results: list[FlavorResult]  # best first
+    cheapest: str | None  # flavor id: cheapest that fits and meets the limits
+    fastest: str | None  # fastest that fits and stays within the budget (and time limit)
+    recommendation: str
+    reasoning: list[str]
+    closest: str | None  # when nothing qualifies: the flavor that came closest
+    skipped: dict[str, str]  # flavor id -> why it was not evaluated
+
+
+def cost_class(usd: float) -> str:
+    for limit, name in COST_CLASSES:
+        if usd < limit:
+            return name
+    return COST_CLASSES[-1][1]
+
+
+def _variants(method: Method, allow_fallback: bool, lora: LoraSettings) -> list[dict]:
+    """Method variants in order of preference: as asked, then LoRA, then QLoRA."""
+    if method in ("full", "pretrain"):
+        chain = [{"method": method, "lora": None, "quant": "none"}]
+        if allow_fallback and method == "full":
+            chain += [{"method": "lora", "lora": lora, "quant": "none"}, {"method": "qlora", "lora": lora, "quant": "nf4"}]
+    elif method == "lora":
+        chain = [{"method": "lora", "lora": lora, "quant": "none"}]
+        if allow_fallback:
+            chain.append({"method": "qlora", "lora": lora, "quant": "nf4"})
+    elif method == "qlora":
+        chain = [{"method": "qlora", "lora": lora, "quant": "nf4"}]
+    elif method == "dpo":
+        chain = [{"method": "dpo", "lora": None, "quant": "none"}]
+        if allow_fallback:
+            chain += [{"method": "dpo", "lora": lora, "quant": "none", "dpo_reference": "lora-base"},
+                      {"method": "dpo", "lora": lora, "quant": "nf4", "dpo_reference": "lora-base"}]  # fmt: skip
+    else:
+        raise BadInputError(f"--method: {method!r} cannot be ranked for training", hint=f"one of: {', '.join(TRAIN_METHODS)}")
+    return chain
+
+
+def _precision(rates: DeviceRates) -> str:
+    if rates.kind == "cpu":
+        return "bf16-mixed" if "bf16" in rates.peak_flops and rates.peak_flops["bf16"] > rates.peak_flops["fp32"] else "fp32"
+    return "bf16-mixed" if "bf16" in rates.peak_flops else "fp16-mixed"
+
+
+@dataclass(frozen=True)
+class _Best:
+    setup: TrainingSetup
+    memory: MemoryEstimate
+    seconds: float
+    tokens_per_second: float
+    bottleneck: str
+
+
+def _search(
+    req: CloudRequest, hw: HardwareProfile, rates: DeviceRates, n: int, memory_fn: MemoryFn
+) -> tuple[_Best | None, float, str]:
+    """Fastest fitting setting on one machine; else (None, smallest need/capacity, reason)."""
+    precision = _precision(rates)
+    device = "cpu" if rates.kind == "cpu" else "cuda"
+    zero_stages = (0,) if n == 1 else (2, 3)
+    best_ratio, reason = math.inf, "no setting fits"
+    for variant in _variants(req.method, req.allow_fallback, req.lora):
+        best: _Best | None = None
+        for ckpt in ("none", "full"):
+            for zero in zero_stages:
+                for mb in MICRO_BATCHES:
+                    if mb * n > max(req.global_batch, n):
+                        break
+                    accum = max(1, math.ceil(req.global_batch / (mb * n)))
+                    setup = TrainingSetup(
+                        precision=precision, micro_batch=mb, seq_len=req.seq_len, grad_accum=accum,
+                        grad_checkpointing=ckpt, attention="sdpa", num_gpus=n, zero_stage=zero, device=device,
+                        **variant,
+                    )  # fmt: skip
+                    mem = memory_fn(req.model, setup, hw)
+                    dev = max(mem.devices, key=lambda d: d.total_bytes / max(d.capacity_bytes or 1, 1))
+                    ratio = dev.total_bytes / dev.capacity_bytes if dev.capacity_bytes else math.inf
+                    best_ratio = min(best_ratio, ratio)
+                    if not mem.fits:
+                        break  # larger micro-batches need more memory still
+                    speed = predict_step(req.model, setup, rates, req.workload)
+                    if best is None or speed.total_seconds < best.seconds:  # type: ignore[operator]
+                        best = _Best(setup, mem, speed.total_seconds, speed.tokens_per_second, speed.bottleneck)  # type: ignore[arg-type]
+        if best is not None:
+            return best, best_ratio, ""
+        reason = f"{variant['method']}{'+' + variant['quant'] if variant['quant'] != 'none' else ''} needs {best_ratio:.1f}x the memory"
+    return None, best_ratio, f"does not fit: best setting needs {best_ratio:.2f}x the memory ({reason})"
+
+
+def _hardware(flavor: Flavor) -> tuple[HardwareProfile, DeviceRates]:
+    from trainfit.core.gpu_catalog import get_gpu
+    from trainfit.core.hardware_spec import resolve_hardware
+
+    if flavor.kind == "cpu":
+        ram = int(flavor.ram_gib or 16)
+        hw = resolve_hardware(f"cpu-{ram}gb")
+        cores = float(max(1, (flavor.vcpus or 2)))
+        hw = dataclasses.replace(hw, cpu=dataclasses.replace(hw.cpu, usable_cores=cores, logical_cores=int(cores)))
+        return hw, cpu_rates(hw)
+    hw = resolve_hardware(f"{flavor.gpu_count}x {flavor.gpu}")
+    return hw, gpu_spec_rates(get_gpu(flavor.gpu), flavor.gpu_count)  # type: ignore[arg-type]
+
+
+def _default_memory_fn() -> MemoryFn:
+    from trainfit.core.memory import estimate_memory
+
+    return estimate_memory
+
+
+def rank_flavors(
+    req: CloudRequest,
+    catalog: CloudCatalog,
+    *,
+    flavor_ids: list[str] | None = None,
+    memory_fn: MemoryFn | None = None,
+) -> CloudRanking:
+    """Evaluate every usable flavor (or the ones named) for the job and rank them."""
+    _check_request(req)
+    memory_fn = memory_fn or _default_memory_fn()
+    flavors = [catalog.get(f) for f in flavor_ids] if flavor_ids else list(catalog.flavors)
+    skipped = dict(catalog.skipped)
+    cache: dict[tuple, tuple[_Best | None, float, str, float]] = {}
+    results = []
+    for flavor in flavors:
+        if not flavor.usable:
+            skipped[flavor.id] = flavor.notes or f"{flavor.kind} flavor: not for this code"
+            continue
+        key = (flavor.kind, flavor.gpu, flavor.gpu_count, flavor.vcpus if flavor.kind == "cpu" else None, flavor.ram_gib if flavor.kind == "cpu" else None)
+        if key not in cache:
+            hw, rates = _hardware(flavor)
+            best, ratio, why = _search(req, hw, rates, max(1, flavor.gpu_count), memory_fn)
+            cap = (best.memory.devices[0].capacity_bytes if best else None) or 0
+            cache[key] = (best, ratio, why, cap / GIB)
+        results.append(_result(req, flavor, *cache[key]))
+    return _rank(req, results, skipped)
+
+
+def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float, why: str, cap_gib: float) -> FlavorResult:
+    price = flavor.spot_usd_per_hour if req.spot and flavor.spot_usd_per_hour is not None else flavor.usd_per_hour
+    base = dict(
+        flavor=flavor.id, provider=flavor.provider, gpu=flavor.gpu, gpu_count=flavor.gpu_count,
+        usd_per_hour=price, price_source=flavor.source, price_as_of=flavor.as_of,
+        memory_ratio=None if math.isinf(ratio) else ratio,
+    )  # fmt: skip
+    if best is None:
+        return FlavorResult(fits=False, why=why, **base)
+    s = best.setup
+    hours = best.seconds / 3600 + req.setup_minutes / 60
+    cost = hours * (price or 0.0)
+    dev = best.memory.devices[0]
+    setting = f"{s.method}{'+nf4' if s.quant != 'none' else ''}, {s.precision}, batch {s.micro_batch}x{s.grad_accum}" + (
+        f"x{s.num_gpus} GPUs ZeRO-{s.zero_stage}" if s.num_gpus > 1 else ""
+    ) + (", checkpointing" if s.grad_checkpointing != "none" else "")
+    return FlavorResult(
+        fits=True, why=setting, method=s.method if s.quant == "none" else ("qlora" if s.method == "qlora" else f"{s.method}+nf4"),
+        precision=s.precision, micro_batch=s.micro_batch, grad_accum=s.grad_accum, grad_checkpointing=s.grad_checkpointing,
+        zero_stage=s.zero_stage, memory_gib_per_device=dev.total_bytes / GIB, capacity_gib_per_device=cap_gib,
+        tokens_per_second=best.tokens_per_second, bottleneck=best.bottleneck, hours=hours, cost_usd=cost,
+        cost_class=cost_class(cost),
+        within_budget=None if req.budget_usd is None else cost <= req.budget_usd,
+        within_time=None if req.max_hours is None else hours <= req.max_hours, **base,
+    )  # fmt: skip
+
+
+def _ok(r: FlavorResult) -> bool:
+    return r.fits and r.within_budget is not False and r.within_time is not False
+
+
+def _rank(req: CloudRequest, results: list[FlavorResult], skipped: dict[str, str]) -> CloudRanking:
+    def order(r: FlavorResult) -> tuple:
+        if _ok(r):
+            return (0, r.cost_usd, r.hours)
+        if r.fits:
+            return (1, r.cost_usd, r.hours)
+        return (2, r.memory_ratio if r.memory_ratio is not None else math.inf, 0.0)
+
+    ranked = sorted(results, key=order)
+    ok = [r for r in ranked if _ok(r)]
+    tokens = _tokens_per_epoch(req)
+    reasoning: list[str] = []
+    cheapest = fastest = closest = None
+    if ok:
+        c = min(ok, key=lambda r: (r.cost_usd, r.hours))
+        f = min(ok, key=lambda r: (r.hours, r.cost_usd))
+        cheapest, fastest = c.flavor, f.flavor
+        limits = _limits_text(req)
+        reasoning.append(f"cheapest{limits}: {c.flavor} ({c.provider}) at ${c.usd_per_hour:.2f}/h, "
+                         f"{c.hours:.1f} h, ${c.cost_usd:.2f} ({c.cost_class}); setting: {c.why}")  # fmt: skip
+        if f.flavor != c.flavor:
+            reasoning.append(f"fastest{limits}: {f.flavor} ({f.provider}), {f.hours:.1f} h for ${f.cost_usd:.2f} "
+                             f"({f.cost_usd - c.cost_usd:+.2f} vs cheapest, {c.hours / f.hours:.1f}x faster)")  # fmt: skip
+        if c.method != req.method and c.method is not None:
+            reasoning.append(f"{req.method} fits no cheaper flavor: the cheapest uses {c.method} instead")
+        reasoning.append(f"bottleneck on {c.flavor}: {c.bottleneck}; {c.tokens_per_second:,.0f} tokens/s")
+        recommendation = f"rent {c.flavor} ({c.provider}): ${c.cost_usd:.2f}, {c.hours:.1f} h"
+        if f.flavor != c.flavor:
+            recommendation += f"; for speed {f.flavor}: ${f.cost_usd:.2f}, {f.hours:.1f} h"
+    else:
+        fitting = [r for r in ranked if r.fits]
+        if fitting:
+            near = min(fitting, key=lambda r: r.cost_usd)  # type: ignore[arg-type]
+            closest = near.flavor
+            over = []
+            if near.within_budget is False:
+                over.append(f"${near.cost_usd:.2f} > budget ${req.budget_usd:.2f}")
+            if near.within_time is False:
+                over.append(f"{near.hours:.1f} h > limit {req.max_hours:g} h")
+            reasoning.append(f"closest: {near.flavor} ({near.why}) but {' and '.join(over)}")
+        elif ranked:
+            near = ranked[0]
+            closest = near.flavor
+            reasoning.append(f"closest: {near.flavor}: {near.why}")
+        recommendation = "nothing fits within the limits" if fitting else "the model fits on no flavor"
+    return CloudRanking(
+        model_id=req.model.id, method=req.method, tokens_per_epoch=tokens, epochs=req.workload.epochs,
+        results=ranked, cheapest=cheapest, fastest=fastest, recommendation=recommendation,
+        reasoning=reasoning, closest=closest, skipped=skipped,
+    )  # fmt: skip
+
+
+def _limits_text(req: CloudRequest) -> str:
+    parts = []
+    if req.budget_usd is not None:
+        parts.append(f"${req.budget_usd:g}")
+    if req.max_hours is not None:
+        parts.append(f"{req.max_hours:g} h")
+    return f" within {' and '.join(parts)}" if parts else ""
+
+
+def _tokens_per_epoch(req: CloudRequest) -> int:
+    w = req.workload
+    if w.dataset_tokens is not None:
+        return w.dataset_tokens
+    return (w.examples or 0) * req.seq_len * (2 if req.method == "dpo" else 1)
+
+
+def _check_request(req: CloudRequest) -> None:
+    w = req.workload
+    if w.examples is None and w.dataset_tokens is None:
+        raise BadInputError("give --dataset-tokens N, or --examples N with --seq-len N")
+    if (w.examples is not None and w.examples <= 0) or (w.dataset_tokens is not None and w.dataset_tokens <= 0):
+        raise BadInputError("--dataset-tokens / --examples must be a positive number (got zero or less)")
+    if req.seq_len <= 0:
+        raise BadInputError(f"--seq-len must be positive, got {req.seq_len}")
+    if w.epochs <= 0:
+        raise BadInputError(f"--epochs must be positive, got {w.epochs}")
+    if req.budget_usd is not None and req.budget_usd < 0:
+        raise BadInputError(f"--budget must not be negative, got {req.budget_usd}")
+    if req.max_hours is not None and req.max_hours <= 0:
+        raise BadInputError(f"--max-hours must be positive, got {req.max_hours}")
+    if req.global_batch < 1:
+        raise BadInputError(f"--global-batch must be at least 1, got {req.global_batch}")
+    if req.setup_minutes < 0:
+        raise BadInputError(f"--setup-minutes must not be negative, got {req.setup_minutes}")
