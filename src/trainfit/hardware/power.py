@@ -210,7 +210,8 @@ def assess_power(r: PowerReadings, gpus: list[GpuInfo], cpu: CpuInfo, psu_watts:
     for z in near_critical:
         throttle.append(f"{z.name} at {z.temperature_c:.0f} C, within 10 C of critical {z.critical_c:.0f} C")
     if r.cpu_throttle_events:
-        throttle.append(f"CPU thermal throttle events since boot: {r.cpu_throttle_events}")
+        # counted since boot: evidence about the cooling, not proof of throttling right now
+        evidence.append(f"CPU thermal throttle events since boot: {r.cpu_throttle_events}")
     sensors_seen = bool(r.thermal_zones) or r.cpu_throttle_events is not None or any(
         g.temperature_c is not None or "throttle_reasons" not in g.unavailable for g in gpus)
     throttling: bool | None = bool(throttle) if sensors_seen else None
