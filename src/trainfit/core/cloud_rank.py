@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trainfit.core.cloud_catalog import CloudCatalog, Flavor
 from trainfit.core.memory_types import MemoryEstimate
@@ -48,7 +48,7 @@ class CloudRequest:
     max_hours: float | None = None
     global_batch: int = DEFAULT_GLOBAL_BATCH
     setup_minutes: float = DEFAULT_SETUP_MINUTES
-    lora: LoraSettings = field(default_factory=lambda: LoraSettings(target_modules=["all-linear"]))
+    lora: LoraSettings | None = None  # default: rank 16 on every linear of the blocks (not lm_head)
     spot: bool = False
 
 
@@ -94,6 +94,20 @@ class CloudRanking:
     reasoning: list[str]
     closest: str | None  # when nothing qualifies: the flavor that came closest
     skipped: dict[str, str]  # flavor id -> why it was not evaluated
+
+
+def default_lora(spec: ModelSpec) -> LoraSettings:
+    """Rank 16 / alpha 32 on every linear module of the blocks (QLoRA paper's choice), not lm_head."""
+    from trainfit.core.params import module_names
+
+    return LoraSettings(rank=16, alpha=32, target_modules=[m for m in module_names(spec) if m != "lm_head"])
+
+
+def method_label(s: TrainingSetup) -> str:
+    """'full', 'lora', 'qlora', 'dpo', 'dpo+lora', 'dpo+qlora'."""
+    if s.method == "dpo" and s.lora is not None:
+        return "dpo+qlora" if s.quant != "none" else "dpo+lora"
+    return s.method
 
 
 def cost_class(usd: float) -> str:
@@ -148,7 +162,7 @@ def _search(
     device = "cpu" if rates.kind == "cpu" else "cuda"
     zero_stages = (0,) if n == 1 else (2, 3)
     best_ratio, reason = math.inf, "no setting fits"
-    for variant in _variants(req.method, req.allow_fallback, req.lora):
+    for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
         best: _Best | None = None
         for ckpt in ("none", "full"):
             for zero in zero_stages:
@@ -206,6 +220,8 @@ def rank_flavors(
     """Evaluate every usable flavor (or the ones named) for the job and rank them."""
     _check_request(req)
     memory_fn = memory_fn or _default_memory_fn()
+    if req.lora is None:
+        req = dataclasses.replace(req, lora=default_lora(req.model))
     flavors = [catalog.get(f) for f in flavor_ids] if flavor_ids else list(catalog.flavors)
     skipped = dict(catalog.skipped)
     cache: dict[tuple, tuple[_Best | None, float, str, float]] = {}
@@ -237,11 +253,12 @@ def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float,
     hours = best.seconds / 3600 + req.setup_minutes / 60
     cost = hours * (price or 0.0)
     dev = best.memory.devices[0]
-    setting = f"{s.method}{'+nf4' if s.quant != 'none' else ''}, {s.precision}, batch {s.micro_batch}x{s.grad_accum}" + (
+    label = method_label(s)
+    setting = f"{label}, {s.precision}, batch {s.micro_batch}x{s.grad_accum}" + (
         f"x{s.num_gpus} GPUs ZeRO-{s.zero_stage}" if s.num_gpus > 1 else ""
     ) + (", checkpointing" if s.grad_checkpointing != "none" else "")
     return FlavorResult(
-        fits=True, why=setting, method=s.method if s.quant == "none" else ("qlora" if s.method == "qlora" else f"{s.method}+nf4"),
+        fits=True, why=setting, method=label,
         precision=s.precision, micro_batch=s.micro_batch, grad_accum=s.grad_accum, grad_checkpointing=s.grad_checkpointing,
         zero_stage=s.zero_stage, memory_gib_per_device=dev.total_bytes / GIB, capacity_gib_per_device=cap_gib,
         tokens_per_second=best.tokens_per_second, bottleneck=best.bottleneck, hours=hours, cost_usd=cost,

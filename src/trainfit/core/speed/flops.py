@@ -28,11 +28,6 @@ from dataclasses import dataclass
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
-# Names of the linear layers a LoRA target list may name, per transformer block.
-_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP = ("gate_proj", "up_proj", "down_proj")
-
-
 @dataclass(frozen=True)
 class StepFlops:
     """FLOPs of one micro-batch on one device, split by where they are spent."""
@@ -90,11 +85,14 @@ def matmul_params_stored(spec: ModelSpec) -> float:
 
 
 def lora_params_per_token(spec: ModelSpec, targets: list[str], rank: int) -> float:
-    """Adapter weights a token passes through: r*(in+out) per targeted linear (A and B)."""
-    dims = layer_linear_dims(spec)
-    names = [n for n in dims if n != "router"] if "all-linear" in targets else [t for t in targets if t in dims]
-    per_layer = sum(rank * (dims[n][0] + dims[n][1]) * dims[n][2] for n in names)
-    return float(per_layer * spec.num_layers)
+    """Adapter weights a token passes through: r*(in+out) per targeted linear (A and B).
+
+    Uses the shared module layout (trainfit.core.params), so LoRA FLOPs and LoRA memory agree.
+    """
+    from trainfit.core.params import lora_params
+
+    target: list[str] | str = "all-linear" if "all-linear" in targets else list(targets)
+    return float(lora_params(spec, target, rank))
 
 
 def attention_core_flops_per_token(spec: ModelSpec, context: int, causal_skip: bool) -> float:
