@@ -134,17 +134,16 @@ def probe_cpu(src: Sources) -> CpuInfo:
     quota = cpu_quota_cores(src.fs)
     usable = float(min(allowed, quota)) if quota is not None else float(allowed)
 
-    base_khz = read_int(src.fs, "/sys/devices/system/cpu/cpu0/cpufreq/base_frequency")
-    max_khz = read_int(src.fs, "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    base_khz, base_why = _read_khz(src, "base_frequency")
+    max_khz, max_why = _read_khz(src, "cpuinfo_max_freq")
     base_mhz = base_khz / 1000 if base_khz else None
     if base_mhz is None:
         nominal = re.search(r"@\s*([\d.]+)\s*GHz", model or "")
         base_mhz = float(nominal.group(1)) * 1000 if nominal else None
-    no_freq = "no cpufreq in sysfs (virtual machine or container without it)"
     if base_mhz is None:
-        reasons["base_clock_mhz"] = no_freq if max_khz is None else "cpufreq gives no base_frequency"
+        reasons["base_clock_mhz"] = base_why if max_khz is None else "cpufreq gives no base_frequency"
     if max_khz is None:
-        reasons["boost_clock_mhz"] = no_freq
+        reasons["boost_clock_mhz"] = max_why
 
     meminfo = read_text(src.fs, "/proc/meminfo") or ""
     mem = re.search(r"MemTotal:\s+(\d+) kB", meminfo)
@@ -161,6 +160,16 @@ def probe_cpu(src: Sources) -> CpuInfo:
         numa_nodes=_numa(src, list(range(logical)), int(mem.group(1)) * 1024 if mem else None),
         l2_cache_bytes=l2, l3_cache_bytes=l3, flags=_flags(raw_flags, arch), unavailable=reasons,
     )
+
+
+def _read_khz(src: Sources, name: str) -> tuple[int | None, str]:
+    path = f"/sys/devices/system/cpu/cpu0/cpufreq/{name}"
+    try:
+        return int(src.fs.read(path).strip()), ""
+    except PermissionError:
+        return None, f"no permission: {path}"
+    except (OSError, ValueError):
+        return None, "no cpufreq in sysfs (virtual machine or container without it)"
 
 
 def _arm_vendor(implementer: str | None) -> str | None:

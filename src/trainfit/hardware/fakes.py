@@ -272,22 +272,22 @@ def _expand_cpu(data: dict[str, Any]) -> None:
         # Linux numbers the first thread of every core first, then the siblings
         thread, rest = divmod(n, sockets * cores)
         socket, core = divmod(rest, cores)
-        files[f"/sys/devices/system/cpu/cpu{n}/topology/physical_package_id"] = str(socket)
-        files[f"/sys/devices/system/cpu/cpu{n}/topology/core_id"] = str(core)
+        files.setdefault(f"/sys/devices/system/cpu/cpu{n}/topology/physical_package_id", str(socket))
+        files.setdefault(f"/sys/devices/system/cpu/cpu{n}/topology/core_id", str(core))
         lines = [f"processor\t: {n}", f"vendor_id\t: {cpu['vendor']}", f"model name\t: {cpu['model']}",
                  f"physical id\t: {socket}", f"core id\t\t: {core}", f"flags\t\t: {cpu['flags']}"]
         if cpu.get("arm"):
             lines = [f"processor\t: {n}", f"Features\t: {cpu['flags']}", f"CPU implementer\t: {cpu['vendor']}"]
         blocks.append("\n".join(lines))
-    files["/proc/cpuinfo"] = "\n\n".join(blocks) + "\n"
+    files.setdefault("/proc/cpuinfo", "\n\n".join(blocks) + "\n")
     files.setdefault("/proc/self/status", f"Cpus_allowed_list:\t0-{logical - 1}\n")
     for i, (level, kind, size, shared) in enumerate(cpu.get("caches", [])):
         base = f"/sys/devices/system/cpu/cpu0/cache/index{i}"
-        files.update({f"{base}/level": str(level), f"{base}/type": kind, f"{base}/size": size,
-                      f"{base}/shared_cpu_list": shared})
+        for name, value in (("level", str(level)), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            files.setdefault(f"{base}/{name}", value)  # explicit files (faults) win
     for key in ("base_frequency", "cpuinfo_max_freq"):
         if key in cpu:
-            files[f"/sys/devices/system/cpu/cpu0/cpufreq/{key}"] = str(cpu[key])
+            files.setdefault(f"/sys/devices/system/cpu/cpu0/cpufreq/{key}", str(cpu[key]))
 
 
 def _load_raw(path: Path) -> dict[str, Any]:

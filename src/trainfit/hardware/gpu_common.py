@@ -35,6 +35,8 @@ def make_gpu(
             continue
         if f.name in _LIST_FIELDS:
             kwargs[f.name] = values.get(f.name, type(_LIST_FIELDS[f.name])())
+            if f.name in reasons:  # an empty list that could not be read, not "none"
+                unavailable[f.name] = reasons[f.name]
             continue
         value = values.get(f.name)
         kwargs[f.name] = value

@@ -132,7 +132,7 @@ def _board_fields(r: _Reader, h: Any) -> tuple[dict[str, Any], dict[str, str]]:
     put("pci_bus_id", "nvmlDeviceGetPciInfo", convert=lambda info: _text(info.busId))
     put("compute_capability", "nvmlDeviceGetCudaComputeCapability", convert=lambda mm: f"{mm[0]}.{mm[1]}")
     mask, why = r.call("nvmlDeviceGetCurrentClocksEventReasons", h)
-    if mask is None:
+    if mask is None and why and why.startswith("not provided"):  # drivers before 535 / old bindings
         mask, why = r.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
     values["throttle_reasons"] = decode_clock_events(mask) if mask is not None else []
     if why:

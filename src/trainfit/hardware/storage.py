@@ -163,7 +163,7 @@ def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES) -> list[St
         except OSError as exc:
             total = free = None
             reasons["total_bytes"] = reasons["free_bytes"] = f"disk_usage failed: {exc}"
-        mount = _mount_of(src, here)
+        mount = _mount_of(src, path)  # by path prefix: the dir itself may not exist yet
         device, kind, why = None, "unknown", "mount not found in /proc/self/mountinfo"
         if mount:
             point, fstype, source, majmin = mount
