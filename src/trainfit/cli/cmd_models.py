@@ -143,7 +143,7 @@ def _print_show(info: dict[str, Any], out) -> None:
     for col in ("name", "path", "in", "out", "count", "bias", "where"):
         layers.add_column(col, justify="right" if col in ("in", "out", "count") else "left")
     for x in info["linear_layers"]:
-        where = "vision" if x["vision"] else ("expert param" if x["kind"] == "expert" else x["kind"])
+        where = "vision" if x["vision"] else {"expert": "expert param", "router": "router param"}.get(x["kind"], x["kind"])
         layers.add_row(x["name"], x["path"], str(x["in_features"]), str(x["out_features"]), str(x["count"]),
                        "yes" if x["bias"] else "no", where)
     out.print(layers)

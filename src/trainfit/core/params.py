@@ -17,12 +17,19 @@ from typing import Literal
 from trainfit.core.model_spec import ModelSpec
 from trainfit.errors import BadInputError
 
-LayerKind = Literal["linear", "lm_head", "expert"]
+LayerKind = Literal["linear", "lm_head", "expert", "router"]
 
 # Architectures whose block is Llama-shaped: q/k/v/o projections + gated MLP + RMSNorm.
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl")
 MOE = ("mixtral", "qwen2_moe")
 SUPPORTED_ARCHITECTURES = LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox")
+
+# PEFT (>= 0.18, with transformers >= 5) still accepts Mixtral's transformers-4 module names and
+# maps them onto the fused parameters: gate -> router, w1 + w3 -> experts.gate_up_proj with rank
+# doubled (both are required), w2 -> experts.down_proj. Source: peft/utils/
+# transformers_weight_conversion.py (_MOE_TARGET_MODULE_MAPPING, _MOE_FUSED_TARGETS).
+MIXTRAL_V4_NAMES = {"gate": "mlp.gate", "w1": "mlp.experts.gate_up_proj", "w3": "mlp.experts.gate_up_proj",
+                    "w2": "mlp.experts.down_proj"}
 
 # Qwen2-VL patch embedding is a Conv3d over (3 channels x 2 frames x patch x patch), no bias.
 # Source: transformers/models/qwen2_vl/modeling_qwen2_vl.py (PatchEmbed), config temporal_patch_size=2.
@@ -42,7 +49,9 @@ class LinearLayer:
     bias: bool
     vision: bool  # in the vision tower (VLMs)
     # "expert": a slice of a fused 3D expert parameter (transformers >= 5 stores MoE experts as
-    # experts.gate_up_proj / experts.down_proj tensors); PEFT reaches them via target_parameters.
+    # experts.gate_up_proj / experts.down_proj tensors); "router": the MoE router weight (a plain
+    # parameter, not an nn.Linear, in transformers >= 5). PEFT reaches both via target_parameters,
+    # and for Mixtral also via the transformers-4 module names (see MIXTRAL_V4_NAMES).
     kind: LayerKind = "linear"
 
     @property
@@ -128,6 +137,7 @@ def _block(spec: ModelSpec) -> _Block:
             e, ffn_e = spec.num_experts, spec.moe_intermediate_size or ffn
             router = e * h
             experts = [
+                _lin("gate", "mlp.gate", h, e, False, 1, "router"),
                 _lin("gate_up_proj", "mlp.experts.gate_up_proj", h, 2 * ffn_e, False, e, "expert"),
                 _lin("down_proj", "mlp.experts.down_proj", ffn_e, h, False, e, "expert"),
             ]
@@ -236,7 +246,7 @@ def count_params(spec: ModelSpec) -> ParamBreakdown:
     h, n, v = spec.hidden_size, spec.num_layers, spec.vocab_size
     attention = sum(x.params for x in b.attention) + b.attention_extra
     mlp = sum(x.params for x in b.mlp)
-    experts = sum(x.params for x in b.experts)
+    experts = sum(x.params for x in b.experts if x.kind == "expert")
     embedding = v * h
     position = spec.max_position_embeddings * h if spec.position == "learned" else 0
     lm_head = 0 if spec.tie_embeddings else v * h + (v if spec.lm_head_bias else 0)
@@ -271,39 +281,60 @@ def lora_targets(spec: ModelSpec, target_modules: list[str] | str,
     """The layers LoRA adapts for PEFT's `target_modules` (or "all-linear") and `target_parameters`.
 
     "all-linear" follows PEFT: every nn.Linear / Conv1D module, vision tower included, except
-    the output layer (lm_head); fused MoE experts are parameters, not modules, so not included.
+    the output layer (lm_head); fused MoE experts are parameters, not modules, so they are only
+    included for Mixtral, where PEFT maps the transformers-4 names onto them.
     """
+    return [layer for layer, _ in _lora_plan(spec, target_modules, target_parameters)]
+
+
+def _lora_plan(spec: ModelSpec, target_modules: list[str] | str,
+               target_parameters: list[str] | None) -> list[tuple[LinearLayer, int]]:
+    """(layer, rank multiplier) pairs; the multiplier is 2 where PEFT fuses two targets."""
     layers = linear_layers(spec)
-    modules = [x for x in layers if x.kind != "expert"]
-    experts = [x for x in layers if x.kind == "expert"]
+    modules = [x for x in layers if x.kind in ("linear", "lm_head")]
+    params = [x for x in layers if x.kind in ("expert", "router")]
+    v4 = spec.architecture == "mixtral"
     if isinstance(target_modules, str):
-        if target_modules.lower() != "all-linear":
-            target_modules = [target_modules]
+        if target_modules.lower() == "all-linear":
+            keys = [x.name for x in modules if x.kind != "lm_head"] + (list(MIXTRAL_V4_NAMES) if v4 else [])
+            target_modules = list(dict.fromkeys(keys))
         else:
-            chosen = [x for x in modules if x.kind != "lm_head"]
-            return chosen + _param_targets(spec, experts, target_parameters or [])
-    chosen: list[LinearLayer] = []
+            target_modules = [target_modules]
+    plan: list[tuple[LinearLayer, int]] = []
     unknown = []
+    v4_keys = [k for k in target_modules if v4 and k in MIXTRAL_V4_NAMES]
+    if v4_keys and ("w1" in v4_keys) != ("w3" in v4_keys):
+        raise BadInputError("lora target_modules: Mixtral's w1 and w3 are fused into experts.gate_up_proj; "
+                            "target both or neither")
     for key in target_modules:
+        if key in v4_keys:
+            layer = next(x for x in params if x.path == MIXTRAL_V4_NAMES[key])
+            mult = 2 if key in ("w1", "w3") else 1
+            if all(p is not layer for p, _ in plan):
+                plan.append((layer, mult))
+            continue
         hits = [x for x in modules if _matches(x, key)]
         if not hits:
             unknown.append(key)
-        chosen += [x for x in hits if x not in chosen]
+        plan += [(x, 1) for x in hits if all(p is not x for p, _ in plan)]
     if unknown:
-        expert_names = sorted({x.name for x in experts if any(_matches(x, k) for k in unknown)})
+        fused = sorted({x.name for x in params if any(_matches(x, k) for k in unknown)})
         hint = f"valid names: {', '.join(module_names(spec))}, or 'all-linear'"
-        if expert_names:
-            hint += ("; fused MoE expert weights (" + ", ".join(expert_names)
-                     + ") are parameters: pass them as target_parameters")
+        if fused:
+            hint += ("; fused MoE weights (" + ", ".join(fused) + ") are parameters: pass them as target_parameters")
         raise BadInputError(
             f"lora target_modules: {', '.join(map(repr, unknown))} not found in {spec.id}", hint=hint
         )
-    return chosen + _param_targets(spec, experts, target_parameters or [])
+    for layer in _param_targets(spec, params, target_parameters or []):
+        if all(p is not layer for p, _ in plan):
+            plan.append((layer, 1))
+    return plan
 
 
 def _param_targets(spec: ModelSpec, experts: list[LinearLayer], keys: list[str]) -> list[LinearLayer]:
     chosen = []
     for key in keys:
+        key = key.removesuffix(".weight")  # the router is addressed as "gate.weight"
         hits = [x for x in experts if _matches(x, key)]
         if not hits:
             valid = sorted({x.path for x in experts})
@@ -319,8 +350,10 @@ def module_names(spec: ModelSpec) -> list[str]:
     """Distinct module names PEFT `target_modules` can name, in model order."""
     seen: list[str] = []
     for layer in linear_layers(spec):
-        if layer.kind != "expert" and layer.name not in seen:
+        if layer.kind in ("linear", "lm_head") and layer.name not in seen:
             seen.append(layer.name)
+    if spec.architecture == "mixtral":
+        seen += list(MIXTRAL_V4_NAMES)
     return seen
 
 
@@ -333,5 +366,5 @@ def lora_params(spec: ModelSpec, target_modules: list[str] | str, rank: int,
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise BadInputError(f"lora rank must be a positive integer, got {rank!r}")
-    return sum(x.count * rank * (x.in_features + x.out_features)
-               for x in lora_targets(spec, target_modules, target_parameters))
+    return sum(x.count * rank * mult * (x.in_features + x.out_features)
+               for x, mult in _lora_plan(spec, target_modules, target_parameters))
