@@ -103,8 +103,8 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _common_fields(text, model_type)
     if model_type in ("mixtral", "qwen2_moe"):
         fields.update(_moe_fields(cfg, model_type))
-    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False)))
-    fields["tie_embeddings"] = bool(tie)
+    tie_cfg = cfg if cfg.get("tie_word_embeddings") is not None else text
+    fields["tie_embeddings"] = tie_cfg.bool("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False))
     fields.update(_bias_fields(text, model_type))
     spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg, text),
                      source=origin, **fields)
