@@ -292,8 +292,7 @@ def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, kwargs: dict, c
                    callbacks=callbacks)
     from trl import SFTConfig, SFTTrainer
 
-    args = SFTConfig(**kwargs, max_length=cfg.training.seq_len, packing=False, dataset_text_field="text",
-                     eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token)
+    args = SFTConfig(**kwargs, max_length=cfg.training.seq_len, packing=False, dataset_text_field="text")
     cls = with_trainfit(SFTTrainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
     return cls(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
 
