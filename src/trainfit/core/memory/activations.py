@@ -80,6 +80,9 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     dropout = bool(setup.lora and setup.lora.dropout > 0)
     # Frozen fp32 base with 16-bit compute keeps LoRA adapters in fp32 (PEFT autocast_adapter_dtype).
     adapter_cast = 4 if (not full and a == 2 and not mixed) else 0
+    # Dropout mask: CUDA's fused native_dropout keeps a bool mask; the CPU path multiplies by
+    # a noise tensor of the input dtype and keeps that (ATen Dropout.cpp _dropout_impl).
+    mask = 1 if setup.device != "cpu" else r
 
     def norm() -> float:
         if spec.norm == "layernorm":
@@ -99,7 +102,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
             return 0.0
         out = adapted * rank * (2 if mixed else 4)  # A output, kept for dB
         if dropout:
-            per = w.h + r * w.h + (2 * w.h if mixed else adapter_cast * w.h)
+            per = mask * w.h + r * w.h + (2 * w.h if mixed else adapter_cast * w.h)
             return out + adapted * per
         if mixed:
             return out + adapted * 2 * w.h
@@ -113,7 +116,8 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
             return 0.0
         out = adapted * rank * (2 if mixed else 4)
         if dropout:
-            return out + adapted * (width + a * width + (adapter_cast * width))
+            m = 1 if setup.device != "cpu" else a
+            return out + adapted * (m * width + a * width + (adapter_cast * width))
         return out + adapted * adapter_cast * width
 
     lw = lora_where or {}

@@ -13,6 +13,8 @@ top of it in `total_bytes`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
 from trainfit.core.memory.inference import inference_components
@@ -25,6 +27,9 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 C = MemoryComponent
+
+# transformers refuses SDPA/flash for these (attention soft-capping), so eager is what runs.
+EAGER_ONLY = ("gemma2",)
 
 
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
@@ -41,6 +46,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if uses_lora and setup.lora is None:
         setup = _with_lora(setup, lora)
     notes: list[str] = []
+    if model.architecture in EAGER_ONLY and setup.attention != "eager":
+        setup = dataclasses.replace(setup, attention="eager")
+        notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
     states = model_states(model, st, setup, lora_params)
     if setup.method == "inference":
         comps, notes = inference_components(model, st, setup, states)
@@ -84,8 +92,6 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
 
 
 def _with_lora(setup: TrainingSetup, lora: LoraSettings) -> TrainingSetup:
-    import dataclasses
-
     return dataclasses.replace(setup, lora=lora)
 
 
@@ -101,9 +107,11 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     n = model.num_layers
     r, a, mixed = act.dtype_bytes(setup)
     ckpt = setup.grad_checkpointing
+    recompute = 0.0
     if ckpt == "full":
         # One hidden-state input per layer kept; one layer recomputed at a time during backward.
-        saved_layers = n * r * model.hidden_size * tokens + layer
+        saved_layers = n * r * model.hidden_size * tokens
+        recompute = layer
         ckpt_what = f"full checkpointing: {n} layer inputs (b*s*h*{r} B) + one layer recomputed"
     elif ckpt == "selective":
         saved_layers = n * (layer - core * tokens - scores) + (core * tokens + scores)
@@ -114,7 +122,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
             " + eager scores" if scores else "")
     final = act.final_norm_bytes_per_token(model, setup, full) * tokens
     if dpo:
-        loss_saved, loss_fwd, loss_bwd = a * model.vocab_size, a * model.vocab_size, 2 * a * model.vocab_size
+        # TRL selective_log_softmax keeps the logits (fp32: for logsumexp; 16-bit: per-row
+        # log_softmax outputs); its backward holds the gather grad, the per-row grads stacked
+        # and the slice grad: 3 logits-sized tensors (calibrated on CPU, bench/memory_accuracy).
+        loss_saved, loss_fwd, loss_bwd = a * model.vocab_size, a * model.vocab_size, 3 * a * model.vocab_size
     else:
         loss_saved, loss_fwd, loss_bwd = act.loss_bytes_per_token(model, setup)
     loss_saved *= tokens
@@ -129,6 +140,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dpo and setup.dpo_reference == "separate":
         ref = states.weights + states.quant_overhead if not full else _frozen_copy(st, setup)
     g_acc = states.gradients if setup.grad_accum > 1 else 0.0
+    # The lm_head (or tied embedding) gradient exists before any layer is recomputed.
+    head_grad = (model.vocab_size * model.hidden_size * (4 if r == 4 else 2)) if full else 0.0
     base = weights + ref + states.optimizer + states.master_weights + states.gathered + states.buckets
     acts = saved_layers + final + cache
     # Reference forward (no_grad) of DPO: logits for all chosen+rejected tokens, one layer's temps.
@@ -139,6 +152,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         "forward": base + g_acc + acts + loss_saved + loss_fwd + transient,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient,
         "optimizer step": base + states.gradients,
+        "layer backward": base + max(g_acc, head_grad) + saved_layers + final + recompute + cache,
         "reference forward": base + g_acc + ref_fwd,
     }
     where_peak = max(phases, key=phases.get)
@@ -169,6 +183,13 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         return comps
     if where_peak == "reference forward":
         comps.append(C("reference_forward", int(ref_fwd), "reference logits (2*b*s*vocab) + one layer's temporaries, no_grad", True))
+        return comps
+    if where_peak == "layer backward":
+        comps.append(C("activations", int(saved_layers + final + recompute), ckpt_what, True))
+        if cache:
+            comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights", True))
+        if not g_acc and head_grad:
+            comps.append(C("gradients", int(head_grad), "lm_head gradient, alive before layers recompute", True))
         return comps
     comps.append(C("activations", int(saved_layers + final), ckpt_what, True))
     if cache:

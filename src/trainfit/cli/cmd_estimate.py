@@ -1,0 +1,192 @@
+"""`trainfit estimate`: memory of a training or inference setup, per device, with its parts.
+
+No torch import on this path: the model comes from the catalog / config.json / a shape, the
+hardware from the catalog, a profile JSON, or the quick live profile (CPU, RAM, GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+from trainfit.core.setup import Attention, Checkpointing, Device, LoraSettings, Offload, Optimizer, PrecisionMode, \
+    Quant, TrainingSetup
+from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+
+HELP = "predict the memory of a training / inference setup and say whether it fits"
+METHODS = ("pretrain", "full", "lora", "qlora", "dpo", "sft", "inference")
+GIB = 1 << 30
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
+                   "('shape:125m'); omit with --params or --layers/--hidden/--heads")
+    p.add_argument("--method", choices=METHODS, default="full")
+    p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default="bf16-mixed")
+    p.add_argument("--optimizer", choices=typing.get_args(Optimizer), default="adamw")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--grad-checkpointing", choices=typing.get_args(Checkpointing), default="none")
+    p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default 16)")
+    p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
+    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default q,k,v,o)")
+    p.add_argument("--quant", choices=typing.get_args(Quant), default=None)
+    p.add_argument("--zero", type=int, default=0, help="DeepSpeed ZeRO stage 0-3")
+    p.add_argument("--offload", choices=typing.get_args(Offload), default="none")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs (default: all of the hardware's)")
+    p.add_argument("--attn", choices=typing.get_args(Attention), default="sdpa")
+    p.add_argument("--generate", type=int, default=0, help="inference: tokens generated after the prompt")
+    p.add_argument("--dpo-reference", choices=("separate", "lora-base", "precomputed"), default=None)
+    p.add_argument("--device", choices=typing.get_args(Device), default=None,
+                   help="default: the hardware's accelerator")
+    p.add_argument("--hardware", default=None, help="catalog machine ('rtx-4090', '2x a100-80gb', 't4', "
+                   "'m2-16gb', 'cpu') or a profile JSON; default: this machine")
+    p.add_argument("--params", default=None, help="pretraining shape by size, e.g. 125m, 1.3b")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def _model(args: argparse.Namespace):
+    from trainfit.core import model_shapes
+    from trainfit.core.model_catalog import resolve_model
+
+    dims = (args.layers, args.hidden, args.heads)
+    if args.model:
+        return resolve_model(args.model)
+    if args.params:
+        return model_shapes.parse_shape(args.params)
+    if all(d is not None for d in dims):
+        for name, v in zip(("--layers", "--hidden", "--heads"), dims):
+            if v < 1:
+                raise BadInputError(f"{name} must be >= 1, got {v}")
+        return model_shapes.shape_from_dims(args.layers, args.hidden, args.heads, args.vocab)
+    raise BadInputError("MODEL missing", hint="give a catalog id, a config.json, --params 125m, "
+                        "or --layers/--hidden/--heads")
+
+
+def _lora(args: argparse.Namespace) -> LoraSettings:
+    rank = 16 if args.lora_r is None else args.lora_r
+    if rank < 1:
+        raise BadInputError(f"--lora-r must be >= 1, got {rank}")
+    targets: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    if args.lora_targets:
+        t = args.lora_targets.strip()
+        targets = "all-linear" if t == "all-linear" else [x.strip() for x in t.split(",") if x.strip()]
+    return LoraSettings(rank=rank, alpha=args.lora_alpha or 2 * rank, dropout=args.lora_dropout,
+                        target_modules=targets)  # type: ignore[arg-type]
+
+
+def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
+    method = args.method
+    wants_lora = args.lora_r is not None or args.lora_targets is not None
+    if method == "sft":  # SFT = full or LoRA training on instruction data
+        method = "lora" if wants_lora else "full"
+    quant = args.quant or ("nf4-dq" if method == "qlora" else "none")
+    lora = _lora(args) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
+    dpo_ref = args.dpo_reference or ("lora-base" if lora is not None else "separate")
+    device = args.device or (hardware.accelerator if hardware is not None else "cpu")
+    gpus = args.gpus if args.gpus is not None else max(1, hardware.gpu_count if hardware is not None else 1)
+    if device == "cpu":
+        gpus = args.gpus or 1
+    return TrainingSetup(method=method, precision=args.precision, optimizer=args.optimizer,
+                         micro_batch=args.micro_batch, seq_len=args.seq_len, grad_accum=args.grad_accum,
+                         grad_checkpointing=args.grad_checkpointing, attention=args.attn, lora=lora, quant=quant,
+                         num_gpus=gpus, zero_stage=args.zero, offload=args.offload, device=device,
+                         dpo_reference=dpo_ref, generate_tokens=args.generate)
+
+
+def _hardware(spec: str | None):
+    if spec:
+        from trainfit.core.hardware_spec import resolve_hardware
+
+        return resolve_hardware(spec)
+    from trainfit.hardware.profiler import build_profile
+
+    return build_profile(quick=True)
+
+
+def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
+    """Python twin of the command: returns (MemoryEstimate, suggested TrainingSetup | None).
+
+    Keyword flags are the command's long options with underscores (micro_batch=4, method="lora").
+    """
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([] if model is None else [model])
+    for key, value in flags.items():
+        if not hasattr(args, key):
+            raise BadInputError(f"estimate(): unknown option {key!r}")
+        setattr(args, key, value)
+    args.hardware = hardware
+    return _estimate(args)
+
+
+def _estimate(args: argparse.Namespace):
+    from trainfit.core.memory import estimate_memory, nearest_fitting
+
+    spec = _model(args)
+    hw = _hardware(args.hardware)
+    setup = build_setup(args, hw)
+    result = estimate_memory(spec, setup, hw)
+    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
+    return result, setup, suggestion
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.core.memory import describe_changes
+
+    result, setup, suggestion = _estimate(args)
+    changes = describe_changes(setup, suggestion) if suggestion is not None else []
+    if args.json:
+        from trainfit.cli.output import print_json
+        from trainfit.core.serde import to_jsonable
+
+        doc = to_jsonable(result)
+        doc["fits"] = result.fits
+        for d, dev in zip(doc["devices"], result.devices):
+            d["fits"] = dev.fits
+        doc["setup"] = to_jsonable(setup)
+        doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
+        doc["units"] = {"*_bytes": "bytes"}
+        print_json(doc)
+    else:
+        _render(result, setup, changes, suggestion is not None)
+    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+
+
+def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> None:
+    from rich.table import Table
+
+    from trainfit.cli.output import console
+
+    out = console()
+    out.print(f"[bold]{result.model_id}[/]  {result.params_total:,} params, {result.params_trainable:,} trainable  "
+              f"({setup.method}, {setup.precision}, {setup.optimizer}, micro-batch {setup.micro_batch} x seq "
+              f"{setup.seq_len}, {setup.num_gpus} x {setup.device})")
+    for dev in result.devices:
+        table = Table(title=f"{dev.device} memory (GiB = 2^30 bytes)", title_justify="left")
+        table.add_column("component")
+        table.add_column("GiB", justify="right")
+        table.add_column("what")
+        for c in dev.components:
+            table.add_row(c.name + ("" if c.in_tensor_peak else " (margin)"), f"{c.bytes / GIB:.2f}", c.what)
+        table.add_row("[bold]tensor peak[/]", f"{dev.tensor_peak_bytes / GIB:.2f}", "what max_memory_allocated sees")
+        table.add_row("[bold]total[/]", f"{dev.total_bytes / GIB:.2f}", "tensor peak + margins")
+        out.print(table)
+        if dev.capacity_bytes is None:
+            out.print("capacity unknown: no verdict")
+        else:
+            verdict = "[green]fits[/]" if dev.fits else "[red]does not fit[/]"
+            out.print(f"{verdict}: {dev.total_bytes / GIB:.2f} of {dev.capacity_bytes / GIB:.2f} GiB on {dev.device}")
+    for note in result.notes:
+        out.print(f"note: {note}")
+    if result.fits is False:
+        if has_fix:
+            out.print("nearest setting that fits: " + "; ".join(changes))
+        else:
+            out.print("nothing tried fits this hardware (see 'trainfit gpus' for larger GPUs)")
