@@ -87,7 +87,7 @@ def test_peak_timing_grad_accum_keeps_gradients(llama7b):
 
 
 def test_checkpointing_and_eager(llama7b):
-    base = TrainingSetup(seq_len=2048)
+    base = TrainingSetup(seq_len=4096, micro_batch=8)
     none = estimate_memory(llama7b, base).devices[0].tensor_peak_bytes
     ckpt = estimate_memory(llama7b, dataclasses.replace(base, grad_checkpointing="full")).devices[0].tensor_peak_bytes
     eager = estimate_memory(llama7b, dataclasses.replace(base, attention="eager")).devices[0].tensor_peak_bytes

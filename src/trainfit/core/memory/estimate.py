@@ -140,6 +140,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dpo and setup.dpo_reference == "separate":
         ref = states.weights + states.quant_overhead if not full else _frozen_copy(st, setup)
     g_acc = states.gradients if setup.grad_accum > 1 else 0.0
+    emb_grad_tmp = (model.vocab_size * model.hidden_size * (4 if r == 4 else 2)
+                    * (2 if model.tie_embeddings else 1)) if full else 0.0
     # The lm_head (or tied embedding) gradient exists before any layer is recomputed.
     head_grad = (model.vocab_size * model.hidden_size * (4 if r == 4 else 2)) if full else 0.0
     base = weights + ref + states.optimizer + states.master_weights + states.gathered + states.buckets
@@ -152,6 +154,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         "forward": base + g_acc + acts + loss_saved + loss_fwd + transient,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient,
         "optimizer step": base + states.gradients,
+        # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
+        # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
+        # (measured on CPU: two such tensors for tied, one for untied).
+        "backward end": base + states.gradients + emb_grad_tmp,
         "layer backward": base + max(g_acc, head_grad) + saved_layers + final + recompute + cache,
         "reference forward": base + g_acc + ref_fwd,
     }
@@ -176,10 +182,12 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
     if states.buckets:
         comps.append(C("grad_buckets", int(states.buckets), "DDP flat gradient buckets / ZeRO reduce bucket (hidden^2)", True))
-    grads_at_peak = states.gradients if where_peak == "optimizer step" else g_acc
+    grads_at_peak = states.gradients if where_peak in ("optimizer step", "backward end") else g_acc
     if grads_at_peak:
         comps.append(C("gradients", int(grads_at_peak), _grad_what(setup, states), True))
-    if where_peak == "optimizer step":
+    if where_peak == "backward end":
+        comps.append(C("embedding_grad", int(emb_grad_tmp), "dense vocab x hidden grad of the embedding backward", True))
+    if where_peak in ("optimizer step", "backward end"):
         return comps
     if where_peak == "reference forward":
         comps.append(C("reference_forward", int(ref_fwd), "reference logits (2*b*s*vocab) + one layer's temporaries, no_grad", True))

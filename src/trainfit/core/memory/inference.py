@@ -46,9 +46,13 @@ def inference_components(model: ModelSpec, st, setup, states) -> tuple[list[Memo
     # One layer over the prompt: normed input, q/k/v (+ GQA repeat for eager), attention output,
     # the MLP's gate/act/up alive together (3 x ffn), residual.
     attn = a * tokens * (2 * h + 2 * q + 2 * kv_w)
-    if setup.attention == "eager":
-        attn += tokens * model.num_heads * s * (4 + (a if a != 4 else 0)) + a * tokens * 2 * q
-    mlp = a * tokens * (3 if model.gated_mlp else 2) * st.ffn_width + a * tokens * h
+    if setup.attention == "eager" or model.architecture == "gemma2":
+        # scores, the masked/scaled copy and the fp32 softmax coexist (+ its 16-bit copy).
+        attn += tokens * model.num_heads * s * (8 + (a if a != 4 else 0)) + a * tokens * 2 * q
+    # Inner MLP tensors alive together; measured on CPU (bench/memory_accuracy.py): SwiGLU 4 x ffn,
+    # the python gelu_new formula 5 x ffn, single-op activations 3 x ffn.
+    inner = 4 if model.gated_mlp else (5 if model.activation == "gelu_new" else 3)
+    mlp = a * tokens * inner * st.ffn_width + a * tokens * h
     logits = b * model.vocab_size * (a + 4)
     prefill = max(attn, mlp) + logits
     decode = kv_layer / 2 + logits  # torch.cat: the old and the grown K (or V) of one layer
