@@ -23,7 +23,10 @@ def console(stderr: bool = False):
     """A rich Console; on stdout for human output, stderr for messages."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output (logs, CI) gets a fixed 120 columns rather than rich's 80, so tables stay readable.
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 120
+    return Console(stderr=stderr, highlight=False, width=width)
 
 
 def say(message: str) -> None:

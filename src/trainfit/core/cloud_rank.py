@@ -163,6 +163,10 @@ def _search(
     zero_stages = (0,) if n == 1 else (2, 3)
     best_ratio, reason = math.inf, "no setting fits"
     for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
+        if device == "cpu" and variant["quant"] != "none":
+            # bitsandbytes' 4-bit / 8-bit training kernels need a GPU: no QLoRA on CPU flavors.
+            reason = "QLoRA needs a GPU (bitsandbytes)"
+            continue
         best: _Best | None = None
         for ckpt in ("none", "full"):
             for zero in zero_stages:
