@@ -74,6 +74,10 @@ def _changes(setup: TrainingSetup) -> list[Change]:
             out.append(("QLoRA (4-bit NF4 base, double quantisation)", 7, _to_qlora))
         if setup.precision == "fp32":
             out.append(("bf16 mixed precision", 2, _replace(precision="bf16-mixed")))
+        if setup.lora is not None and setup.precision in ("bf16-mixed", "fp16-mixed"):
+            # The frozen base needs no fp32 copy: PEFT users load it in 16-bit (adapters stay fp32).
+            pure = "bf16" if setup.precision == "bf16-mixed" else "fp16"
+            out.append((f"frozen base weights in {pure}", 1.5, _replace(precision=pure)))
     else:
         if setup.quant == "none":
             out.append(("8-bit weights", 3, _replace(quant="int8")))
