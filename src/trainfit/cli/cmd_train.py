@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
     summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
                     quiet=args.quiet, log=say)
+    from trainfit.train.runner import world
+
+    if world()[0] != 0:
+        return 0  # under a launcher only rank 0 reports
     if args.json:
         print_json(summary)
     elif summary:

@@ -185,7 +185,7 @@ def deepspeed_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
-    from trainfit.train.data import load_raw_dataset, text_iterator
+    from trainfit.train.data import check_columns, load_raw_dataset, text_iterator
     from trainfit.train.tokenizer import has_tokenizer_files, load_tokenizer, train_bpe_tokenizer
 
     saved = run_dir / "tokenizer"
@@ -198,7 +198,8 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
             return load_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
         log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
         raw = load_raw_dataset(cfg)
-        tok = train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
+        check_columns(cfg, raw)  # before spending time on the tokenizer
+        train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
                                   cfg.tokenizer.vocab_size, saved)
         return load_tokenizer(saved), "byte-level BPE trained on the corpus"
 
