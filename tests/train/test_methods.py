@@ -68,3 +68,14 @@ def test_qlora_on_cpu_is_unavailable(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "qlora needs a CUDA GPU" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("example", ["pretrain", "sft-full", "lora", "dpo"])
+def test_cpu_examples_run_two_steps(tmp_path, example):
+    from .conftest import REPO
+
+    run_dir = tmp_path / "run"
+    assert main(["train", str(REPO / "examples" / f"{example}.yaml"), "--out", str(run_dir), "--max-steps", "2",
+                 "--quiet"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["global_step"] == 2 and (run_dir / "checkpoints" / "checkpoint-2").is_dir()
