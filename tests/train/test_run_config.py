@@ -86,3 +86,11 @@ def test_bad_yaml_is_bad_input(tmp_path):
     with pytest.raises(BadInputError, match="not valid YAML"):
         load_run_config(p)
     assert yaml  # imported for make_config users
+
+
+def test_params_shape_uses_the_run_vocabulary():
+    from trainfit.train.model_build import shape_spec
+    from trainfit.train.run_config import ShapeConfig
+
+    spec = shape_spec(ShapeConfig(params="3m"), vocab_size=512)
+    assert spec.vocab_size == 512 and spec.id == "shape:3m" and spec.num_layers >= 1

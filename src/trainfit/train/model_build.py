@@ -36,9 +36,10 @@ def shape_spec(shape: ShapeConfig, vocab_size: int) -> ModelSpec:
         except ImportError:
             raise UnavailableError("model.shape.params needs trainfit.core.model_shapes, not in this build",
                                    hint="give model.shape layers/hidden/heads instead") from None
-        spec = shape_for_params(parse_count(shape.params))
-        return dataclasses.replace(spec, vocab_size=vocab_size, id=f"shape:{shape.params}",
-                                   max_position_embeddings=shape.max_position_embeddings)
+        # The budget includes this run's vocabulary (the tokenizer's size), not a default one.
+        spec = shape_for_params(parse_count(shape.params), vocab_size=vocab_size,
+                                max_positions=shape.max_position_embeddings, tie_embeddings=shape.tie_embeddings)
+        return dataclasses.replace(spec, id=f"shape:{shape.params}")
     hidden, heads = shape.hidden, shape.heads
     assert hidden and heads and shape.layers
     return ModelSpec(
