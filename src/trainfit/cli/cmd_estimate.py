@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dpo-reference", choices=("separate", "lora-base", "precomputed"), default=None)
     p.add_argument("--device", choices=typing.get_args(Device), default=None,
                    help="default: the hardware's accelerator")
+    p.add_argument("--no-calibration", action="store_true",
+                   help="ignore the measured/predicted ratio that `trainfit verify` stored for this machine")
     p.add_argument("--hardware", default=None, help="catalog machine ('rtx-4090', '2x a100-80gb', 't4', "
                    "'m2-16gb', 'cpu') or a profile JSON; default: this machine")
     p.add_argument("--params", default=None, help="pretraining shape by size, e.g. 125m, 1.3b")
@@ -133,8 +135,33 @@ def _estimate(args: argparse.Namespace):
     hw = _hardware(args.hardware)
     setup = build_setup(args, hw)
     result = estimate_memory(spec, setup, hw)
+    if not getattr(args, "no_calibration", False):
+        result = _calibrated(result, setup, hw, args.hardware)
     suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
     return result, setup, suggestion
+
+
+def _calibrated(result, setup: TrainingSetup, hw, hardware_spec: str | None):
+    """Apply this machine's `trainfit verify` ratio when the estimate is for this machine.
+
+    A catalog machine ('rtx-4090') is not this machine; the live profile and a saved profile
+    JSON of it are (the calibration is keyed by the machine fingerprint).
+    """
+    if hw is None or (hardware_spec and not hw.source.startswith("file:")):
+        return result
+    from trainfit.core.memory.calibrated import apply_memory_factor
+    from trainfit.train.calibration import load_calibration, machine_fingerprint
+
+    calibration = load_calibration(machine_fingerprint(hw))
+    if calibration is None:
+        return result
+    prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
+    key = f"cuda:{hw.gpus[0].name}" if prefix == "cuda" and hw.gpus else prefix
+    device = calibration.devices.get(key)
+    if device is None or not device.memory_factor:
+        return result
+    source = f"trainfit verify on this machine ({device.samples} run{'s' if device.samples != 1 else ''})"
+    return apply_memory_factor(result, prefix, device.memory_factor, source)
 
 
 def run(args: argparse.Namespace) -> int:
