@@ -41,6 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dpo-reference", choices=("separate", "lora-base", "precomputed"), default=None)
     p.add_argument("--device", choices=typing.get_args(Device), default=None,
                    help="default: the hardware's accelerator")
+    p.add_argument("--dataset-tokens", type=int, default=None,
+                   help="tokens in the training set: adds run time, energy and electricity cost")
+    p.add_argument("--examples", type=int, default=None, help="training examples (x --seq-len tokens)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--price-per-kwh", type=float, default=None,
+                   help="electricity price per kWh (default 0.17, the 2024 U.S. residential average)")
     p.add_argument("--no-calibration", action="store_true",
                    help="ignore the measured/predicted ratio that `trainfit verify` stored for this machine")
     p.add_argument("--hardware", default=None, help="catalog machine ('rtx-4090', '2x a100-80gb', 't4', "
@@ -128,46 +134,84 @@ def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
     return _estimate(args)
 
 
-def _estimate(args: argparse.Namespace):
-    from trainfit.core.memory import estimate_memory, nearest_fitting
-
+def _inputs(args: argparse.Namespace):
     spec = _model(args)
     hw = _hardware(args.hardware)
-    setup = build_setup(args, hw)
-    result = estimate_memory(spec, setup, hw)
-    if not getattr(args, "no_calibration", False):
-        result = _calibrated(result, setup, hw, args.hardware)
-    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
+    return spec, hw, build_setup(args, hw)
+
+
+def _estimate(args: argparse.Namespace):
+    spec, hw, setup = _inputs(args)
+    result, suggestion = _memory(args, spec, hw, setup)
     return result, setup, suggestion
 
 
-def _calibrated(result, setup: TrainingSetup, hw, hardware_spec: str | None):
-    """Apply this machine's `trainfit verify` ratio when the estimate is for this machine.
+def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
+    from trainfit.core.memory import estimate_memory, nearest_fitting
+    from trainfit.core.memory.calibrated import apply_memory_factor
+
+    result = estimate_memory(spec, setup, hw)
+    calibration = _machine_calibration(args, hw, setup)
+    if calibration is not None and calibration.memory_factor:
+        prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
+        result = apply_memory_factor(result, prefix, calibration.memory_factor, _calibration_source(calibration))
+    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
+    return result, suggestion
+
+
+def _machine_calibration(args: argparse.Namespace, hw, setup: TrainingSetup):
+    """This machine's `trainfit verify` ratios for the setup's device, or None.
 
     A catalog machine ('rtx-4090') is not this machine; the live profile and a saved profile
     JSON of it are (the calibration is keyed by the machine fingerprint).
     """
-    if hw is None or (hardware_spec and not hw.source.startswith("file:")):
-        return result
-    from trainfit.core.memory.calibrated import apply_memory_factor
+    if args.no_calibration or hw is None or (args.hardware and not hw.source.startswith("file:")):
+        return None
     from trainfit.train.calibration import load_calibration, machine_fingerprint
 
     calibration = load_calibration(machine_fingerprint(hw))
     if calibration is None:
-        return result
-    prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
-    key = f"cuda:{hw.gpus[0].name}" if prefix == "cuda" and hw.gpus else prefix
-    device = calibration.devices.get(key)
-    if device is None or not device.memory_factor:
-        return result
-    source = f"trainfit verify on this machine ({device.samples} run{'s' if device.samples != 1 else ''})"
-    return apply_memory_factor(result, prefix, device.memory_factor, source)
+        return None
+    on_gpu = setup.device in ("cuda", "rocm") and hw.gpus
+    return calibration.devices.get(f"cuda:{hw.gpus[0].name}" if on_gpu else setup.device)
+
+
+def _calibration_source(device_calibration) -> str:
+    n = device_calibration.samples
+    return f"trainfit verify on this machine ({n} run{'s' if n != 1 else ''})"
+
+
+def _run_prediction(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
+    """Step time, power and (with a dataset size) run time, energy and electricity cost."""
+    from trainfit.core.power import DEFAULT_PRICE_PER_KWH
+    from trainfit.core.run_prediction import predict_run
+    from trainfit.core.speed import Workload
+
+    if args.dataset_tokens is not None and args.examples is not None:
+        raise BadInputError("give either --dataset-tokens or --examples, not both")
+    for flag, value in (("--dataset-tokens", args.dataset_tokens), ("--examples", args.examples)):
+        if value is not None and value <= 0:
+            raise BadInputError(f"{flag} must be a positive integer, got {value}")
+    if not 0 < args.epochs <= 1000:
+        raise BadInputError(f"--epochs must be in (0, 1000], got {args.epochs}")
+    price = DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh
+    if price < 0:
+        raise BadInputError(f"--price-per-kwh must not be negative, got {price}")
+    workload = None
+    if args.dataset_tokens or args.examples:
+        workload = Workload(examples=args.examples, dataset_tokens=args.dataset_tokens, epochs=args.epochs)
+    calibration = _machine_calibration(args, hw, setup)
+    factor = calibration.step_time_factor if calibration and calibration.step_time_factor else 1.0
+    return predict_run(spec, setup, hw, workload, price_per_kwh=price, step_time_factor=factor,
+                       calibration_source=_calibration_source(calibration) if calibration else "")
 
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.core.memory import describe_changes
 
-    result, setup, suggestion = _estimate(args)
+    spec, hw, setup = _inputs(args)
+    result, suggestion = _memory(args, spec, hw, setup)
+    run_pred = _run_prediction(args, spec, hw, setup) if hw is not None else None
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
     if args.json:
         from trainfit.cli.output import print_json
@@ -179,11 +223,36 @@ def run(args: argparse.Namespace) -> int:
             d["fits"] = dev.fits
         doc["setup"] = to_jsonable(setup)
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
-        doc["units"] = {"*_bytes": "bytes"}
+        doc["run"] = None if run_pred is None else to_jsonable(run_pred)
+        doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
         print_json(doc)
     else:
         _render(result, setup, changes, suggestion is not None)
+        if run_pred is not None:
+            _render_run(run_pred)
     return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+
+
+def _render_run(pred) -> None:
+    from trainfit.cli.output import console
+
+    out = console()
+    sp, pw = pred.speed, pred.power
+    out.print(f"speed ({sp.device}): {sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
+              f"{sp.samples_per_second:.3g} samples/s; bottleneck: {sp.bottleneck}; MFU {sp.mfu:.0%}")
+    draw = f"power: about {pw.total_watts:.0f} W"
+    if pw.gpu_count:
+        draw += f" ({pw.gpu_count} x {pw.gpu_watts_each:.0f} W GPU + {pw.cpu_watts:.0f} W CPU)"
+    else:
+        draw += f" (CPU package {pw.cpu_watts:.0f} W)"
+    out.print(draw + "; rest of the system not counted")
+    if sp.total_seconds is not None:
+        out.print(f"run: {sp.total_steps:,} steps, {sp.total_seconds / 3600:.2f} h, {pw.energy_kwh:.2f} kWh, "
+                  f"electricity {pw.electricity_cost:.2f} at {pw.price_per_kwh:.2f}/kWh")
+    else:
+        out.print("run time and energy: give --dataset-tokens N or --examples N")
+    for note in [*pred.notes, *pw.notes]:
+        out.print(f"note: {note}")
 
 
 def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> None:

@@ -129,6 +129,13 @@ def estimate_power(
     )
 
 
+def assumed_cpu_tdp_watts(physical_cores: int | None, logical_cores: int) -> tuple[float, int]:
+    """(watts, cores) when neither a TDP nor RAPL can be read: ~10 W per physical core at full
+    load (desktop parts draw 65-125 W for 8-16 cores), clamped to the range of real CPUs."""
+    cores = physical_cores or max(1, logical_cores // 2)
+    return float(min(350, max(15, 10 * cores))), cores
+
+
 def _cpu_watts(profile: HardwareProfile, load: float, notes: list[str]) -> float:
     power = profile.power
     tdp = power.cpu_tdp_watts
@@ -142,5 +149,6 @@ def _cpu_watts(profile: HardwareProfile, load: float, notes: list[str]) -> float
     if measured is not None:
         notes.append("CPU TDP unknown: RAPL reading used as the CPU draw")
         return measured
-    notes.append("CPU power unknown (no TDP, RAPL unreadable): CPU draw not counted")
-    return 0.0
+    watts, cores = assumed_cpu_tdp_watts(profile.cpu.physical_cores, profile.cpu.logical_cores)
+    notes.append(f"CPU TDP unknown and RAPL unreadable: assumed {watts:.0f} W ({cores} cores x 10 W)")
+    return watts * load

@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from trainfit.core.power import assumed_cpu_tdp_watts
 from trainfit.core.profile import CpuInfo, GpuInfo, PowerInfo, ThermalZone
 from trainfit.hardware.sources import Sources, read_int, read_text
 
@@ -180,10 +181,7 @@ def assess_power(r: PowerReadings, gpus: list[GpuInfo], cpu: CpuInfo, psu_watts:
     if r.cpu_tdp_watts is not None:
         cpu_w = r.cpu_tdp_watts
     else:
-        # ~10 W per physical core at full load (desktop parts 65-125 W for 8-16 cores), clamped
-        # to the range of real CPUs; stated as an assumption
-        cores = cpu.physical_cores or max(1, cpu.logical_cores // 2)
-        cpu_w = float(min(350, max(15, 10 * cores)))
+        cpu_w, cores = assumed_cpu_tdp_watts(cpu.physical_cores, cpu.logical_cores)
         evidence.append(f"CPU TDP unknown: assumed {cpu_w:.0f} W ({cores} cores x 10 W)")
     gpu_w = 0.0
     for g in boards:
