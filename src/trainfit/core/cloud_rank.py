@@ -163,6 +163,11 @@ def _search(
     zero_stages = (0,) if n == 1 else (2, 3)
     best_ratio, reason = math.inf, "no setting fits"
     for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
+        # A frozen base needs no fp32 master copy: LoRA/QLoRA users load it in 16-bit (PEFT keeps
+        # the adapters in fp32), so the GPU variants run in pure bf16/fp16.
+        variant_precision = precision
+        if variant["lora"] is not None and precision in ("bf16-mixed", "fp16-mixed") and device != "cpu":
+            variant_precision = precision.removesuffix("-mixed")
         if device == "cpu" and variant["quant"] != "none":
             # bitsandbytes' 4-bit / 8-bit training kernels need a GPU: no QLoRA on CPU flavors.
             reason = "QLoRA needs a GPU (bitsandbytes)"
@@ -175,7 +180,7 @@ def _search(
                         break
                     accum = max(1, math.ceil(req.global_batch / (mb * n)))
                     setup = TrainingSetup(
-                        precision=precision, micro_batch=mb, seq_len=req.seq_len, grad_accum=accum,
+                        precision=variant_precision, micro_batch=mb, seq_len=req.seq_len, grad_accum=accum,
                         grad_checkpointing=ckpt, attention="sdpa", num_gpus=n, zero_stage=zero, device=device,
                         **variant,
                     )  # fmt: skip
@@ -258,9 +263,9 @@ def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float,
     cost = hours * (price or 0.0)
     dev = best.memory.devices[0]
     label = method_label(s)
-    setting = f"{label}, {s.precision}, batch {s.micro_batch}x{s.grad_accum}" + (
-        f"x{s.num_gpus} GPUs ZeRO-{s.zero_stage}" if s.num_gpus > 1 else ""
-    ) + (", checkpointing" if s.grad_checkpointing != "none" else "")
+    setting = f"{label} {s.precision} {s.micro_batch}x{s.grad_accum}" + (
+        f"x{s.num_gpus} ZeRO-{s.zero_stage}" if s.num_gpus > 1 else ""
+    ) + (" ckpt" if s.grad_checkpointing != "none" else "")
     return FlavorResult(
         fits=True, why=setting, method=label,
         precision=s.precision, micro_batch=s.micro_batch, grad_accum=s.grad_accum, grad_checkpointing=s.grad_checkpointing,
