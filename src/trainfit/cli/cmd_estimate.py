@@ -22,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
                    "('shape:125m'); omit with --params or --layers/--hidden/--heads")
     p.add_argument("--method", choices=METHODS, default="full")
-    p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default="bf16-mixed")
+    p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default=None,
+                   help="default: bf16 (fp16 without bf16 support) mixed precision for full training; the "
+                   "frozen base in pure 16-bit for LoRA/QLoRA/inference on GPUs; fp32 or bf16-mixed on CPU")
     p.add_argument("--optimizer", choices=typing.get_args(Optimizer), default="adamw")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=512)
@@ -101,11 +103,24 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
     gpus = args.gpus if args.gpus is not None else max(1, hardware.gpu_count if hardware is not None else 1)
     if device == "cpu":
         gpus = args.gpus or 1
-    return TrainingSetup(method=method, precision=args.precision, optimizer=args.optimizer,
+    precision = args.precision or default_precision(method, lora is not None, device, hardware)
+    return TrainingSetup(method=method, precision=precision, optimizer=args.optimizer,
                          micro_batch=args.micro_batch, seq_len=args.seq_len, grad_accum=args.grad_accum,
                          grad_checkpointing=args.grad_checkpointing, attention=args.attn, lora=lora, quant=quant,
                          num_gpus=gpus, zero_stage=args.zero, offload=args.offload, device=device,
                          dpo_reference=dpo_ref, generate_tokens=args.generate)
+
+
+def default_precision(method: str, has_lora: bool, device: str, hardware) -> str:
+    """What practitioners run: AMP with fp32 master weights when every weight trains, a frozen
+    base loaded in 16-bit for adapters and inference (PEFT keeps the adapters in fp32)."""
+    if device == "cpu":
+        cpu_bf16 = hardware is not None and hardware.backends.cpu_bf16
+        return "bf16-mixed" if cpu_bf16 else "fp32"
+    gpus = hardware.gpus if hardware is not None else []
+    half = "bf16" if not gpus or "bf16" in gpus[0].precisions else "fp16"
+    frozen_base = has_lora or method in ("lora", "qlora", "inference")
+    return half if frozen_base else f"{half}-mixed"
 
 
 def _hardware(spec: str | None):
