@@ -125,17 +125,22 @@ def _amdsmi_gpus(src: Sources, smi: Any, rocm: tuple[str | None, str | None]) ->
             draw = power.get("average_socket_power") or power.get("current_socket_power")
             cap = power.get("power_limit")
             gfx = asic.get("target_graphics_version")
+            uuid, bdf = get("amdsmi_get_gpu_device_uuid"), get("amdsmi_get_gpu_device_bdf")
+            # A call that raised names its error; one that answered without the field says so.
             field_reasons = {
-                "vram_total_bytes": "amdsmi reported no vram_total",
-                "vram_free_bytes": "amdsmi reported no vram_used",
-                "power_draw_watts": "amdsmi reported no socket power",
-                "power_limit_watts": "amdsmi reported no power_limit",
+                "vram_total_bytes": reasons.get("amdsmi_get_gpu_vram_usage", "amdsmi reported no vram_total"),
+                "vram_free_bytes": reasons.get("amdsmi_get_gpu_vram_usage", "amdsmi reported no vram_used"),
+                "power_draw_watts": reasons.get("amdsmi_get_power_info", "amdsmi reported no socket power"),
+                "power_limit_watts": reasons.get("amdsmi_get_power_info", "amdsmi reported no power_limit"),
+                "architecture": reasons.get("amdsmi_get_gpu_asic_info", "amdsmi reported no gfx target"),
+                "uuid": reasons.get("amdsmi_get_gpu_device_uuid", "amdsmi reported no uuid"),
+                "pci_bus_id": reasons.get("amdsmi_get_gpu_device_bdf", "amdsmi reported no PCI address"),
                 "mig_mode": "NVIDIA only", "rocm_version": rocm[1] or "",
             }
             gpus.append(make_gpu(
                 index=index, vendor="amd", name=asic.get("market_name") or "AMD GPU", unified_memory=False,
                 reasons={k: v for k, v in field_reasons.items() if v}, default_reason="not read through amdsmi",
-                uuid=get("amdsmi_get_gpu_device_uuid"), pci_bus_id=get("amdsmi_get_gpu_device_bdf"),
+                uuid=uuid, pci_bus_id=bdf,
                 vram_total_bytes=int(total) << 20 if isinstance(total, (int, float)) else None,
                 vram_free_bytes=(int(total) - int(used)) << 20 if isinstance(used, (int, float)) and total else None,
                 power_draw_watts=float(draw) if isinstance(draw, (int, float)) else None,
