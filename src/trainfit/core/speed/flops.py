@@ -17,8 +17,9 @@ Accounting (Kaplan et al. 2020, arXiv 2001.08361 §2.1; Korthikanti et al. 2022,
   sequences and runs the frozen reference forward on both (unless the reference log-probs were
   precomputed).
 
-Norms, activations, residual adds and softmax are not counted here: they are memory-bound and
-are costed by bytes in `predict.py`.
+Norms, activations, residual adds and softmax are not FLOPs here: they are memory-bound, and
+`elementwise_elements_per_token_layer` counts the elements they touch (costed by bytes in
+`predict.py` and `cpu.py`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,25 @@ def layer_linear_dims(spec: ModelSpec) -> dict[str, tuple[int, int, int]]:
     dims["up_proj"] = (spec.hidden_size, ffn, active)
     dims["down_proj"] = (ffn, spec.hidden_size, active)
     return dims
+
+
+# Elements touched per token per layer by the memory-bound ops of one forward: RMSNorm/LayerNorm
+# with an fp32 upcast (~2 x 12h), residual adds (2 x 3h), rotary on q and k, activation x gate.
+ELEMENTWISE_PER_HIDDEN = 30.0
+ELEMENTWISE_PER_FFN = 6.0
+ELEMENTWISE_PER_QKV = 6.0
+
+
+def active_ffn_width(spec: ModelSpec) -> int:
+    """MLP width a token passes through (MoE: the active experts together)."""
+    ffn = spec.moe_intermediate_size or spec.intermediate_size
+    return ffn * ((spec.experts_per_token + spec.shared_experts) if spec.num_experts else 1)
+
+
+def elementwise_elements_per_token_layer(spec: ModelSpec) -> float:
+    """Elements the norms, residuals, rotary and activations of one layer touch per token (forward)."""
+    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    return ELEMENTWISE_PER_HIDDEN * spec.hidden_size + ELEMENTWISE_PER_FFN * active_ffn_width(spec) + ELEMENTWISE_PER_QKV * qkv
 
 
 def matmul_params_per_token(spec: ModelSpec) -> float:

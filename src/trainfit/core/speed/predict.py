@@ -20,6 +20,7 @@ from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
+from trainfit.core.speed.cpu import cpu_step
 from trainfit.core.speed.rates import DeviceRates, compute_precision, device_rates
 from trainfit.core.speed.types import Bottleneck, SpeedEstimate, Workload
 from trainfit.errors import BadInputError
@@ -37,11 +38,6 @@ OPTIMIZER_BYTES = {
 }
 # Unfused (foreach / per-parameter) optimizers make several passes: a factor over the minimum.
 OPTIMIZER_PASSES = {"gpu": 1.6, "cpu": 3.0}
-# Elementwise traffic per token per layer in the forward, in elements: RMSNorm/LayerNorm with an
-# fp32 upcast (~2 x 12h), residual adds (2 x 3h), rotary on q and k, activation x gate on the FFN.
-ELEMENTWISE_PER_HIDDEN = 30.0
-ELEMENTWISE_PER_FFN = 6.0
-ELEMENTWISE_PER_QKV = 6.0
 # Logits: bf16 logits, fp32 upcast, log-softmax and its gradient: bytes per vocab entry per token.
 LOGIT_BYTES_TRAIN = 20.0
 LOGIT_BYTES_FORWARD = 6.0
@@ -97,6 +93,40 @@ def predict_step(
     if used != precision:
         notes.append(f"{rates.name} has no {precision} matmul rate: predicted at {used}")
     sf = F.step_flops(spec, setup)
+    if rates.kind == "cpu":
+        eff, micro_s, optimizer_s, offload_s, comm_s, parts = _cpu_parts(spec, setup, rates, sf, used, peak)
+    else:
+        eff, micro_s, optimizer_s, offload_s, comm_s, parts = _gpu_parts(spec, setup, rates, sf, precision, peak, n_dev)
+    data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
+    parts["data loading"] = data_s
+    step_s = setup.grad_accum * micro_s + optimizer_s + offload_s + comm_s + data_s
+    bottleneck: Bottleneck = max(parts, key=parts.get)  # type: ignore[arg-type]
+    samples_per_step = setup.micro_batch * setup.grad_accum * n_dev
+    tokens_per_step = setup.seq_len * samples_per_step * (2 if setup.method == "dpo" else 1)
+    model_flops = F.model_flops_per_token(spec, setup.seq_len) * tokens_per_step
+    est = SpeedEstimate(
+        model_id=spec.id,
+        device=_device_label(rates, n_dev),
+        compute_precision=used,
+        micro_step_seconds=micro_s,
+        step_seconds=step_s,
+        tokens_per_second=tokens_per_step / step_s,
+        samples_per_second=samples_per_step / step_s,
+        step_flops=sf.total_flops * setup.grad_accum * n_dev,
+        achieved_tflops_per_device=sf.total_flops * setup.grad_accum / step_s / 1e12,
+        mfu=model_flops / (peak * n_dev * step_s),
+        matmul_efficiency=eff,
+        seconds_by_part=parts,
+        bottleneck=bottleneck,
+        notes=notes,
+    )
+    return with_workload(est, setup, workload) if workload else est
+
+
+def _gpu_parts(
+    spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str, peak: float, n_dev: int
+) -> tuple[float, float, float, float, float, dict[str, float]]:
+    """GPU: (matmul efficiency, micro-batch s, optimizer s, offload s, communication s, parts)."""
     tokens = sf.tokens
     eff = rates.matmul_efficiency(spec.hidden_size, tokens)
     bw = rates.memory_bandwidth_bytes_per_s * rates.memory_efficiency
@@ -115,13 +145,7 @@ def predict_step(
     matmul_s = max(sf.total_flops / (peak * eff), weight_traffic / bw)
 
     # Elementwise (memory-bound) work. Training runs it ~3x (forward + 2x backward) + recompute.
-    ffn_active = (spec.moe_intermediate_size or spec.intermediate_size) * (
-        (spec.experts_per_token + spec.shared_experts) if spec.num_experts else 1
-    )
-    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
-    per_token_layer = (
-        ELEMENTWISE_PER_HIDDEN * spec.hidden_size + ELEMENTWISE_PER_FFN * ffn_active + ELEMENTWISE_PER_QKV * qkv
-    ) * act_bytes
+    per_token_layer = F.elementwise_elements_per_token_layer(spec) * act_bytes
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
     ref_tokens = tokens if sf.reference_flops else 0
     elementwise_bytes = per_token_layer * spec.num_layers * (tokens * fwd_equiv + ref_tokens)
@@ -157,7 +181,6 @@ def predict_step(
         optimizer_s = opt_bytes / bw
 
     comm_s = _communication_seconds(setup, rates, n_dev, n_stored, trainable, micro_s, sf)
-    data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
 
     compute_total = setup.grad_accum * matmul_s
     parts = {
@@ -166,32 +189,28 @@ def predict_step(
         "framework overhead": setup.grad_accum * overhead_s,
         "communication": comm_s,
         "offload": offload_s,
-        "data loading": data_s,
     }
     if parts["compute"] == 0.0:  # the GEMMs themselves were bound by weight reads
         parts["memory bandwidth"] += compute_total
-    step_s = setup.grad_accum * micro_s + optimizer_s + offload_s + comm_s + data_s
-    bottleneck: Bottleneck = max(parts, key=parts.get)  # type: ignore[arg-type]
-    samples_per_step = setup.micro_batch * setup.grad_accum * n_dev
-    tokens_per_step = setup.seq_len * samples_per_step * (2 if setup.method == "dpo" else 1)
-    model_flops = F.model_flops_per_token(spec, setup.seq_len) * tokens_per_step
-    est = SpeedEstimate(
-        model_id=spec.id,
-        device=_device_label(rates, n_dev),
-        compute_precision=used,
-        micro_step_seconds=micro_s,
-        step_seconds=step_s,
-        tokens_per_second=tokens_per_step / step_s,
-        samples_per_second=samples_per_step / step_s,
-        step_flops=sf.total_flops * setup.grad_accum * n_dev,
-        achieved_tflops_per_device=sf.total_flops * setup.grad_accum / step_s / 1e12,
-        mfu=model_flops / (peak * n_dev * step_s),
-        matmul_efficiency=eff,
-        seconds_by_part=parts,
-        bottleneck=bottleneck,
-        notes=notes,
-    )
-    return with_workload(est, setup, workload) if workload else est
+    return eff, micro_s, optimizer_s, offload_s, comm_s, parts
+
+
+def _cpu_parts(
+    spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str, peak: float
+) -> tuple[float, float, float, float, float, dict[str, float]]:
+    """CPU: the terms of trainfit.core.speed.cpu, grouped into the bottleneck categories."""
+    c = cpu_step(spec, setup, rates, sf, precision, peak)
+    optimizer_s = c.optimizer_seconds + c.step_first_touch_seconds
+    parts = {
+        "compute": setup.grad_accum * (c.gemm_seconds + c.attention_seconds),
+        "memory bandwidth": setup.grad_accum * (c.elementwise_seconds + c.vocabulary_seconds + c.first_touch_seconds)
+        + optimizer_s,
+        "framework overhead": setup.grad_accum * c.dispatch_seconds,
+        "communication": 0.0,
+        "offload": 0.0,
+    }
+    eff = sf.total_flops / (peak * (c.gemm_seconds + c.attention_seconds)) if sf.total_flops else 0.0
+    return eff, c.micro_seconds, optimizer_s, 0.0, 0.0, parts
 
 
 def _communication_seconds(

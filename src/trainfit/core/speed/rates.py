@@ -53,11 +53,13 @@ PCIE_EFFICIENCY = 0.8
 # a dual-channel-per-socket server reaches ~50 GB/s in STREAM.
 DEFAULT_HOST_BANDWIDTH_GBPS = 50.0
 
-# CPU constants, calibrated on this repository's reference machine (AMD EPYC Zen 4, 2 cores,
-# torch 2.13 CPU) by bench/step_time_accuracy.py; see bench/results/step_time_accuracy.md.
-CPU_CEILING = 0.85
-CPU_HALF_HIDDEN = 96.0
-CPU_HALF_TOKENS = 24.0
+# CPU fp32 GEMM curve of torch on the reference machine (AMD EPYC Zen 4, 2 cores, torch 2.13
+# CPU): 60 matmul shapes of 64..1024 rows x 64..16384 columns reach 0.8 of the profile's numpy
+# peak, 64-row / 64-wide ones ~0.75 of that. Training steps on a CPU are costed term by term in
+# core/speed/cpu.py (see bench/results/step_time_accuracy.md); these serve the inference path.
+CPU_CEILING = 0.80
+CPU_HALF_HIDDEN = 16.0
+CPU_HALF_TOKENS = 20.0
 CPU_MEMORY_EFFICIENCY = 0.55
 CPU_OP_OVERHEAD_SECONDS = 40e-6
 # Peak FLOPs per cycle per core when nothing was measured (fp32 FMA lanes x 2).
@@ -86,6 +88,7 @@ class DeviceRates:
     host_bandwidth_bytes_per_s: float  # CPU DRAM, for offloaded optimizer steps
     tdp_watts: float | None
     notes: list[str] = field(default_factory=list)
+    cache_bytes: float = 0.0  # CPU last-level cache (0: unknown / not used), for the CPU step model
 
     def matmul_efficiency(self, hidden: int, tokens: int) -> float:
         """Fraction of peak reached by the GEMMs of a model of width `hidden` on `tokens` rows."""
@@ -286,6 +289,7 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
         host_bandwidth_bytes_per_s=bandwidth * GB,
         tdp_watts=profile.power.cpu_tdp_watts,
         notes=notes,
+        cache_bytes=float(profile.cpu.l3_cache_bytes or profile.cpu.l2_cache_bytes or 0),
     )
 
 

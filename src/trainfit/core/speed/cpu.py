@@ -1,0 +1,244 @@
+"""Step time of eager PyTorch training on a CPU: the terms a profile of a real step shows.
+
+On a GPU a training step is FLOPs at a tensor-core efficiency plus a few memory-bound kernels.
+On a CPU the GEMMs are only part of the step; `torch.profiler` over the steps of
+bench/step_time_accuracy.py shows six other costs, each costed here by its own term:
+
+    gemm         linear layers (incl. the LM head) at a fraction of the measured matmul peak
+                 that falls for thin matrices (narrow models, few tokens per micro-batch)
+    attention    the SDPA kernel (flash-style, per head): small head_dim tiles and short
+                 sequences reach a much lower rate than GEMMs
+    elementwise  norms, rotary, activations, residual adds, autocast casts: bytes / bandwidth,
+                 from cache when a layer's activations fit in it, else from DRAM
+    vocabulary   logits, log-softmax and their gradients over the whole vocabulary
+    dispatch     every eager op (and its autograd node) costs host time whatever its size
+    first touch  glibc hands allocations above its mmap threshold to the kernel and unmaps
+                 them on free, so each step's big tensors (vocab-sized logits, embedding and
+                 LM-head gradients, AdamW's sqrt/div temporaries) page-fault again and are
+                 zeroed page by page; `ru_minflt` per step matches these tensors
+    optimizer    torch's single-tensor AdamW on CPU: 8 kernels per parameter tensor
+
+Constants were measured on the reference machine (AMD EPYC Zen 4, 2 cores, 32 MiB L3, torch
+2.13 CPU, in a Firecracker VM) by micro-benchmarks of each op family; the five that
+bench/step_time_accuracy.py --calibrate names (FITTED there) were then refined on the even rows
+of that benchmark, the odd rows held out (bench/results/step_time_accuracy.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.setup import TrainingSetup
+from trainfit.core.speed import flops as F
+from trainfit.core.speed.rates import DeviceRates
+
+# GEMM rate reached by torch (oneDNN) relative to the profile's measured peak. The fp32 peak is a
+# numpy/OpenBLAS 2048^3 matmul that torch's training GEMMs do not reach (165 vs 200 GFLOP/s over
+# 60 shapes of 64..1024 x 64..16384); the bf16 peak is torch's own matmul (~400 GFLOP/s).
+CPU_GEMM_CEILING = {"fp32": 0.84, "bf16": 1.0, "fp16": 0.84}  # fitted (micro-benchmark: 0.80 / 0.95)
+# Width (hidden size) at which the GEMM rate is half its ceiling: fp32 64-wide matrices reach
+# ~0.75 of the rate of 512-wide ones; bf16 kernels need wider tiles (128-wide: 0.7 of 512-wide).
+# The token dimension follows rates.half_tokens (64 rows: 0.75 of the rate of 512 rows).
+CPU_GEMM_HALF_HIDDEN = {"fp32": 16.0, "bf16": 64.0, "fp16": 64.0}
+# SDPA (flash attention for CPU) forward + backward reaches ceiling x s / (s + half) of the fp32
+# peak: fitted on timings of head_dim 32..128, seq 128..1024 (39 GFLOP/s at s=256, 79 at 1024).
+CPU_ATTENTION_CEILING = 0.49  # fitted (micro-benchmark: 0.5)
+CPU_ATTENTION_HALF_SEQ = 300.0
+# 16-bit SDPA converts its tiles to fp32 and back; below this head_dim the conversions dominate
+# (bf16 / fp32 rate: 0.56 at head_dim 32, seq 128; ~1.0 at head_dim 64..128).
+CPU_ATTENTION_16BIT_FULL_HEAD_DIM = 64
+# Elementwise bandwidth as a multiple of the profile's figure (a one-thread numpy copy of
+# 256 MiB: 25 GB/s here). Streaming from DRAM on every core: in-place mul_ over 64 MiB runs at
+# 55 GB/s (2.2x). From cache (tensors of 0.25-16 MiB): 125-250 GB/s (5-10x).
+CPU_DRAM_BANDWIDTH_FACTOR = 2.2
+CPU_ELEMENTWISE_BANDWIDTH_FACTOR = 6.0  # fitted (micro-benchmark: 5-10)
+# A layer's activations stay in cache while an op's operands (~3 tensors) fit in half of it
+# (out-of-place mul: 96 GB/s at 3 x 4 MiB, 30-38 GB/s at 3 x 8-16 MiB with a 32 MiB L3).
+CPU_CACHE_SHARE = 0.5
+# Host time per eager op incl. its autograd node and the views around it, seconds (fitted; a
+# 1024-element mul alone takes 1.3-3 us, and a Llama layer runs ~10 trivial ops per counted op).
+CPU_OP_SECONDS = 12.6e-6
+# Eager ops per decoder layer in the forward (HF Llama block: 2 RMSNorms x 7, rotary 12,
+# attention reshapes 8, 7 linears, SiLU-gate 2, residuals 2); backward runs ~1.5x as many.
+CPU_OPS_PER_LAYER_FORWARD = 45
+CPU_OPS_BACKWARD_FACTOR = 1.5
+# First touch of a fresh page: fault + zeroing, per byte (1.4-2.1 us per 4 KiB page measured by
+# writing fresh 32-64 MiB tensors; slow because the VM's pages fault in the hypervisor too).
+CPU_FIRST_TOUCH_SECONDS_PER_BYTE = 1.8e-6 / 4096
+# glibc's malloc serves blocks above its mmap threshold with mmap and unmaps them on free; the
+# threshold adapts upwards to the largest block freed, capped at 32 MiB on 64-bit
+# (DEFAULT_MMAP_THRESHOLD_MAX, mallopt(3)): tensors this large are fresh pages at every step.
+# Below the cap it depends on the heap's history (and heap-top trimming at 2x the threshold):
+# 8-32 MiB vocab-sized tensors faulted 0 to 4 of 4 per step (ru_minflt), fitted on average.
+CPU_FRESH_ALLOCATION_BYTES = 32 * 2**20
+CPU_PARTLY_FRESH_BYTES = 8 * 2**20
+CPU_PARTLY_FRESH_FRACTION = 0.25  # fitted
+# torch.optim.AdamW on CPU (foreach and fused are CUDA defaults): per parameter tensor mul_
+# (decay), lerp_, mul_, addcmul_, sqrt, div, add_, addcdiv_: 8 kernels, 80 bytes per parameter,
+# two of them (sqrt, div) allocating fresh fp32 temporaries.
+CPU_ADAMW_OPS_PER_TENSOR = 8
+CPU_ADAMW_BYTES_PER_PARAM = 80.0
+CPU_ADAMW_TEMPORARIES = 2
+CPU_OPTIMIZER_OPS_PER_TENSOR = 6  # other optimizers (bytes from predict.OPTIMIZER_BYTES)
+# Vocabulary-sized tensors of the causal-LM loss (HF ForCausalLMLoss): logits, log_softmax,
+# nll_loss grad, log_softmax grad in fp32; under autocast the 16-bit logits and their gradient
+# add two. Each is written once and read about twice (max/sum passes, the LM-head backward).
+CPU_VOCAB_FP32_TENSORS = 4
+CPU_VOCAB_16BIT_TENSORS = 2
+CPU_VOCAB_PASSES = 3.0
+
+
+@dataclass(frozen=True)
+class CpuStep:
+    """Seconds of one micro-batch (forward + backward) and of the once-per-step work."""
+
+    gemm_seconds: float
+    attention_seconds: float
+    elementwise_seconds: float
+    vocabulary_seconds: float
+    dispatch_seconds: float
+    first_touch_seconds: float  # per micro-batch: activations, logits
+    step_first_touch_seconds: float  # per optimizer step: gradients, optimizer temporaries
+    optimizer_seconds: float
+
+    @property
+    def micro_seconds(self) -> float:
+        return (self.gemm_seconds + self.attention_seconds + self.elementwise_seconds
+                + self.vocabulary_seconds + self.dispatch_seconds + self.first_touch_seconds)
+
+
+def trainable_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[tuple[float, int]]:
+    """(elements, count) of every trainable parameter tensor: what the optimizer walks over."""
+    from trainfit.core.params import linear_layers, lora_targets
+
+    lora = setup.lora if setup.method in ("lora", "qlora", "dpo") else None
+    if lora is not None:
+        target: list[str] | str = "all-linear" if "all-linear" in lora.target_modules else list(lora.target_modules)
+        adapted = lora_targets(spec, target)
+        return [(float(lora.rank * x.in_features), x.count) for x in adapted] + [
+            (float(lora.rank * x.out_features), x.count) for x in adapted
+        ]
+    if setup.method == "inference":
+        return []
+    tensors = [(float(spec.vocab_size * spec.hidden_size), 1), (float(spec.hidden_size), 2 * spec.num_layers + 1)]
+    for x in linear_layers(spec):
+        if x.kind == "lm_head" and spec.tie_embeddings:
+            continue
+        tensors.append((float(x.in_features * x.out_features), x.count))
+        if x.bias:
+            tensors.append((float(x.out_features), x.count))
+    return tensors
+
+
+def fresh_bytes(tensor_bytes: float, count: float) -> float:
+    """Bytes that page-fault when `count` tensors of `tensor_bytes` are allocated (see above)."""
+    if tensor_bytes >= CPU_FRESH_ALLOCATION_BYTES:
+        return tensor_bytes * count
+    if tensor_bytes >= CPU_PARTLY_FRESH_BYTES:
+        return tensor_bytes * count * CPU_PARTLY_FRESH_FRACTION
+    return 0.0
+
+
+def stream_seconds(nbytes: float, working_set_bytes: float, rates: DeviceRates) -> float:
+    """Time to stream `nbytes` through ops whose operands together take `working_set_bytes`: the
+    share of the working set that fits in the cache runs at cache speed, the rest at DRAM's."""
+    dram = rates.memory_bandwidth_bytes_per_s * CPU_DRAM_BANDWIDTH_FACTOR
+    cache = rates.memory_bandwidth_bytes_per_s * CPU_ELEMENTWISE_BANDWIDTH_FACTOR
+    cached = min(1.0, rates.cache_bytes * CPU_CACHE_SHARE / max(working_set_bytes, 1.0))
+    return nbytes * (cached / cache + (1.0 - cached) / dram)
+
+
+def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str,
+             peak_flops: float) -> CpuStep:
+    """Cost every term of one training step of `setup` on the CPU described by `rates`."""
+    tokens, seq, layers, h = sf.tokens, setup.seq_len, spec.num_layers, spec.hidden_size
+    act_bytes = 4.0 if precision == "fp32" else 2.0
+    full_ckpt = setup.grad_checkpointing == "full"
+    ref_tokens = tokens if sf.reference_flops else 0
+    mixed = precision != "fp32" and setup.precision.endswith("mixed")
+    tensors = trainable_tensors(spec, setup)
+    lora_modules = sum(c for _, c in tensors) / 2 if setup.lora is not None else 0
+
+    # Attention core: forward, 2x in backward, again when recomputed, once for a DPO reference.
+    attn_fwd = F.attention_core_flops_per_token(spec, seq, F.causal_skip(setup)) * tokens
+    attn_passes = 3.0 + (1.0 if setup.grad_checkpointing in ("full", "selective") else 0.0)
+    attn_flops = attn_fwd * attn_passes + (attn_fwd if ref_tokens else 0.0)
+    context = min(seq, spec.sliding_window or seq)
+    attn_rate = rates.peak_flops["fp32"] * CPU_ATTENTION_CEILING * context / (context + CPU_ATTENTION_HALF_SEQ)
+    if precision != "fp32":
+        attn_rate *= min(1.0, spec.head_dim / CPU_ATTENTION_16BIT_FULL_HEAD_DIM)
+
+    half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
+    gemm_eff = (CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * h / (h + half_hidden)
+                * tokens / (tokens + rates.half_tokens))
+    gemm_flops = sf.total_flops - attn_flops
+    if full_ckpt:
+        # Checkpointing wraps the decoder layers only: the LM head is not run again (step_flops
+        # counts a whole forward as recompute, which the GPU calibration was fitted with).
+        gemm_flops -= 2.0 * h * spec.vocab_size * tokens
+    gemm_s = max(gemm_flops, 0.0) / (peak_flops * gemm_eff)
+
+    # Elementwise traffic, in forward-equivalent passes: forward 1 + backward 2 (+1 recompute).
+    ffn = F.active_ffn_width(spec)
+    per_token_layer = F.elementwise_elements_per_token_layer(spec) * act_bytes
+    fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
+    elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
+    if setup.attention == "eager":
+        # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
+        elem_bytes += 3.0 * 8.0 * layers * spec.num_heads * min(seq, context) * tokens
+    weight_passes = 1.0 + (1.0 if full_ckpt else 0.0) + (1.0 if ref_tokens else 0.0)
+    casts = 0.0  # autocast ops casting an fp32 activation to 16 bit (and its gradient back)
+    if mixed:
+        # Weights are cast once per forward (autocast caches leaf casts); inputs at every linear
+        # fed from the fp32 residual stream (all but o_proj and down_proj) and every LoRA A.
+        elem_bytes += weight_passes * F.matmul_params_stored(spec) * (4.0 + 2.0)
+        casts = (len(F.layer_linear_dims(spec)) - 2) * layers + lora_modules
+        elem_bytes += casts * tokens * h * (4.0 + 2.0) * (2.0 + (1.0 if full_ckpt else 0.0))
+    if setup.quant in ("nf4", "nf4-dq", "int8"):
+        # Quantised weights are dequantised to 16 bit before every use: read packed, write bf16.
+        packed = 1.0 if setup.quant == "int8" else 0.5625
+        elem_bytes += (weight_passes + 1.0) * F.matmul_params_stored(spec) * (packed + 2.0)
+    # An op's operands: about three tensors as wide as the widest activation of a layer.
+    elementwise_s = stream_seconds(elem_bytes, 3.0 * tokens * max(h, ffn) * act_bytes, rates)
+
+    # Vocabulary: logits and the loss over every vocab entry of every token.
+    n16 = CPU_VOCAB_16BIT_TENSORS if precision != "fp32" else 0
+    vocab_tensor = spec.vocab_size * tokens * 4.0
+    vocab_bytes = (CPU_VOCAB_FP32_TENSORS + n16 / 2) * vocab_tensor * CPU_VOCAB_PASSES
+    vocab_bytes += 2.0 * vocab_tensor if ref_tokens else 0.0  # reference logits and log-softmax
+    vocabulary_s = stream_seconds(vocab_bytes, 3.0 * vocab_tensor, rates)
+    fresh = fresh_bytes(vocab_tensor, CPU_VOCAB_FP32_TENSORS) + fresh_bytes(vocab_tensor / 2, n16)
+    # Activations saved for backward: the widest per-layer tensors (MLP gate/up/product, hidden).
+    fresh += layers * (fresh_bytes(tokens * ffn * act_bytes, 3) + fresh_bytes(tokens * h * act_bytes, 6))
+
+    passes = 1.0 + CPU_OPS_BACKWARD_FACTOR + (1.0 if full_ckpt else 0.0)
+    ops = (CPU_OPS_PER_LAYER_FORWARD * layers + 4 * lora_modules + casts) * passes  # LoRA: A, B, scale, add
+    dispatch_s = ops * CPU_OP_SECONDS
+
+    # Once per optimizer step: the big gradients are fresh pages (zero_grad frees them), then the
+    # optimizer walks every trainable tensor.
+    grad_bytes = 2.0 if setup.precision in ("bf16", "fp16") else 4.0
+    step_fresh = sum(fresh_bytes(n * grad_bytes, c) for n, c in tensors)
+    optimizer_s = 0.0
+    if tensors:
+        if setup.optimizer == "adamw":
+            step_fresh += sum(fresh_bytes(n * 4.0, c * CPU_ADAMW_TEMPORARIES) for n, c in tensors)
+            per_param, per_tensor = CPU_ADAMW_BYTES_PER_PARAM, CPU_ADAMW_OPS_PER_TENSOR
+        else:
+            from trainfit.core.speed.predict import OPTIMIZER_BYTES, OPTIMIZER_PASSES
+
+            per_param = OPTIMIZER_BYTES[setup.optimizer] * OPTIMIZER_PASSES["cpu"]
+            per_tensor = CPU_OPTIMIZER_OPS_PER_TENSOR
+        for n, c in tensors:  # a tensor's param, grad and two states (16 B/param) stream together
+            optimizer_s += c * (stream_seconds(n * per_param, n * 16.0, rates) + per_tensor * CPU_OP_SECONDS)
+    return CpuStep(
+        gemm_seconds=gemm_s,
+        attention_seconds=attn_flops / attn_rate,
+        elementwise_seconds=elementwise_s,
+        vocabulary_seconds=vocabulary_s,
+        dispatch_seconds=dispatch_s,
+        first_touch_seconds=fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
+        step_first_touch_seconds=step_fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
+        optimizer_seconds=optimizer_s,
+    )
