@@ -342,7 +342,7 @@ def main() -> int:
         "`trainfit.core.speed.cpu` (terms per configuration in the JSON).",
         "",
         f"**Median |error| {summary['median_abs_error']:.1%}**, max {summary['max_abs_error']:.1%} over {len(rows)} "
-        f"configurations; even rows (the ones the FITTED constants were refined on) median "
+        f"configurations; even rows (the configurations the FITTED constants were refined on, in an earlier run) median "
         f"{summary['median_abs_error_even_rows']:.1%}, odd (held-out) rows median {summary['median_abs_error_odd_rows']:.1%}.",
         "",
         *table(rows),
