@@ -5,13 +5,17 @@ steps (forward + backward + AdamW step + zero_grad) with torch threads = the usa
 compares the median with `trainfit.core.speed.predict_step` for device "cpu" on this machine's
 profile (`build_profile(benchmark=True)`: measured matmul GFLOP/s and memory bandwidth).
 
-    .venv/bin/python bench/step_time_accuracy.py            # run, write bench/results/step_time_accuracy.{json,md}
+    .venv/bin/python bench/step_time_accuracy.py            # ~3.5 min, writes bench/results/step_time_accuracy.{json,md}
+    .venv/bin/python bench/step_time_accuracy.py --large    # + 2 Qwen2.5-0.5B-wide shapes (~2 min, ~13 GB RAM)
     .venv/bin/python bench/step_time_accuracy.py --quick    # 8 configurations, for a smoke test
-    .venv/bin/python bench/step_time_accuracy.py --calibrate  # also fit the CPU constants on the
+    .venv/bin/python bench/step_time_accuracy.py --calibrate  # also fit the FITTED CPU constants on the
                                                               # even configurations, report on the odd
+    .venv/bin/python bench/step_time_accuracy.py --from bench/results/step_time_accuracy.json --out /tmp/x
+                                                    # re-predict stored timings (no timing run)
 
 Timings are only meaningful on a quiet machine: the load average before and after is recorded;
-re-run it when nothing else runs.
+re-run it when nothing else runs. Even then this VM has slow spells (the matmul rate drops by up
+to a third for seconds), hence several rounds and the lower median per configuration.
 """
 
 from __future__ import annotations
