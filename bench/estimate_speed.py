@@ -52,6 +52,7 @@ def cli_wall(runs: int = 5) -> list[float]:
 
 
 def main() -> int:
+    load = os.getloadavg()[0]  # before the runs: above ~0.5 on 2 cores means other jobs ran too
     per = in_process()
     wall = cli_wall()
     doc = dict(ms_per_estimate=per, cli_command="trainfit estimate " + " ".join(CLI),
@@ -60,8 +61,9 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "estimate_speed.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = ["# Memory estimate speed", "", "Command: `.venv/bin/python bench/estimate_speed.py` "
-             f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the time: other jobs were "
-             "running, re-run on a quiet machine).", "",
+             f"({os.cpu_count()} CPUs, load average {load:.2f} before the runs"
+             + (": other jobs were running, re-run on a quiet machine)." if load > 0.5 else ", a quiet machine).")
+             , "",
              "| setup (Llama-3.1-8B) | ms per estimate_memory call |", "|---|---:|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in per.items()]
     lines += ["", f"`{doc['cli_command']}`: median wall {doc['cli_wall_median_seconds']:.2f} s over "
