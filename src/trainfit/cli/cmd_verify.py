@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import argparse
 
+from trainfit.train.calibration import DEFAULT_TIMED_STEPS, DEFAULT_WARMUP_STEPS
+
 HELP = "run a few real steps of a run config and compare memory and speed with the predictions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="RUN_CONFIG", help="run config YAML (see docs/run-config.md)")
-    parser.add_argument("--steps", type=int, default=5, metavar="N", help="timed steps after warm-up (default 5)")
-    parser.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_TIMED_STEPS, metavar="N",
+                        help=f"timed steps after warm-up (default {DEFAULT_TIMED_STEPS})")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_STEPS, metavar="N",
+                        help=f"untimed warm-up steps (default {DEFAULT_WARMUP_STEPS})")
     parser.add_argument("--no-save", action="store_true", help="do not store the calibration")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
@@ -40,7 +44,8 @@ def render_report(r) -> list[str]:
     return lines
 
 
-def verify(config: str, *, steps: int = 5, warmup: int = 2, save: bool = True, log=None):
+def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAULT_WARMUP_STEPS, save: bool = True,
+           log=None):
     """Python twin: returns the VerifyReport."""
     from trainfit.errors import BadInputError
     from trainfit.train.run_config import load_run_config

@@ -341,6 +341,11 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     interactive = not quiet and cfg.logging.progress != "lines" and (
         cfg.logging.progress == "bar" or os.isatty(2))
     progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer)
+    if not interactive:
+        # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     callbacks = [timer, StopAt(stop_after), writer, progress] + list(extra_callbacks or [])
     trainer = make_trainer(cfg, model, ref, tokenizer, dataset, kwargs, callbacks, say, ckpt_dir)
     from transformers.trainer_callback import PrinterCallback

@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from trainfit.train.calibration import DEFAULT_TIMED_STEPS, DEFAULT_WARMUP_STEPS
 from trainfit.train.run_config import RunConfig
 
 
@@ -95,7 +96,7 @@ def device_key(device: str) -> str:
     return device
 
 
-def verify_run(cfg: RunConfig, *, warmup: int = 2, timed: int = 5, counted: int = 2, save: bool = True,
+def verify_run(cfg: RunConfig, *, warmup: int = DEFAULT_WARMUP_STEPS, timed: int = DEFAULT_TIMED_STEPS, counted: int = 2, save: bool = True,
                calibration_file: Path | None = None, log=None) -> VerifyReport:
     """Run warmup + timed + counted steps of `cfg` in a scratch directory and compare."""
     from trainfit.train import calibration as cal
