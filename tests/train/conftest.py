@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +57,17 @@ def calib_home(tmp_path, monkeypatch):
     home = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
     return home
+
+def run_torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout_s: float = 240) -> tuple[int, str, str]:
+    """Run torchrun in its own process group; on timeout kill the whole group (workers too),
+    so that a hung collective cannot leave orphan processes behind."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"torchrun timed out after {timeout_s} s: {stderr[-3000:]}") from None
+    return proc.returncode, stdout, stderr

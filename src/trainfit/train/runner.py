@@ -163,12 +163,27 @@ def training_kwargs(cfg: RunConfig, device: str, ckpt_dir: Path, world_size: int
         kw["ddp_find_unused_parameters"] = False
     strategy = cfg.distributed.strategy
     if strategy == "fsdp":
-        shard = {0: "no_shard", 1: "shard_grad_op", 2: "shard_grad_op", 3: "full_shard"}[t.zero_stage]
-        kw["fsdp"] = f"{shard} auto_wrap" + (" offload" if t.offload != "none" else "")
-        kw["fsdp_config"] = {"use_orig_params": True}
+        kw.update(fsdp_arguments(t.zero_stage, t.offload != "none"))
     elif strategy == "deepspeed":
         kw["deepspeed"] = deepspeed_config(cfg)
     return kw
+
+
+def fsdp_arguments(zero_stage: int, offload: bool) -> dict[str, Any]:
+    """TrainingArguments for FSDP at the ZeRO-equivalent stage.
+
+    ZeRO-3 = FULL_SHARD (parameters re-sharded after each forward); ZeRO-1/2 = SHARD_GRAD_OP
+    (parameters kept gathered between forward and backward). Transformers 5 takes FSDP2 through
+    `fsdp=True` + `fsdp_config` (the string form is deprecated); 4.x takes the string form.
+    """
+    import transformers
+
+    full_shard = zero_stage >= 3
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": full_shard,
+                                              "cpu_offload": offload}}
+    shard = "full_shard" if full_shard else "shard_grad_op"
+    return {"fsdp": f"{shard} auto_wrap" + (" offload" if offload else ""), "fsdp_config": {"use_orig_params": True}}
 
 
 def deepspeed_config(cfg: RunConfig) -> dict[str, Any]:
