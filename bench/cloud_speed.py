@@ -53,7 +53,8 @@ def main() -> int:
         f"Command: `.venv/bin/python bench/cloud_speed.py` (runs `{result['command']}` {RUNS} times).  \n"
         f"Flavors ranked: {flavors}. Median wall {result['median_wall_seconds']:.2f} s, min {result['min_wall_seconds']:.2f} s "
         f"(target < 2 s).  \nLoad average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
-        "(other jobs shared the 2 cores when > ~0.5; re-run on a quiet machine).\n"
+        + ("(other jobs shared the 2 cores: re-run on a quiet machine).\n" if load_before[0] > 0.5
+           else "(a quiet machine).\n")
     )
     print(json.dumps(result, indent=2))
     return 0
