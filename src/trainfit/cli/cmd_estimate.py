@@ -112,15 +112,15 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
 
 
 def default_precision(method: str, has_lora: bool, device: str, hardware) -> str:
-    """What practitioners run: AMP with fp32 master weights when every weight trains, a frozen
-    base loaded in 16-bit for adapters and inference (PEFT keeps the adapters in fp32)."""
+    """The core rule (trainfit.core.setup.default_precision) with this hardware's 16-bit type."""
+    from trainfit.core.setup import default_precision as rule
+
     if device == "cpu":
-        cpu_bf16 = hardware is not None and hardware.backends.cpu_bf16
-        return "bf16-mixed" if cpu_bf16 else "fp32"
-    gpus = hardware.gpus if hardware is not None else []
-    half = "bf16" if not gpus or "bf16" in gpus[0].precisions else "fp16"
-    frozen_base = has_lora or method in ("lora", "qlora", "inference")
-    return half if frozen_base else f"{half}-mixed"
+        half = "bf16" if hardware is not None and hardware.backends.cpu_bf16 else None
+    else:
+        gpus = hardware.gpus if hardware is not None else []
+        half = "bf16" if not gpus or "bf16" in gpus[0].precisions else "fp16"
+    return rule(frozen_base=has_lora or method in ("lora", "qlora", "inference"), half=half, on_cpu=device == "cpu")
 
 
 def _hardware(spec: str | None):
@@ -182,13 +182,12 @@ def _machine_calibration(args: argparse.Namespace, hw, setup: TrainingSetup):
     """
     if args.no_calibration or hw is None or (args.hardware and not hw.source.startswith("file:")):
         return None
-    from trainfit.train.calibration import load_calibration, machine_fingerprint
+    from trainfit.train.calibration import device_key, load_calibration, machine_fingerprint
 
     calibration = load_calibration(machine_fingerprint(hw))
     if calibration is None:
         return None
-    on_gpu = setup.device in ("cuda", "rocm") and hw.gpus
-    return calibration.devices.get(f"cuda:{hw.gpus[0].name}" if on_gpu else setup.device)
+    return calibration.devices.get(device_key(setup.device, hw.gpus[0].name if hw.gpus else None))
 
 
 def _calibration_source(device_calibration) -> str:

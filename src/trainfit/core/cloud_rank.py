@@ -24,7 +24,7 @@ from trainfit.core.cloud_catalog import CloudCatalog, Flavor
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.setup import LoraSettings, Method, TrainingSetup
+from trainfit.core.setup import LoraSettings, Method, TrainingSetup, default_precision
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
 from trainfit.errors import BadInputError
 
@@ -139,10 +139,13 @@ def _variants(method: Method, allow_fallback: bool, lora: LoraSettings) -> list[
     return chain
 
 
-def _precision(rates: DeviceRates) -> str:
+def _half(rates: DeviceRates) -> str | None:
+    """The 16-bit type this device computes fast: bf16 where supported (and, on a CPU, faster
+    than fp32), fp16 on GPUs without bf16, None for a CPU without fast bf16."""
     if rates.kind == "cpu":
-        return "bf16-mixed" if "bf16" in rates.peak_flops and rates.peak_flops["bf16"] > rates.peak_flops["fp32"] else "fp32"
-    return "bf16-mixed" if "bf16" in rates.peak_flops else "fp16-mixed"
+        fast = "bf16" in rates.peak_flops and rates.peak_flops["bf16"] > rates.peak_flops["fp32"]
+        return "bf16" if fast else None
+    return "bf16" if "bf16" in rates.peak_flops else "fp16"
 
 
 @dataclass(frozen=True)
@@ -158,16 +161,13 @@ def _search(
     req: CloudRequest, hw: HardwareProfile, rates: DeviceRates, n: int, memory_fn: MemoryFn
 ) -> tuple[_Best | None, float, str]:
     """Fastest fitting setting on one machine; else (None, smallest need/capacity, reason)."""
-    precision = _precision(rates)
+    half = _half(rates)
     device = "cpu" if rates.kind == "cpu" else "cuda"
     zero_stages = (0,) if n == 1 else (2, 3)
     best_ratio, reason = math.inf, "no setting fits"
     for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
-        # A frozen base needs no fp32 master copy: LoRA/QLoRA users load it in 16-bit (PEFT keeps
-        # the adapters in fp32), so the GPU variants run in pure bf16/fp16.
-        variant_precision = precision
-        if variant["lora"] is not None and precision in ("bf16-mixed", "fp16-mixed") and device != "cpu":
-            variant_precision = precision.removesuffix("-mixed")
+        variant_precision = default_precision(frozen_base=variant["lora"] is not None, half=half,
+                                              on_cpu=device == "cpu")
         if device == "cpu" and variant["quant"] != "none":
             # bitsandbytes' 4-bit / 8-bit training kernels need a GPU: no QLoRA on CPU flavors.
             reason = "QLoRA needs a GPU (bitsandbytes)"

@@ -23,7 +23,7 @@ from trainfit.core.gpu_catalog import all_gpus, get_gpu, host_hint
 from trainfit.core.gpu_spec import GpuSpec
 from trainfit.core.profile import (
     SCHEMA_VERSION, Backend, BackendsInfo, CpuInfo, GpuInfo, HardwareProfile, MemoryInfo,
-    NetworkInfo, OsInfo, PowerInfo,
+    NetworkInfo, OsInfo, PowerInfo, os_reserve_bytes,
 )  # fmt: skip
 from trainfit.errors import BadInputError, close_matches
 
@@ -224,12 +224,6 @@ def _gpu_infos(spec: GpuSpec, count: int, host: HostTemplate) -> list[GpuInfo]:
     ]
 
 
-def _os_reserve_bytes(total: int, headless: bool) -> int:
-    # Same rule as the live profiler (trainfit.hardware.memory.os_reserve_bytes) without a cgroup:
-    # desktops keep max(1.5 GiB, 10 %) for the display session, servers max(1 GiB, 5 %).
-    return max(GIB, total // 20) if headless else max(int(1.5 * GIB), total // 10)
-
-
 def _profile(source: str, host: HostTemplate, gpus: list[GpuInfo], apple: bool) -> HardwareProfile:
     vendor = gpus[0].vendor if gpus else None
     flags = {"neon": True, "fma": True, "bf16": vendor == "apple" and gpus[0].architecture != "apple-m1"} \
@@ -248,7 +242,7 @@ def _profile(source: str, host: HostTemplate, gpus: list[GpuInfo], apple: bool) 
             **({} if apple else {"vendor": f"catalog profile: typical {host.kind} host"}),
         },
     )
-    reserve = _os_reserve_bytes(host.ram_bytes, host.headless)
+    reserve = os_reserve_bytes(host.ram_bytes, desktop=not host.headless, in_cgroup=False)
     memory = MemoryInfo(
         total_bytes=host.ram_bytes, available_bytes=host.ram_bytes - reserve,
         cgroup_limit_bytes=None, usable_bytes=host.ram_bytes - reserve, os_reserve_bytes=reserve,

@@ -20,10 +20,13 @@ EIA Electric Power Monthly, Table 5.6.A, https://www.eia.gov/electricity/monthly
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.speed.types import SpeedEstimate
 from trainfit.errors import BadInputError
+
+if TYPE_CHECKING:  # the speed package is only needed for the annotation
+    from trainfit.core.speed.types import SpeedEstimate
 
 DEFAULT_PRICE_PER_KWH = 0.17
 GPU_IDLE_FRACTION = 0.12

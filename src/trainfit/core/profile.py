@@ -19,6 +19,7 @@ from typing import Literal
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 
 SCHEMA_VERSION = 1
+_GIB = 1 << 30
 
 Vendor = Literal["nvidia", "amd", "intel", "apple"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
@@ -252,6 +253,23 @@ class HardwareProfile:
             return from_jsonable(cls, data)
         except SerdeError as exc:
             raise ValueError(str(exc)) from None
+
+
+def os_reserve_bytes(total_bytes: int, *, desktop: bool, in_cgroup: bool) -> int:
+    """RAM kept back for everything that is not the training process.
+
+    - Desktop / laptop (a display session, or macOS / Windows): max(1.5 GiB, 10 % of RAM). An
+      idle GNOME/KDE or macOS session with a browser and an editor holds 1.5-3 GiB, and the
+      kernel's page cache and the compositor grow with RAM, hence the proportional part.
+    - Headless server: max(1 GiB, 5 %): sshd, systemd and the page cache the data loader needs.
+    - Inside a memory-limited cgroup the OS lives outside the limit, so only the container's
+      other processes (shell, logging, dataloader workers' own overhead): max(256 MiB, 5 %).
+    """
+    if in_cgroup:
+        return max(256 << 20, total_bytes // 20)
+    if desktop:
+        return max(int(1.5 * _GIB), total_bytes // 10)
+    return max(_GIB, total_bytes // 20)
 
 
 def missing_reasons(obj: object, path: str = "") -> list[str]:

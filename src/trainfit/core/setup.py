@@ -18,6 +18,20 @@ Quant = Literal["none", "nf4", "nf4-dq", "int8"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
 
 
+def default_precision(*, frozen_base: bool, half: Literal["bf16", "fp16"] | None, on_cpu: bool) -> PrecisionMode:
+    """What practitioners run. `half` is the 16-bit type the device computes fast (None: none).
+
+    Every weight trains: AMP with fp32 master weights. A frozen base (LoRA, QLoRA, inference) on
+    a GPU: loaded in 16-bit, PEFT keeping the adapters in fp32. CPUs autocast to bf16 when they
+    have it and keep fp32 weights.
+    """
+    if half is None:
+        return "fp32"
+    if frozen_base and not on_cpu:
+        return half
+    return "bf16-mixed" if half == "bf16" else "fp16-mixed"
+
+
 @dataclass(frozen=True)
 class LoraSettings:
     rank: int = 16

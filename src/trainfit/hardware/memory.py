@@ -8,30 +8,10 @@ from __future__ import annotations
 
 import posixpath
 
-from trainfit.core.profile import MemoryInfo
+from trainfit.core.profile import MemoryInfo, os_reserve_bytes
 from trainfit.hardware.cgroup import cgroup_dirs, memory_limit_bytes
 from trainfit.hardware.sources import Sources, read_int, read_text
 from trainfit.hardware.storage import _disk_of, _mount_of, classify_disk
-
-GIB = 1 << 30
-
-
-def os_reserve_bytes(total_bytes: int, *, desktop: bool, in_cgroup: bool) -> int:
-    """RAM kept back for everything that is not the training process.
-
-    - Desktop / laptop (a display session, or macOS / Windows): max(1.5 GiB, 10 % of RAM). An
-      idle GNOME/KDE or macOS session with a browser and an editor holds 1.5-3 GiB, and the
-      kernel's page cache and the compositor grow with RAM, hence the proportional part.
-    - Headless server: max(1 GiB, 5 %): sshd, systemd and the page cache the data loader needs.
-    - Inside a memory-limited cgroup the OS lives outside the limit, so only the container's
-      other processes (shell, logging, dataloader workers' own overhead): max(256 MiB, 5 %).
-    """
-    if in_cgroup:
-        return max(256 << 20, total_bytes // 20)
-    if desktop:
-        return max(int(1.5 * GIB), total_bytes // 10)
-    return max(GIB, total_bytes // 20)
-
 
 def is_desktop(src: Sources) -> bool:
     if src.platform.system in ("Darwin", "Windows"):

@@ -8,7 +8,7 @@ machine fingerprint and the device ("cpu", "cuda:NVIDIA H100 80GB HBM3"):
 
 A ratio is measured / predicted. The factor applied later is the median of the last
 MAX_SAMPLES ratios (robust to one noisy verify), so calibration moves slowly and never jumps on
-one outlier. `apply_calibration` is pure: estimators call it with the loaded calibration.
+one outlier. `trainfit estimate` applies the factors (core/memory/calibrated.py, core/run_prediction.py).
 """
 
 from __future__ import annotations
@@ -46,13 +46,10 @@ class Calibration:
     devices: dict[str, DeviceCalibration] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class CalibratedPrediction:
-    tensor_peak_bytes: int | None
-    step_seconds: float | None
-    memory_factor: float  # 1.0 when no calibration applied
-    step_time_factor: float
-    note: str
+def device_key(device: str, gpu_name: str | None = None) -> str:
+    """Key of a device in the calibration file: "cpu", or "cuda:<GPU name>" (NVML and torch
+    report the same name, so a profile and a live run find the same entry)."""
+    return f"cuda:{gpu_name}" if device in ("cuda", "rocm") and gpu_name else device
 
 
 def calibration_path() -> Path:
@@ -147,18 +144,3 @@ def record_sample(fingerprint: str, device: str, sample: dict[str, Any], path: P
     rec = data["machines"].setdefault(fingerprint, {}).setdefault(device, {"samples": []})
     rec["samples"] = (rec.get("samples", []) + [{"time": time.time(), **sample}])[-MAX_SAMPLES:]
     return write_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
-def apply_calibration(calibration: Calibration | None, device: str, *, tensor_peak_bytes: int | None = None,
-                      step_seconds: float | None = None) -> CalibratedPrediction:
-    """Scale raw predictions by this machine's measured/predicted factors (pure function)."""
-    dev = calibration.devices.get(device) if calibration else None
-    mem_f = dev.memory_factor if dev and dev.memory_factor else 1.0
-    time_f = dev.step_time_factor if dev and dev.step_time_factor else 1.0
-    note = (f"calibrated from {dev.samples} verify run(s) on this machine" if dev
-            else "not calibrated: run `trainfit verify` once on this machine")
-    return CalibratedPrediction(
-        tensor_peak_bytes=None if tensor_peak_bytes is None else int(round(tensor_peak_bytes * mem_f)),
-        step_seconds=None if step_seconds is None else step_seconds * time_f,
-        memory_factor=mem_f, step_time_factor=time_f, note=note,
-    )

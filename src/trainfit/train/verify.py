@@ -22,6 +22,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from trainfit.train.calibration import DEFAULT_TIMED_STEPS, DEFAULT_WARMUP_STEPS
+from trainfit.train.calibration import device_key as cal_device_key
 from trainfit.train.run_config import RunConfig
 
 
@@ -92,8 +93,8 @@ def device_key(device: str) -> str:
     if device == "cuda":
         import torch
 
-        return f"cuda:{torch.cuda.get_device_name(0)}"
-    return device
+        return cal_device_key(device, torch.cuda.get_device_name(0))
+    return cal_device_key(device)
 
 
 def verify_run(cfg: RunConfig, *, warmup: int = DEFAULT_WARMUP_STEPS, timed: int = DEFAULT_TIMED_STEPS, counted: int = 2, save: bool = True,
