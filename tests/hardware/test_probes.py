@@ -15,7 +15,7 @@ from trainfit.hardware.fakes import FakeFs
 from trainfit.hardware.network import probe_network
 from trainfit.hardware.profiler import build_profile
 from trainfit.hardware.runner import run_probes
-from trainfit.hardware.sources import live_sources
+from trainfit.hardware.live import live_sources
 from trainfit.hardware.storage import measure_disk
 
 from .conftest import fixture_data, sources_from_data

@@ -15,7 +15,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 def test_one_example_per_method():
     methods = {load_run_config(p).method for p in EXAMPLES}
-    assert methods == {"pretrain", "sft", "lora", "qlora", "dpo"}
+    assert methods == {"pretrain", "full", "lora", "qlora", "dpo"}  # sft-full.yaml says "sft" = full
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from trainfit.core.cloud_rank import (
-    DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, TRAIN_METHODS, CloudRanking, CloudRequest,
-)  # fmt: skip
+from trainfit.core.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
+from trainfit.core.setup import METHOD_ALIASES, TRAIN_METHODS, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 
 HELP = "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fit, time and cost"
@@ -14,7 +13,8 @@ HELP = "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model id, alias or config.json directory (see: trainfit models)")
-    parser.add_argument("--method", default="lora", choices=TRAIN_METHODS, help="training method (default lora)")
+    parser.add_argument("--method", default="lora", choices=(*TRAIN_METHODS, *METHOD_ALIASES),
+                        help="training method (default lora; sft = full)")
     parser.add_argument("--dataset-tokens", type=int, help="tokens in the dataset (one epoch)")
     parser.add_argument("--examples", type=int, help="examples (DPO: preference pairs) in the dataset")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per example (default 1024)")
@@ -56,8 +56,7 @@ def cloud(
     from trainfit.core.model_catalog import resolve_model
     from trainfit.core.speed import Workload
 
-    if method not in TRAIN_METHODS:
-        raise BadInputError(f"--method: {method!r} is not one of {', '.join(TRAIN_METHODS)}")
+    method = parse_method(method, allowed=TRAIN_METHODS)
     if dataset_tokens is not None and examples is not None:
         raise BadInputError("give either --dataset-tokens or --examples, not both")
     catalog = load_cloud_catalog(prices)  # bad price files fail before any model work

@@ -9,19 +9,18 @@ from __future__ import annotations
 import argparse
 import typing
 
-from trainfit.core.setup import Attention, Checkpointing, Device, LoraSettings, Offload, Optimizer, PrecisionMode, \
-    Quant, TrainingSetup
+from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, LoraSettings, Offload, \
+    Optimizer, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 
 HELP = "predict the memory of a training / inference setup and say whether it fits"
-METHODS = ("pretrain", "full", "lora", "qlora", "dpo", "sft", "inference")
 GIB = 1 << 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
                    "('shape:125m'); omit with --params or --layers/--hidden/--heads")
-    p.add_argument("--method", choices=METHODS, default="full")
+    p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default="full")
     p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default=None,
                    help="default: bf16 (fp16 without bf16 support) mixed precision for full training; the "
                    "frozen base in pure 16-bit for LoRA/QLoRA/inference on GPUs; fp32 or bf16-mixed on CPU")
@@ -92,35 +91,22 @@ def _lora(args: argparse.Namespace) -> LoraSettings:
 
 
 def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
-    method = args.method
+    """The command's flags as an intent; core.plan.intent fills in the rest for the hardware."""
+    from trainfit.core.plan.intent import resolve_setup
+
+    method = parse_method(args.method)
     wants_lora = args.lora_r is not None or args.lora_targets is not None
-    if method == "sft":  # SFT = full or LoRA training on instruction data
-        method = "lora" if wants_lora else "full"
-    quant = args.quant or ("nf4-dq" if method == "qlora" else "none")
+    if method == "full" and args.method == "sft" and wants_lora:
+        method = "lora"  # "SFT with LoRA flags" is LoRA training on instruction data
     lora = _lora(args) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
-    dpo_ref = args.dpo_reference or ("lora-base" if lora is not None else "separate")
-    device = args.device or (hardware.accelerator if hardware is not None else "cpu")
-    gpus = args.gpus if args.gpus is not None else max(1, hardware.gpu_count if hardware is not None else 1)
-    if device == "cpu":
+    gpus = args.gpus
+    if args.device == "cpu" or (args.device is None and hardware is not None and hardware.accelerator == "cpu"):
         gpus = args.gpus or 1
-    precision = args.precision or default_precision(method, lora is not None, device, hardware)
-    return TrainingSetup(method=method, precision=precision, optimizer=args.optimizer,
+    return resolve_setup(hardware, method, lora=lora, precision=args.precision, device=args.device, num_gpus=gpus,
+                         quant=args.quant, dpo_reference=args.dpo_reference, optimizer=args.optimizer,
                          micro_batch=args.micro_batch, seq_len=args.seq_len, grad_accum=args.grad_accum,
-                         grad_checkpointing=args.grad_checkpointing, attention=args.attn, lora=lora, quant=quant,
-                         num_gpus=gpus, zero_stage=args.zero, offload=args.offload, device=device,
-                         dpo_reference=dpo_ref, generate_tokens=args.generate)
-
-
-def default_precision(method: str, has_lora: bool, device: str, hardware) -> str:
-    """The core rule (trainfit.core.setup.default_precision) with this hardware's 16-bit type."""
-    from trainfit.core.setup import default_precision as rule
-
-    if device == "cpu":
-        half = "bf16" if hardware is not None and hardware.backends.cpu_bf16 else None
-    else:
-        gpus = hardware.gpus if hardware is not None else []
-        half = "bf16" if not gpus or "bf16" in gpus[0].precisions else "fp16"
-    return rule(frozen_base=has_lora or method in ("lora", "qlora", "inference"), half=half, on_cpu=device == "cpu")
+                         grad_checkpointing=args.grad_checkpointing, attention=args.attn, zero_stage=args.zero,
+                         offload=args.offload, generate_tokens=args.generate)
 
 
 def _hardware(spec: str | None):

@@ -24,14 +24,14 @@ from trainfit.core.cloud_catalog import CloudCatalog, Flavor
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.setup import LoraSettings, Method, TrainingSetup, default_precision
+from trainfit.core.plan.intent import precision_for
+from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
 from trainfit.errors import BadInputError
 
 GIB = 1 << 30
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 COST_CLASSES = ((5.0, "under $5"), (20.0, "$5-20"), (50.0, "$20-50"), (200.0, "$50-200"), (math.inf, "over $200"))
-TRAIN_METHODS = ("full", "lora", "qlora", "dpo", "pretrain")
 DEFAULT_SETUP_MINUTES = 10.0
 DEFAULT_GLOBAL_BATCH = 16
 MemoryFn = Callable[[ModelSpec, TrainingSetup, HardwareProfile], MemoryEstimate]
@@ -139,15 +139,6 @@ def _variants(method: Method, allow_fallback: bool, lora: LoraSettings) -> list[
     return chain
 
 
-def _half(rates: DeviceRates) -> str | None:
-    """The 16-bit type this device computes fast: bf16 where supported (and, on a CPU, faster
-    than fp32), fp16 on GPUs without bf16, None for a CPU without fast bf16."""
-    if rates.kind == "cpu":
-        fast = "bf16" in rates.peak_flops and rates.peak_flops["bf16"] > rates.peak_flops["fp32"]
-        return "bf16" if fast else None
-    return "bf16" if "bf16" in rates.peak_flops else "fp16"
-
-
 @dataclass(frozen=True)
 class _Best:
     setup: TrainingSetup
@@ -161,13 +152,11 @@ def _search(
     req: CloudRequest, hw: HardwareProfile, rates: DeviceRates, n: int, memory_fn: MemoryFn
 ) -> tuple[_Best | None, float, str]:
     """Fastest fitting setting on one machine; else (None, smallest need/capacity, reason)."""
-    half = _half(rates)
     device = "cpu" if rates.kind == "cpu" else "cuda"
     zero_stages = (0,) if n == 1 else (2, 3)
     best_ratio, reason = math.inf, "no setting fits"
     for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
-        variant_precision = default_precision(frozen_base=variant["lora"] is not None, half=half,
-                                              on_cpu=device == "cpu")
+        variant_precision = precision_for(hw, device, method=variant["method"], has_lora=variant["lora"] is not None)
         if device == "cpu" and variant["quant"] != "none":
             # bitsandbytes' 4-bit / 8-bit training kernels need a GPU: no QLoRA on CPU flavors.
             reason = "QLoRA needs a GPU (bitsandbytes)"

@@ -6,9 +6,15 @@ Shared by the memory model, the speed/cost model, the planner and the run config
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
+# The one method vocabulary. "full" trains every weight of a given model (SFT); "pretrain" starts
+# from random weights; "dpo" trains on preference pairs (full, or LoRA when `lora` is set).
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "inference"]
+METHODS: tuple[str, ...] = get_args(Method)
+TRAIN_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m != "inference")
+# Names people use for the same thing: supervised fine-tuning of every weight is "full".
+METHOD_ALIASES = {"sft": "full"}
 PrecisionMode = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"]
 Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"]
 Checkpointing = Literal["none", "full", "selective"]
@@ -16,6 +22,18 @@ Attention = Literal["eager", "sdpa", "flash"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 Quant = Literal["none", "nf4", "nf4-dq", "int8"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
+
+
+def parse_method(value: object, *, key: str = "--method", allowed: tuple[str, ...] = METHODS) -> Method:
+    """A method name from the one vocabulary (aliases accepted); BadInputError naming `key` otherwise."""
+    from trainfit.errors import BadInputError
+
+    name = METHOD_ALIASES.get(str(value), value)
+    if name not in allowed:
+        aliases = [a for a, m in METHOD_ALIASES.items() if m in allowed]
+        valid = ", ".join(list(allowed) + [f"{a} (= {METHOD_ALIASES[a]})" for a in aliases])
+        raise BadInputError(f"{key}: {value!r} is not a method (valid: {valid})")
+    return name  # type: ignore[return-value]
 
 
 def default_precision(*, frozen_base: bool, half: Literal["bf16", "fp16"] | None, on_cpu: bool) -> PrecisionMode:

@@ -354,7 +354,7 @@ def record_machine(out: str) -> None:
     import psutil
 
     from trainfit.hardware.profiler import build_profile
-    from trainfit.hardware.sources import live_sources
+    from trainfit.hardware.live import live_sources
 
     src = live_sources()
     fs = _RecordingFs()

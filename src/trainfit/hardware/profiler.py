@@ -17,7 +17,8 @@ from trainfit.hardware import amd, apple, cpu, intel, memory, network, nvml, pow
 from trainfit.hardware.benchmark import benchmark_unavailable, run_benchmark
 from trainfit.hardware.gpu_common import enrich_from_catalog
 from trainfit.hardware.runner import run_probes
-from trainfit.hardware.sources import Sources, live_sources
+from trainfit.hardware.live import live_sources
+from trainfit.hardware.sources import Sources
 
 # Seconds each probe may take. system_profiler on a Mac can take 2-4 s; NVML init on a
 # multi-GPU node about 1 s; anything beyond these is a hung driver or tool.

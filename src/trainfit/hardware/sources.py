@@ -3,14 +3,12 @@
 `Sources` bundles every input a probe takes: a filesystem root for /proc and /sys, a command
 runner (sysctl, system_profiler), an NVML-like module, an amdsmi-like module, a psutil-like
 object, the platform facts and environment, a clock, and the disk micro-benchmark. The live
-machine uses `live_sources()`; `trainfit.hardware.fakes` builds the same from fixture data.
+machine uses `trainfit.hardware.live.live_sources()`; `trainfit.hardware.fakes` builds the same from fixture data.
 """
 
 from __future__ import annotations
 
 import os
-import platform
-import socket
 import subprocess
 import sys
 import time
@@ -90,42 +88,6 @@ class Sources:
     name: str = "live"
     # Torch, only when it is already imported in this process (probing must stay cheap).
     torch: Callable[[], Any] = lambda: sys.modules.get("torch")
-
-
-def _import_nvml() -> Any:
-    import pynvml  # nvidia-ml-py; loads libnvidia-ml lazily in nvmlInit
-
-    return pynvml
-
-
-def _import_amdsmi() -> Any:
-    import amdsmi  # type: ignore[import-not-found]
-
-    return amdsmi
-
-
-def live_sources() -> Sources:
-    import psutil
-
-    from trainfit.hardware.storage import measure_disk
-
-    return Sources(
-        fs=Fs("/"),
-        commands=Commands(),
-        platform=PlatformFacts(
-            system=platform.system(),
-            release=platform.release(),
-            machine=platform.machine(),
-            hostname=socket.gethostname(),
-            python_version=platform.python_version(),
-        ),
-        env=dict(os.environ),
-        cwd=os.getcwd(),
-        nvml=_import_nvml,
-        amdsmi=_import_amdsmi,
-        psutil=psutil,
-        disk_bench=measure_disk,
-    )
 
 
 def os_error_reason(exc: BaseException) -> str:

@@ -136,7 +136,7 @@ def load_calibration(fingerprint: str, path: Path | None = None) -> Calibration 
 
 def record_sample(fingerprint: str, device: str, sample: dict[str, Any], path: Path | None = None) -> Path:
     """Append one verify result (keeps the last MAX_SAMPLES) and write the file atomically."""
-    from trainfit.cli.output import write_atomic
+    from trainfit.files import write_atomic
 
     path = path or calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)

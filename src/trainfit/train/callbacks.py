@@ -128,7 +128,7 @@ class Progress(TrainerCallback):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
         from rich.progress import TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        from trainfit.cli.output import console
+        from trainfit.terminal import console
 
         self._bar = RichProgress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -1,7 +1,7 @@
 """The run config: a small, versioned YAML schema for one training run (docs/run-config.md).
 
     version: 1
-    method: pretrain            # pretrain | sft | lora | qlora | dpo
+    method: pretrain            # pretrain | full (alias sft) | lora | qlora | dpo
     model: {shape: {layers: 4, hidden: 256, heads: 4}, weights: random}
     data: {paths: [builtin:tiny-corpus], format: text}
     training: {micro_batch: 8, seq_len: 128, precision: fp32}
@@ -23,20 +23,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
-from trainfit.core.setup import (
-    Attention, Checkpointing, LoraSettings, Offload, Optimizer, PrecisionMode, Quant, TrainingSetup,
-)
-from trainfit.errors import BadInputError, close_matches
+from trainfit.core.setup import TRAIN_METHODS, Method, PrecisionMode, TrainingSetup, parse_method
+from trainfit.errors import BadInputError, TrainfitError, close_matches
 
 CONFIG_VERSION = 1
-RunMethod = Literal["pretrain", "sft", "lora", "qlora", "dpo"]
 BUILTIN_DATA = {
     "tiny-corpus": ("tiny-corpus.txt", "text"),
     "tiny-chat": ("tiny-chat.jsonl", "chat"),
     "tiny-preferences": ("tiny-preferences.jsonl", "preference"),
 }
-# The memory/speed models' name for each run method.
-SETUP_METHOD = {"pretrain": "pretrain", "sft": "full", "lora": "lora", "qlora": "qlora", "dpo": "dpo"}
 
 
 @dataclass(frozen=True)
@@ -84,24 +79,19 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class TrainingConfig:
-    """The TrainingSetup knobs (see trainfit.core.setup), plus the device to run on."""
+class TrainingConfig(TrainingSetup):
+    """The `training:` section: the TrainingSetup knobs (trainfit.core.setup, with its defaults),
+    plus what only a run needs. `method` is the config's top-level key and `generate_tokens` is
+    for inference, so neither is a key here (RUN_ONLY_KEYS)."""
 
-    precision: PrecisionMode = "fp32"
-    optimizer: Optimizer = "adamw"
-    micro_batch: int = 4
-    grad_accum: int = 1
-    seq_len: int = 256
-    grad_checkpointing: Checkpointing = "none"
-    attention: Attention = "sdpa"
-    lora: LoraSettings | None = None
-    quant: Quant = "none"
-    zero_stage: int = 0
-    offload: Offload = "none"
-    num_gpus: int = 1
+    # auto: the core rule for the device the run lands on (core.plan.intent.precision_for)
+    precision: PrecisionMode | Literal["auto"] = "auto"
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    dpo_reference: Literal["separate", "lora-base", "precomputed"] = "separate"
     dpo_beta: float = 0.1
+
+
+# TrainingSetup fields that the `training:` section does not take (set from elsewhere).
+NOT_TRAINING_KEYS = ("method", "generate_tokens")
 
 
 @dataclass(frozen=True)
@@ -137,7 +127,7 @@ class DistributedConfig:
 @dataclass(frozen=True)
 class RunConfig:
     version: int
-    method: RunMethod
+    method: Method  # one of TRAIN_METHODS; "sft" is read as "full"
     model: ModelConfig
     data: DataConfig
     name: str = ""
@@ -159,25 +149,40 @@ class RunConfig:
                 return BUILTIN_DATA[p[8:]][1]
         return "preference" if self.method == "dpo" else "text"
 
-    def to_setup(self, device: str = "cpu", num_gpus: int | None = None) -> TrainingSetup:
-        """The TrainingSetup the memory and speed models take for this run."""
+    def to_setup(self, device: str = "cpu", num_gpus: int | None = None, hardware=None) -> TrainingSetup:
+        """The TrainingSetup the memory and speed models take for this run (precision "auto"
+        resolved for `device` with the hardware's 16-bit type)."""
+        from trainfit.core.plan.intent import resolve_setup
+
         t = self.training
-        lora = t.lora if self.method in ("lora", "qlora") or (self.method == "dpo" and t.lora) else None
-        if self.method in ("lora", "qlora") and lora is None:
-            lora = LoraSettings()
-        return TrainingSetup(
-            method=SETUP_METHOD[self.method], precision=t.precision, optimizer=t.optimizer,  # type: ignore[arg-type]
-            micro_batch=t.micro_batch, seq_len=t.seq_len, grad_accum=t.grad_accum,
-            grad_checkpointing=t.grad_checkpointing, attention=t.attention, lora=lora, quant=t.quant,
-            num_gpus=num_gpus if num_gpus is not None else t.num_gpus, zero_stage=t.zero_stage,
-            offload=t.offload, device=device,  # type: ignore[arg-type]
-            dpo_reference=t.dpo_reference,
-        )
+        knobs = {f.name: getattr(t, f.name) for f in dataclasses.fields(TrainingSetup)
+                 if f.name not in NOT_TRAINING_KEYS + ("precision", "device", "num_gpus", "lora", "quant",
+                                                       "dpo_reference")}
+        return resolve_setup(hardware, self.method, lora=t.lora, precision=t.precision, device=device,
+                             num_gpus=num_gpus if num_gpus is not None else t.num_gpus,
+                             quant=t.quant if t.quant != "none" else None, dpo_reference=t.dpo_reference, **knobs)
 
     def to_dict(self) -> dict[str, Any]:
         data = to_jsonable(self)
         data.pop("source", None)
+        for key in NOT_TRAINING_KEYS:
+            data["training"].pop(key, None)
         return data
+
+    def for_device(self, device: str, hardware=None) -> "RunConfig":
+        """This config with `precision: auto` made concrete for the device the run lands on
+        (the hardware's 16-bit type; the live profile's when `hardware` is None)."""
+        if self.training.precision != "auto":
+            return self
+        from trainfit.core.plan.intent import precision_for
+
+        if hardware is None:
+            from trainfit.hardware.profiler import build_profile
+
+            hardware = build_profile(quick=True)
+        lora = self.method in ("lora", "qlora") or (self.method == "dpo" and self.training.lora is not None)
+        precision = precision_for(hardware, device, method=self.method, has_lora=lora)
+        return dataclasses.replace(self, training=dataclasses.replace(self.training, precision=precision))
 
     def config_hash(self) -> str:
         """Hash of everything that changes the maths of the run.
@@ -216,7 +221,8 @@ def _build_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
     if not isinstance(raw, dict):
         errors.append(f"{path}: expected a mapping, got {type(raw).__name__}")
         return None
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls)
+              if f.init and not (cls is TrainingConfig and f.name in NOT_TRAINING_KEYS)}
     hints = __import__("typing").get_type_hints(cls)
     for key in raw:
         if key not in fields:
@@ -257,9 +263,10 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     if version != CONFIG_VERSION:
         errors.append(f"version: {version!r} is not supported (this trainfit reads version: {CONFIG_VERSION})")
     method = raw.get("method")
-    valid_methods = ("pretrain", "sft", "lora", "qlora", "dpo")
-    if method not in valid_methods:
-        errors.append(f"method: {method!r} is not one of {', '.join(valid_methods)}")
+    try:
+        method = parse_method(method, key="method", allowed=TRAIN_METHODS)
+    except TrainfitError as exc:
+        errors.append(exc.message)
     name = raw.get("name", "")
     if not isinstance(name, str):
         errors.append("name: expected a string")

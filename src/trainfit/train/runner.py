@@ -111,7 +111,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log) -> ck
 
 
 def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None) -> None:
-    from trainfit.cli.output import write_atomic
+    from trainfit.files import write_atomic
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -333,6 +333,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     say = log if rank == 0 else (lambda m: None)
     run_dir = Path(run_dir).resolve()
     device = resolve_device(cfg)
+    cfg = cfg.for_device(device)
     check_method_available(cfg, device)
     resume_from = prepare_run_dir(cfg, run_dir, resume, say)
     ckpt_dir = run_dir / "checkpoints"
@@ -378,7 +379,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
         summary = build_summary(cfg, built, trainer, timer, writer, device, world_size, wall,
                                 resume_from, tok_note, device_memory())
         if write_summary:
-            from trainfit.cli.output import write_atomic
+            from trainfit.files import write_atomic
 
             write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     trainer.accelerator.wait_for_everyone()

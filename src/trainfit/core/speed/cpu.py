@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
+from trainfit.core.speed.optimizer_traffic import OPTIMIZER_BYTES, OPTIMIZER_PASSES
 from trainfit.core.speed.rates import DeviceRates
 
 # GEMM rate reached by torch (oneDNN) relative to the profile's measured peak. The fp32 peak is a
@@ -80,7 +81,7 @@ CPU_PARTLY_FRESH_FRACTION = 0.25  # fitted
 CPU_ADAMW_OPS_PER_TENSOR = 8
 CPU_ADAMW_BYTES_PER_PARAM = 80.0
 CPU_ADAMW_TEMPORARIES = 2
-CPU_OPTIMIZER_OPS_PER_TENSOR = 6  # other optimizers (bytes from predict.OPTIMIZER_BYTES)
+CPU_OPTIMIZER_OPS_PER_TENSOR = 6  # other optimizers (bytes from optimizer_traffic.OPTIMIZER_BYTES)
 # Vocabulary-sized tensors of the causal-LM loss (HF ForCausalLMLoss): logits, log_softmax,
 # nll_loss grad, log_softmax grad in fp32; under autocast the 16-bit logits and their gradient
 # add two. Each is written once and read about twice (max/sum passes, the LM-head backward).
@@ -226,8 +227,6 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
             step_fresh += sum(fresh_bytes(n * 4.0, c * CPU_ADAMW_TEMPORARIES) for n, c in tensors)
             per_param, per_tensor = CPU_ADAMW_BYTES_PER_PARAM, CPU_ADAMW_OPS_PER_TENSOR
         else:
-            from trainfit.core.speed.predict import OPTIMIZER_BYTES, OPTIMIZER_PASSES
-
             per_param = OPTIMIZER_BYTES[setup.optimizer] * OPTIMIZER_PASSES["cpu"]
             per_tensor = CPU_OPTIMIZER_OPS_PER_TENSOR
         for n, c in tensors:  # a tensor's param, grad and two states (16 B/param) stream together

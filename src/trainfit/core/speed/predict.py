@@ -21,23 +21,11 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
 from trainfit.core.speed.cpu import cpu_step
+from trainfit.core.speed.optimizer_traffic import OPTIMIZER_BYTES, OPTIMIZER_PASSES
 from trainfit.core.speed.rates import DeviceRates, compute_precision, device_rates
 from trainfit.core.speed.types import Bottleneck, SpeedEstimate, Workload
 from trainfit.errors import BadInputError
 
-# Bytes touched per trainable parameter by one optimizer step (reads + writes of param, grad and
-# states, fp32 unless noted), e.g. AdamW: read p,g,m,v (16) + write p,m,v (12) + zero grad (4).
-OPTIMIZER_BYTES = {
-    "adamw": 32.0,
-    "adamw-8bit": 18.0,
-    "paged-adamw-8bit": 18.0,
-    "sgd": 16.0,
-    "sgd-momentum": 24.0,
-    "adafactor": 20.0,
-    "lion": 24.0,
-}
-# Unfused (foreach / per-parameter) optimizers make several passes: a factor over the minimum.
-OPTIMIZER_PASSES = {"gpu": 1.6, "cpu": 3.0}
 # Logits: bf16 logits, fp32 upcast, log-softmax and its gradient: bytes per vocab entry per token.
 LOGIT_BYTES_TRAIN = 20.0
 LOGIT_BYTES_FORWARD = 6.0
