@@ -148,7 +148,8 @@ def _estimate(args: argparse.Namespace):
 
 
 def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
-    from trainfit.core.memory import estimate_memory, nearest_fitting
+    from trainfit.core.memory import estimate_memory
+    from trainfit.core.plan.nearest import nearest_fitting
     from trainfit.core.memory.calibrated import apply_memory_factor
 
     result = estimate_memory(spec, setup, hw)
@@ -207,11 +208,13 @@ def _run_prediction(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.core.memory import describe_changes
+    from trainfit.core.plan.nearest import describe_changes
 
     spec, hw, setup = _inputs(args)
     result, suggestion = _memory(args, spec, hw, setup)
-    run_pred = _run_prediction(args, spec, hw, setup) if hw is not None else None
+    # Speed and run time of what would run: the asked setting, or the nearest one that fits.
+    runs = suggestion if suggestion is not None else setup
+    run_pred = _run_prediction(args, spec, hw, runs) if hw is not None else None
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
     if args.json:
         from trainfit.cli.output import print_json
@@ -224,21 +227,22 @@ def run(args: argparse.Namespace) -> int:
         doc["setup"] = to_jsonable(setup)
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
         doc["run"] = None if run_pred is None else to_jsonable(run_pred)
+        doc["run_setting"] = "nearest_fitting" if suggestion is not None else "asked"
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
         print_json(doc)
     else:
         _render(result, setup, changes, suggestion is not None)
         if run_pred is not None:
-            _render_run(run_pred)
+            _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "")
     return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
 
 
-def _render_run(pred) -> None:
+def _render_run(pred, of: str = "") -> None:
     from trainfit.cli.output import console
 
     out = console()
     sp, pw = pred.speed, pred.power
-    out.print(f"speed ({sp.device}): {sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
+    out.print(f"speed{' of ' + of if of else ''} ({sp.device}): {sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
               f"{sp.samples_per_second:.3g} samples/s; bottleneck: {sp.bottleneck}; MFU {sp.mfu:.0%}")
     draw = f"power: about {pw.total_watts:.0f} W"
     if pw.gpu_count:

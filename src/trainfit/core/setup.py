@@ -58,6 +58,10 @@ class LoraSettings:
     # Module names as in the model ("q_proj", ...) or "all-linear".
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
+    def __hash__(self) -> int:  # setups are dict keys in the planner; the list is never mutated
+        targets = self.target_modules
+        return hash((self.rank, self.alpha, self.dropout, targets if isinstance(targets, str) else tuple(targets)))
+
 
 @dataclass(frozen=True)
 class TrainingSetup:

@@ -1,0 +1,78 @@
+"""Building blocks of search spaces: knob products, micro-batch chains, coherence rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+
+from trainfit.core.setup import LoraSettings, TrainingSetup
+
+POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def coherent(s: TrainingSetup) -> bool:
+    """Combinations that mean something (the rest are refused by the memory model's checks)."""
+    if s.offload != "none" and s.zero_stage == 0:
+        return False  # offload is a ZeRO feature
+    if s.offload == "optimizer+params" and s.zero_stage != 3:
+        return False  # parameters are sharded (and so offloadable) only in stage 3
+    if s.zero_stage and s.num_gpus == 1 and s.offload == "none":
+        return False  # one GPU: ZeRO only makes sense to offload
+    if s.zero_stage and s.device not in ("cuda", "rocm", "xpu"):
+        return False
+    if s.quant != "none" and s.method in ("full", "pretrain"):
+        return False
+    if s.method in ("lora", "qlora") and s.lora is None:
+        return False
+    return True
+
+
+def product(base: TrainingSetup, **axes: Sequence) -> list[TrainingSetup]:
+    """Every combination of the axis values (deterministic order, duplicates removed)."""
+    names = list(axes)
+    out: list[TrainingSetup] = []
+    seen: set[TrainingSetup] = set()
+    for values in itertools.product(*(axes[n] for n in names)):
+        s = dataclasses.replace(base, **dict(zip(names, values)))
+        if s not in seen and coherent(s):
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def unique(values: Iterable) -> list:
+    out: list = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def micro_batches(target_global: int, devices: int, low: int = 1, high: int = 128) -> list[int]:
+    """Powers of two in [low, high] whose micro-batch x devices does not exceed the target."""
+    cap = max(1, target_global // max(1, devices))
+    return [b for b in POWERS_OF_TWO if low <= b <= min(high, cap)] or [1]
+
+
+def with_batch(s: TrainingSetup, micro_batch: int, target_global: int) -> TrainingSetup:
+    """Micro-batch with the accumulation that keeps (at least) the target global batch."""
+    accum = max(1, math.ceil(target_global / (micro_batch * s.num_gpus)))
+    return dataclasses.replace(s, micro_batch=micro_batch, grad_accum=accum)
+
+
+def batch_chains(bases: Iterable[TrainingSetup], batches: Sequence[int], target_global: int) -> list[list[TrainingSetup]]:
+    """One chain per base: its micro-batches ascending (memory grows along a chain)."""
+    return [[with_batch(b, mb, target_global) for mb in sorted(batches)] for b in bases]
+
+
+def lora_variant(s: TrainingSetup, method: str, lora: LoraSettings, *, precision: str | None = None) -> TrainingSetup:
+    """`s` as LoRA / QLoRA (or DPO with adapters): frozen base, no optimizer offload needed."""
+    quant = "nf4-dq" if method == "qlora" or (method == "dpo" and s.quant != "none") else "none"
+    kw = dict(lora=lora, quant=quant, offload="none", zero_stage=min(s.zero_stage, 2) if s.num_gpus > 1 else 0)
+    if precision is not None:
+        kw["precision"] = precision
+    if s.method == "dpo" or method == "dpo":
+        return dataclasses.replace(s, method="dpo", dpo_reference="lora-base", **kw)
+    return dataclasses.replace(s, method=method, **kw)
