@@ -151,41 +151,33 @@ class _Best:
 def _search(
     req: CloudRequest, hw: HardwareProfile, rates: DeviceRates, n: int, memory_fn: MemoryFn
 ) -> tuple[_Best | None, float, str]:
-    """Fastest fitting setting on one machine; else (None, smallest need/capacity, reason)."""
+    """Fastest fitting setting on one machine (the planner engine's "fastest" policy: one tier
+    per method variant, chains over the micro-batch); else (None, smallest need/capacity, reason)."""
+    from trainfit.core.plan import space
+    from trainfit.core.plan.engine import Tier, by_step_time, search
+
     device = "cpu" if rates.kind == "cpu" else "cuda"
     zero_stages = (0,) if n == 1 else (2, 3)
-    best_ratio, reason = math.inf, "no setting fits"
+    tiers = []
     for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
-        variant_precision = precision_for(hw, device, method=variant["method"], has_lora=variant["lora"] is not None)
-        if device == "cpu" and variant["quant"] != "none":
-            # bitsandbytes' 4-bit / 8-bit training kernels need a GPU: no QLoRA on CPU flavors.
-            reason = "QLoRA needs a GPU (bitsandbytes)"
-            continue
-        best: _Best | None = None
-        for ckpt in ("none", "full"):
-            for zero in zero_stages:
-                for mb in MICRO_BATCHES:
-                    if mb * n > max(req.global_batch, n):
-                        break
-                    accum = max(1, math.ceil(req.global_batch / (mb * n)))
-                    setup = TrainingSetup(
-                        precision=variant_precision, micro_batch=mb, seq_len=req.seq_len, grad_accum=accum,
-                        grad_checkpointing=ckpt, attention="sdpa", num_gpus=n, zero_stage=zero, device=device,
-                        **variant,
-                    )  # fmt: skip
-                    mem = memory_fn(req.model, setup, hw)
-                    dev = max(mem.devices, key=lambda d: d.total_bytes / max(d.capacity_bytes or 1, 1))
-                    ratio = dev.total_bytes / dev.capacity_bytes if dev.capacity_bytes else math.inf
-                    best_ratio = min(best_ratio, ratio)
-                    if not mem.fits:
-                        break  # larger micro-batches need more memory still
-                    speed = predict_step(req.model, setup, rates, req.workload)
-                    if best is None or speed.total_seconds < best.seconds:  # type: ignore[operator]
-                        best = _Best(setup, mem, speed.total_seconds, speed.tokens_per_second, speed.bottleneck)  # type: ignore[arg-type]
-        if best is not None:
-            return best, best_ratio, ""
-        reason = f"{variant['method']}{'+' + variant['quant'] if variant['quant'] != 'none' else ''} needs {best_ratio:.1f}x the memory"
-    return None, best_ratio, f"does not fit: best setting needs {best_ratio:.2f}x the memory ({reason})"
+        precision = precision_for(hw, device, method=variant["method"], has_lora=variant["lora"] is not None)
+        base = TrainingSetup(precision=precision, seq_len=req.seq_len, attention="sdpa", num_gpus=n, device=device,
+                             **variant)  # type: ignore[arg-type]
+        bases = space.product(base, grad_checkpointing=("none", "full"), zero_stage=zero_stages)
+        batches = [mb for mb in MICRO_BATCHES if mb * n <= max(req.global_batch, n)]
+        label = f"{variant['method']}{'+' + variant['quant'] if variant['quant'] != 'none' else ''}"
+        tiers.append(Tier(label, space.batch_chains(bases, batches, req.global_batch)))
+    result = search(req.model, hw, tiers, rank_key=by_step_time, memory_fn=memory_fn,
+                    speed_fn=lambda m, s: predict_step(m, s, rates, req.workload))
+    ratio = result.smallest_need_ratio
+    if result.best is not None:
+        b = result.best
+        return _Best(b.setup, b.memory, b.speed.total_seconds, b.speed.tokens_per_second, b.speed.bottleneck), ratio, ""  # type: ignore[union-attr,arg-type]
+    reason = "no setting fits"
+    if result.rejected:
+        label, why = list(result.rejected.items())[-1]
+        reason = f"{label} {why}"
+    return None, ratio, f"does not fit: best setting needs {ratio:.2f}x the memory ({reason})"
 
 
 def _hardware(flavor: Flavor) -> tuple[HardwareProfile, DeviceRates]:

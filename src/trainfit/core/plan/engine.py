@@ -101,6 +101,7 @@ def search(model: ModelSpec, hardware: HardwareProfile, tiers: Iterable[Tier], *
     for tier in tiers:
         fitting: list[Candidate] = []
         tier_smallest = math.inf
+        tier_skip = ""
         for chain in tier.chains:
             for setup in chain:
                 if setup in seen:
@@ -109,6 +110,7 @@ def search(model: ModelSpec, hardware: HardwareProfile, tiers: Iterable[Tier], *
                 why = unsupported(rules, setup)
                 if why is not None:
                     skipped.setdefault(why, _short(setup))
+                    tier_skip = tier_skip or why
                     continue
                 try:
                     memory = memory_fn(model, setup, hardware)
@@ -127,7 +129,7 @@ def search(model: ModelSpec, hardware: HardwareProfile, tiers: Iterable[Tier], *
             timed.sort(key=rank_key)
             return SearchResult(timed[0], tier.label, timed, evaluated, smallest, rejected, skipped)
         rejected[tier.label] = ("needs {:.2f}x the memory budget at best".format(tier_smallest)
-                                if math.isfinite(tier_smallest) else "no setting of it runs on this hardware")
+                                if math.isfinite(tier_smallest) else f"cannot run here: {tier_skip or 'no setting'}")
     return SearchResult(None, None, [], evaluated, smallest, rejected, skipped)
 
 
