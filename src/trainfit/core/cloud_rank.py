@@ -25,6 +25,7 @@ from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.plan.intent import precision_for
+from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
 from trainfit.errors import BadInputError
@@ -94,13 +95,6 @@ class CloudRanking:
     reasoning: list[str]
     closest: str | None  # when nothing qualifies: the flavor that came closest
     skipped: dict[str, str]  # flavor id -> why it was not evaluated
-
-
-def default_lora(spec: ModelSpec) -> LoraSettings:
-    """Rank 16 / alpha 32 on every linear module of the blocks (QLoRA paper's choice), not lm_head."""
-    from trainfit.core.params import module_names
-
-    return LoraSettings(rank=16, alpha=32, target_modules=[m for m in module_names(spec) if m != "lm_head"])
 
 
 def method_label(s: TrainingSetup) -> str:

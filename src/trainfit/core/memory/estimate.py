@@ -131,8 +131,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     loss_saved *= tokens
     loss_fwd *= tokens
     loss_bwd *= tokens
-    # autocast caches the 16-bit copy of every trained weight that a matmul reads.
-    cache = 2.0 * (st.linear + (st.lm_head or st.embedding)) if (mixed and full) else 0.0
+    # autocast caches the 16-bit copy of every trained weight that a matmul reads. Under ZeRO-3 /
+    # FSDP full shard the engine's mixed precision gathers 16-bit parameters a layer at a time
+    # (counted in the gather buffer), so no whole-model cache exists on any GPU.
+    cache = 2.0 * (st.linear + (st.lm_head or st.embedding)) if (mixed and full and setup.zero_stage < 3) else 0.0
     # Frozen quantised / 16-bit base: one weight de-quantised (or cast) at a time.
     transient = states.dequant_transient
     weights = states.weights + states.quant_overhead + states.lora

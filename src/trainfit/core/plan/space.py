@@ -7,6 +7,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 
+from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -76,3 +77,10 @@ def lora_variant(s: TrainingSetup, method: str, lora: LoraSettings, *, precision
     if s.method == "dpo" or method == "dpo":
         return dataclasses.replace(s, method="dpo", dpo_reference="lora-base", **kw)
     return dataclasses.replace(s, method=method, **kw)
+
+
+def default_lora(spec: ModelSpec) -> LoraSettings:
+    """Rank 16 / alpha 32 on every linear module of the blocks (QLoRA paper's choice), not lm_head."""
+    from trainfit.core.params import module_names
+
+    return LoraSettings(rank=16, alpha=32, target_modules=[m for m in module_names(spec) if m != "lm_head"])

@@ -1,0 +1,456 @@
+"""The planner: three configurations per goal (conservative, balanced, extreme), each the best
+setting the engine finds under the mode's targets, with its estimate, reasons and warnings.
+
+Goals: fine-tune a given model (full / LoRA / QLoRA, SFT or DPO), pretrain from scratch (the
+planner picks the size: the largest shape whose Chinchilla budget, C ~ 6 N D with D = the mode's
+tokens per parameter x N, trains within the mode's time), and inference capacity (the largest
+batch x context). Deterministic; no trial runs: memory and speed come from the models that the
+benchmarks under bench/ check against measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from trainfit.core.memory_types import MemoryEstimate
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.plan import space
+from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
+from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
+from trainfit.core.plan.intent import precision_for
+from trainfit.core.plan.modes import MODES, ModeTargets, targets
+from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
+from trainfit.core.profile import HardwareProfile
+from trainfit.core.setup import LoraSettings, TrainingSetup
+from trainfit.core.speed.types import SpeedEstimate, Workload
+from trainfit.errors import BadInputError
+
+GIB = 1 << 30
+# Pretraining sizes the planner tries (parameters), smallest first.
+PRETRAIN_LADDER = (5_000_000, 10_000_000, 15_000_000, 23_000_000, 35_000_000, 50_000_000, 70_000_000,
+                   100_000_000, 125_000_000, 160_000_000, 200_000_000, 350_000_000, 500_000_000, 760_000_000,
+                   1_000_000_000, 1_500_000_000, 3_000_000_000, 7_000_000_000, 13_000_000_000)
+PLAN_METHODS = ("auto", "full", "lora", "qlora", "dpo", "pretrain", "inference")
+_FALLBACK = {"full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",),
+             "dpo": ("dpo", "dpo+lora", "dpo+qlora"), "pretrain": ("pretrain",), "inference": ("inference",),
+             "auto": ("full", "lora", "qlora")}
+_LABEL = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA", "dpo": "DPO (full weights)",
+          "dpo+lora": "DPO with LoRA", "dpo+qlora": "DPO with QLoRA", "pretrain": "pretraining",
+          "inference": "inference"}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    hardware: HardwareProfile
+    method: str = "auto"  # PLAN_METHODS
+    model: ModelSpec | None = None  # None with pretrain: the planner picks the shape
+    seq_len: int | None = None  # None: the mode's range
+    target_batch: int | None = None  # effective (global) batch to keep; None: the mode's default
+    dataset_tokens: int | None = None
+    examples: int | None = None
+    epochs: float = 1.0
+    time_budget_hours: float | None = None  # overrides every mode's hours_max
+    memory_budget_bytes: int | None = None  # overrides the device capacity (modes take their share)
+    memory_share: float | None = None  # overrides every mode's share
+    tokens_per_param: float | None = None
+    usd_per_hour: float | None = None  # rented machines: hourly price -> run cost
+    budget_usd: float | None = None
+    price_per_kwh: float = DEFAULT_PRICE_PER_KWH
+    vocab_size: int = 32000  # pretraining shapes
+    lora: LoraSettings | None = None  # default: rank 16 on every linear layer of the blocks
+    modes: tuple[str, ...] = MODES
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    tokens: int | None  # tokens processed by the whole run (all epochs)
+    steps: int | None
+    hours: float | None
+    energy_kwh: float | None
+    electricity_cost: float | None
+    rental_usd: float | None
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    mode: str
+    fits: bool
+    model_id: str
+    params_total: int | None
+    setup: TrainingSetup | None
+    memory: MemoryEstimate | None
+    memory_budget_bytes: float | None  # this mode's share of the usable memory per device
+    memory_used_bytes: int | None  # predicted total on the busiest device
+    speed: SpeedEstimate | None
+    power: PowerEstimate | None
+    run: RunFigures | None
+    reasons: list[str]
+    warnings: list[str]
+    targets: ModeTargets
+    model: ModelSpec | None = None
+    pretrain: dict | None = None  # params, tokens, tokens_per_param when the planner chose a size
+    candidates_evaluated: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    method: str
+    hardware: str  # profile source
+    device: str  # rules label
+    modes: list[ModePlan]
+    notes: list[str] = field(default_factory=list)
+
+
+def check_request(req: PlanRequest) -> None:
+    problems = []
+    if req.method not in PLAN_METHODS:
+        problems.append(f"--method: {req.method!r} is not one of {', '.join(PLAN_METHODS)}")
+    for m in req.modes:
+        if m not in MODES:
+            problems.append(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    if req.model is None and req.method != "pretrain":
+        problems.append("MODEL missing: give a model (catalog id, config.json) or --method pretrain")
+    for flag, value in (("--seq-len", req.seq_len), ("--target-batch", req.target_batch),
+                        ("--dataset-tokens", req.dataset_tokens), ("--examples", req.examples)):
+        if value is not None and (isinstance(value, bool) or value < 1 or value > 10**15):
+            problems.append(f"{flag} must be an integer in [1, 1e15], got {value}")
+    if req.dataset_tokens is not None and req.examples is not None:
+        problems.append("give either --dataset-tokens or --examples, not both")
+    if not (0 < req.epochs <= 1000):
+        problems.append(f"--epochs must be in (0, 1000], got {req.epochs}")
+    if req.time_budget_hours is not None and not (0 < req.time_budget_hours <= 24 * 365):
+        problems.append(f"--time-budget must be a positive duration up to a year, got {req.time_budget_hours} h")
+    if req.memory_budget_bytes is not None and req.memory_budget_bytes < 64 * 2**20:
+        problems.append(f"--memory-budget must be at least 64 MiB, got {req.memory_budget_bytes} bytes")
+    if req.memory_share is not None and not (0 < req.memory_share <= 1):
+        problems.append(f"--memory-share must be in (0, 1], got {req.memory_share}")
+    if req.tokens_per_param is not None and not (0 < req.tokens_per_param <= 10000):
+        problems.append(f"--tokens-per-param must be in (0, 10000], got {req.tokens_per_param}")
+    for flag, value in (("--usd-per-hour", req.usd_per_hour), ("--budget", req.budget_usd),
+                        ("--price-per-kwh", req.price_per_kwh)):
+        if value is not None and (value < 0 or math.isnan(value)):
+            problems.append(f"{flag} must not be negative, got {value}")
+    if problems:
+        raise BadInputError("; ".join(problems))
+
+
+def plan(req: PlanRequest) -> Plan:
+    """Plan every requested mode."""
+    check_request(req)
+    rules = rules_for(req.hardware)
+    modes = []
+    for name in req.modes:
+        t = targets(name, memory_share=req.memory_share, tokens_per_param=req.tokens_per_param,
+                    hours_max=req.time_budget_hours)
+        if req.method == "pretrain" and req.model is None:
+            modes.append(_plan_pretrain(req, t, rules))
+        else:
+            modes.append(_plan_model(req, t, rules, req.model))  # type: ignore[arg-type]
+    notes = [f"memory budget: {req.memory_budget_bytes / GIB:.2f} GiB per device imposed (--memory-budget)"] \
+        if req.memory_budget_bytes else []
+    return Plan(req.method, req.hardware.source, rules.label, modes, notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# the search space of one mode
+def _variant_base(variant: str, model: ModelSpec, hw: HardwareProfile, rules: DeviceRules, seq: int,
+                  lora: LoraSettings) -> TrainingSetup:
+    method, _, adapter = variant.partition("+")
+    if method == "dpo" and adapter:
+        has_lora, quant = True, "nf4-dq" if adapter == "qlora" else "none"
+    else:
+        has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
+    precision = precision_for(hw, rules.device, method=method, has_lora=has_lora)
+    if quant != "none" and precision == "fp32":
+        precision = rules.half or "bf16"
+    n = rules.gpus if rules.device != "cpu" else 1
+    return TrainingSetup(method=method, precision=precision, seq_len=seq, lora=lora if has_lora else None,  # type: ignore[arg-type]
+                         quant=quant, num_gpus=max(1, n), device=rules.device,  # type: ignore[arg-type]
+                         dpo_reference="lora-base" if method == "dpo" and has_lora else "separate")
+
+
+def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, global_batch: int, *,
+          offload: bool) -> Tier:
+    inference = base.method == "inference"
+    precisions = [base.precision]
+    if rules.device == "cpu" and base.precision == "fp32":
+        precisions.append("bf16-mixed")  # emulated on most CPUs; the speed model says when it pays
+    optimizers = ["adamw"]
+    if "adamw-8bit" in rules.optimizers and base.lora is None and not inference:
+        optimizers.append("adamw-8bit")
+    zeros, offloads = [0], ["none"]
+    if rules.max_zero_stage and not inference:
+        zeros = [0, 1, 2, 3] if base.lora is None else [0, 2]
+    if offload:
+        zeros, offloads = ([2, 3] if base.num_gpus == 1 else [2, 3]), ["optimizer", "optimizer+params"]
+    bases = space.product(base, precision=precisions, optimizer=optimizers,
+                          grad_checkpointing=("none",) if inference else ("none", "full"),
+                          attention=rules.attention, zero_stage=zeros, offload=offloads)
+    if inference:
+        batches = [b for b in space.POWERS_OF_TWO if b <= max(t.micro_batch_max, 1) * 2]
+        return Tier(label, [[dataclasses.replace(b, micro_batch=mb) for mb in batches] for b in bases])
+    batches = space.micro_batches(global_batch, base.num_gpus, high=t.micro_batch_max)
+    return Tier(label, space.batch_chains(bases, batches, global_batch))
+
+
+def _seq_lens(req: PlanRequest, t: ModeTargets, model: ModelSpec) -> list[int]:
+    if req.seq_len is not None:
+        return [req.seq_len]
+    fitting = [s for s in t.seq_lens if s <= model.max_position_embeddings]
+    return fitting or [model.max_position_embeddings]
+
+
+def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec, global_batch: int) -> list[Tier]:
+    method = req.method if req.method != "auto" else "auto"
+    lora = req.lora or space.default_lora(model)
+    tiers = []
+    for variant in _FALLBACK[method]:
+        if "qlora" in variant and not rules.quantization:
+            continue
+        seqs = _seq_lens(req, t, model)
+        for seq in seqs:
+            base = _variant_base(variant, model, req.hardware, rules, seq, lora)
+            tag = f" at {seq} tokens" if len(seqs) > 1 else ""
+            tiers.append(_tier(f"{_LABEL[variant]}{tag}", base, rules, t, global_batch, offload=False))
+        full_weights = base.lora is None and base.method not in ("inference",)
+        if t.offload and full_weights and rules.device in ("cuda", "rocm"):
+            for seq in seqs:
+                base = _variant_base(variant, model, req.hardware, rules, seq, lora)
+                tag = f" at {seq} tokens" if len(seqs) > 1 else ""
+                tiers.append(_tier(f"{_LABEL[variant]} with CPU offload{tag}", base, rules, t, global_batch,
+                                   offload=True))
+    return tiers
+
+
+def _rank_key(t: ModeTargets, inference: bool):
+    def key(c: Candidate) -> tuple:
+        step = c.speed.step_seconds if c.speed else math.inf
+        if inference or t.largest_micro_batch:
+            return (-c.setup.micro_batch, step, c.need_ratio)
+        return (step, c.need_ratio)
+    return key
+
+
+def _budget(req: PlanRequest, t: ModeTargets) -> Budget:
+    return Budget(share=t.memory_share, bytes_override=req.memory_budget_bytes)
+
+
+def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec) -> SearchResult:
+    global_batch = req.target_batch or t.global_batch
+    return search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
+                  rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules)
+
+
+# ---------------------------------------------------------------------------------------------
+# one mode for a given model
+def _workload(req: PlanRequest, tokens: int | None = None) -> Workload | None:
+    if tokens is not None:
+        return Workload(dataset_tokens=tokens, epochs=1.0)
+    if req.dataset_tokens or req.examples:
+        return Workload(examples=req.examples, dataset_tokens=req.dataset_tokens, epochs=req.epochs)
+    return None
+
+
+def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec,
+                result: SearchResult | None = None, pretrain_tokens: int | None = None,
+                pretrain: dict | None = None, extra_reasons: list[str] | None = None,
+                extra_warnings: list[str] | None = None) -> ModePlan:
+    from trainfit.core.run_prediction import predict_run
+
+    result = result or _search_model(req, t, rules, model)
+    budget = _budget(req, t)
+    cap = _capacity(req, rules)
+    reasons = list(extra_reasons or [])
+    warnings = list(extra_warnings or [])
+    if result.best is None:
+        need = result.smallest_need_ratio
+        why = "; ".join(f"{k}: {v}" for k, v in result.rejected.items()) or "nothing could be evaluated"
+        warnings.append(f"nothing fits {t.memory_share:.0%} of the usable memory ({why})")
+        if math.isfinite(need):
+            warnings.append(f"the closest setting needs {need:.2f}x this mode's memory budget: use a larger "
+                            "GPU (trainfit cloud), more GPUs, or a smaller model")
+        return ModePlan(t.mode, False, model.id, None, None, None, budget.limit(cap), None, None, None, None,
+                        reasons, warnings, t, model, pretrain, result.evaluated)
+    best = result.best
+    s = best.setup
+    run_pred = predict_run(model, s, req.hardware, _workload(req, pretrain_tokens), price_per_kwh=req.price_per_kwh)
+    speed, power = run_pred.speed, run_pred.power
+    used = max(d.total_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
+    hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
+    rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
+    tokens = None
+    if speed.total_steps is not None:
+        tokens = int(speed.total_steps * s.global_batch * s.seq_len * (2 if s.method == "dpo" else 1))
+    run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
+    reasons += _reasons(model, req, t, rules, result, best, budget, cap)
+    warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
+    return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
+                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated)
+
+
+def _capacity(req: PlanRequest, rules: DeviceRules) -> int | None:
+    from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity
+
+    if req.memory_budget_bytes is not None:
+        return req.memory_budget_bytes
+    return cpu_capacity(req.hardware) if rules.device == "cpu" else gpu_capacity(req.hardware)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRules, result: SearchResult,
+             best: Candidate, budget: Budget, cap: int | None) -> list[str]:
+    from trainfit.core.memory import estimate_memory
+
+    s = best.setup
+    limit = budget.limit(cap)
+    out = [rules.reasons["precision"] if s.precision != "fp32" or rules.half is None
+           else f"fp32: the speed model finds 16-bit no faster here ({rules.label})"]
+    method_label = result.tier or s.method
+    if result.rejected:
+        out.append(f"{method_label}: tried first, within {_gib(limit)} ({t.memory_share:.0%} of {_gib(cap or 0)} "
+                   "usable): " + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
+    else:
+        out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].total_bytes)} of this mode's "
+                   f"{_gib(limit)} ({t.memory_share:.0%} of {_gib(cap or 0)} usable)")
+    fitting = result.fitting
+    order = "the largest micro-batch that fits" if t.largest_micro_batch else "the fastest"
+    out.append(f"micro-batch {s.micro_batch} x accumulation {s.grad_accum}"
+               + (f" x {s.num_gpus} GPUs" if s.num_gpus > 1 else "")
+               + f" = global batch {s.global_batch}: {order} of {len(fitting)} fitting settings")
+    if s.grad_checkpointing != "none":
+        without = [c for c in fitting if c.setup.grad_checkpointing == "none"]
+        if not without:
+            out.append("gradient checkpointing: no setting without it fits")
+        else:
+            w = without[0]
+            out.append(f"gradient checkpointing: it allows micro-batch {s.micro_batch}, predicted faster than "
+                       f"the best setting without it (micro-batch {w.setup.micro_batch})")
+    if s.zero_stage or s.offload != "none":
+        plain = dataclasses.replace(s, zero_stage=0, offload="none")
+        try:
+            need = estimate_memory(model, plain, req.hardware).devices[0].total_bytes
+            what = f"ZeRO-{s.zero_stage}" + (f" + {s.offload} offload to CPU" if s.offload != "none" else "")
+            if need > limit:
+                out.append(f"{what}: replicated on each GPU it needs {_gib(need)}, {_gib(limit)} available")
+            else:
+                out.append(f"{what}: predicted faster than plain data parallelism here")
+        except BadInputError:
+            pass
+    if s.optimizer != "adamw":
+        out.append(f"{s.optimizer}: 8-bit optimizer states (bitsandbytes) cut 12 B/param to ~6")
+    if s.attention == "flash":
+        out.append(rules.reasons["attention"])
+    if s.lora is not None:
+        targets = s.lora.target_modules if isinstance(s.lora.target_modules, str) else ",".join(s.lora.target_modules)
+        out.append(f"LoRA rank {s.lora.rank}, alpha {s.lora.alpha} on {targets}")
+    if rules.device == "cpu":
+        out.append(rules.reasons["threads"])
+    return out
+
+
+def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingSetup, speed: SpeedEstimate,
+              power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
+              limit: float) -> list[str]:
+    out = []
+    if hours is not None and hours > t.hours_max:
+        frac = t.hours_max / hours
+        out.append(f"run time {hours:.1f} h is over this mode's {t.hours_max:g} h: at "
+                   f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of the data fits the time")
+    if rental is not None and req.budget_usd is not None and rental > req.budget_usd:
+        out.append(f"cost ${rental:.2f} is over the ${req.budget_usd:g} budget")
+    limit_w = power.gpu_limit_watts_each
+    if power.gpu_count and limit_w:
+        share = power.gpu_watts_each / limit_w
+        low, high = t.tdp_share
+        if share > high + 0.05:
+            cap = int(limit_w * high)
+            out.append(f"expected GPU draw {power.gpu_watts_each:.0f} W = {share:.0%} of its {limit_w:.0f} W limit, "
+                       f"above {t.mode}'s {high:.0%}: cap it with `sudo nvidia-smi -pl {cap}` (slower)")
+    if t.mode == "extreme":
+        out.append(f"extreme: {best.need_ratio * t.memory_share:.0%} of usable memory; a longer batch or a "
+                   "memory spike can OOM. Watch temperatures and throttling (trainfit profile) on long runs")
+        if power.gpu_count:
+            out.append(f"sustained ~{power.total_watts:.0f} W for the whole run: check PSU headroom and cooling")
+    if rules.laptop and t.mode != "conservative":
+        out.append(rules.reasons.get("thermal", "laptop GPU: thermal limits"))
+    if req.hardware.power.on_ac is False:
+        out.append("on battery: plug in before training")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# pretraining: the planner chooses the size
+def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> ModePlan:
+    from trainfit.core.model_shapes import shape_for_params
+
+    lo, hi = t.params_range
+    max_pos = max(req.seq_len or 0, *t.seq_lens)
+    tried: list[tuple[int, ModelSpec, SearchResult, float | None, int]] = []
+    for n in PRETRAIN_LADDER:
+        spec = shape_for_params(n, vocab_size=req.vocab_size, max_positions=max_pos)
+        tokens = int(t.tokens_per_param * n)
+        result = _search_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
+        if result.best is None:
+            break  # larger shapes need more memory still
+        hours = _hours(spec, result.best.setup, req.hardware, tokens)
+        tried.append((n, spec, result, hours, tokens))
+        if n >= lo and hours is not None and hours > t.hours_max:
+            break  # larger shapes only take longer
+    if not tried:
+        spec = shape_for_params(PRETRAIN_LADDER[0], vocab_size=req.vocab_size, max_positions=max_pos)
+        return _plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
+    in_time = [x for x in tried if x[3] is not None and x[3] <= t.hours_max]
+    in_range_in_time = [x for x in in_time if lo <= x[0] <= hi]
+    reasons, warnings = [], []
+    if in_range_in_time:
+        pick = in_range_in_time[-1]
+        reasons.append(f"size: {_count(pick[0])} parameters, the largest of {_count(lo)}-{_count(hi)} whose "
+                       f"{t.tokens_per_param:g} tokens/parameter train within {t.hours_max:g} h")
+    elif in_time:
+        pick = in_time[-1]
+        smallest = next((x for x in tried if x[0] >= lo), None)
+        reasons.append(f"size: {_count(pick[0])} parameters, the largest that trains "
+                       f"{t.tokens_per_param:g} tokens/parameter within {t.hours_max:g} h here")
+        if smallest is not None and smallest[3] is not None:
+            warnings.append(f"{t.mode} aims at {_count(lo)}-{_count(hi)} parameters within {t.hours_max:g} h; "
+                            f"{_count(smallest[0])} needs {_count(smallest[4])} tokens = {smallest[3]:.1f} h on "
+                            f"this hardware, so the plan is {_count(pick[0])} instead")
+        elif pick[0] < lo:
+            warnings.append(f"{t.mode} aims at {_count(lo)}-{_count(hi)} parameters; "
+                            f"{_count(tried[-1][0] if tried else lo)} is the largest that fits the memory budget")
+    else:
+        pick = tried[0]
+        reasons.append(f"size: {_count(pick[0])}, the smallest shape tried")
+        warnings.append(f"even {_count(pick[0])} parameters x {t.tokens_per_param:g} tokens/parameter takes "
+                        f"{pick[3]:.1f} h here, over this mode's {t.hours_max:g} h")
+    n, spec, result, hours, tokens = pick
+    if req.dataset_tokens is not None and req.dataset_tokens < tokens:
+        warnings.append(f"the dataset has {_count(req.dataset_tokens)} tokens: the {_count(tokens)}-token budget "
+                        f"repeats it {tokens / req.dataset_tokens:.1f} times (beyond ~4 epochs repeats add little)")
+    info = {"params": n, "params_exact": result.best.memory.params_total if result.best else None,
+            "tokens": tokens, "tokens_per_param": t.tokens_per_param,
+            "flops": 6 * n * tokens, "shape": {"layers": spec.num_layers, "hidden": spec.hidden_size,
+                                               "heads": spec.num_heads, "kv_heads": spec.num_kv_heads}}
+    reasons.append(f"token budget: {t.tokens_per_param:g} x {_count(n)} = {_count(tokens)} tokens, "
+                   f"C = 6ND = {6 * n * tokens:.2e} FLOPs")
+    return _plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec, result, tokens, info,
+                       reasons, warnings)
+
+
+def _hours(spec: ModelSpec, setup: TrainingSetup, hw: HardwareProfile, tokens: int) -> float | None:
+    from trainfit.core.speed import predict_step
+
+    sp = predict_step(spec, setup, hw, Workload(dataset_tokens=tokens))
+    return sp.total_seconds / 3600 if sp.total_seconds is not None else None
+
+
+def _count(n: float) -> str:
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
