@@ -18,7 +18,7 @@ from trainfit import __version__
 from trainfit.errors import EXIT_BAD_INPUT, TrainfitError
 
 # Order is the order shown in --help.
-COMMANDS = ["analyze", "profile", "estimate", "cloud", "train", "verify", "models", "gpus"]
+COMMANDS = ["analyze", "profile", "estimate", "plan", "cloud", "train", "verify", "models", "gpus"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -54,7 +54,9 @@ class ModelConfig:
     id: str | None = None  # catalog id or alias ("Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b")
     path: str | None = None  # local directory with config.json (and weights for weights: local)
     shape: ShapeConfig | None = None
-    weights: Literal["random", "local"] = "random"
+    # random: initialised here; local: safetensors in model.path; hub: from_pretrained(model.id)
+    # (downloads from the Hugging Face Hub, or reads its cache)
+    weights: Literal["random", "local", "hub"] = "random"
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,9 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
         errs.append(f"data.format: 'preference' data is for method dpo, not {cfg.method}")
     if cfg.method == "pretrain" and fmt == "chat":
         errs.append("data.format: pretrain takes 'text' data; use method sft for chat data")
-    if cfg.method == "pretrain" and m.weights == "local":
+    if m.weights == "hub" and m.id is None:
+        errs.append("model.weights: 'hub' loads model.id from the Hugging Face Hub; give model.id")
+    if cfg.method == "pretrain" and m.weights in ("local", "hub"):
         errs.append("model.weights: pretrain starts from random weights; use method sft to fine-tune local weights")
     for key, v in (("micro_batch", t.micro_batch), ("grad_accum", t.grad_accum), ("seq_len", t.seq_len),
                    ("num_gpus", t.num_gpus)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainfit.errors import BadInputError
+from trainfit.errors import BadInputError, UnavailableError
 
 SPECIAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "unk_token": "<|unk|>"}
 # A minimal chat format for trained tokenizers (which come without one), so chat data works.
@@ -41,13 +41,17 @@ def train_bpe_tokenizer(texts, vocab_size: int, out_dir: Path):
     return fast
 
 
-def load_tokenizer(path: str | Path, key: str = "tokenizer.path"):
-    """Load a local tokenizer; no hub access. Adds a pad token when the tokenizer has none."""
+def load_tokenizer(path: str | Path, key: str = "tokenizer.path", *, hub: bool = False):
+    """Load a local tokenizer (hub=True: a Hub id, downloaded or from the cache). Adds a pad token
+    when the tokenizer has none."""
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=not hub)
     except (OSError, ValueError) as exc:
+        if hub:
+            raise UnavailableError(f"{key}: cannot load the tokenizer of {path} from the Hugging Face Hub or its "
+                                   f"cache: {str(exc).splitlines()[0]}") from None
         raise BadInputError(f"{key}: cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
     if tok.pad_token is None:
         # Padding is masked out of the loss, so reusing EOS is safe (the usual choice).

@@ -23,6 +23,8 @@ def coherent(s: TrainingSetup) -> bool:
         return False  # one GPU: ZeRO only makes sense to offload
     if s.zero_stage and s.device not in ("cuda", "rocm", "xpu"):
         return False
+    if s.zero_stage and s.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        return False  # DeepSpeed runs its own (CPU) Adam under ZeRO; bitsandbytes optimizers are not ZeRO-aware
     if s.quant != "none" and s.method in ("full", "pretrain"):
         return False
     if s.method in ("lora", "qlora") and s.lora is None:

@@ -1,0 +1,203 @@
+"""`trainfit plan`: three ready-to-run configurations (conservative, balanced, extreme) for a goal on
+this machine or on named hardware, and with --out the files Transformers, TRL, PEFT, Accelerate,
+DeepSpeed and `trainfit train` load."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+
+HELP = "plan three configurations (conservative / balanced / extreme) and write their config files"
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(h|hr|hours?|m|min|minutes?|d|days?)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb)?\s*$", re.IGNORECASE)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from trainfit.core.plan.modes import MODES
+    from trainfit.core.plan.planner import PLAN_METHODS
+
+    p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
+                   "(shape:125m); omit with --method pretrain to let the planner pick the size")
+    p.add_argument("--method", default="auto", help=f"{', '.join(PLAN_METHODS)} (sft = full; default auto: "
+                   "full fine-tuning, falling back to LoRA, then QLoRA)")
+    p.add_argument("--mode", action="append", help=f"{', '.join(MODES)} (repeatable; default all three)")
+    p.add_argument("--hardware", help="catalog machine ('rtx-4090', '2x a100-80gb', 'm2-16gb', 'cpu') or a profile "
+                   "JSON; default: this machine")
+    p.add_argument("--seq-len", type=int, help="tokens per example (default: each mode's range)")
+    p.add_argument("--target-batch", type=int, help="effective batch to keep (default: 16 / 32 / 64 by mode)")
+    p.add_argument("--examples", type=int, help="training examples (DPO: pairs)")
+    p.add_argument("--dataset-tokens", type=int, help="tokens in the dataset (one epoch)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--time-budget", help="longest run, e.g. 2h, 90m, 1.5d (default: each mode's)")
+    p.add_argument("--memory-budget", help="memory per device to plan for, e.g. 3GiB (default: what the device has)")
+    p.add_argument("--memory-share", type=float, help="share of the memory each mode may use (default .5/.75/.95)")
+    p.add_argument("--tokens-per-param", type=float, help="pretraining token budget (default 12 / 20 / 25)")
+    p.add_argument("--vocab", type=int, default=32000, help="pretraining vocabulary size (default 32000)")
+    p.add_argument("--usd-per-hour", type=float, help="hourly price of the machine (rented hardware)")
+    p.add_argument("--budget", type=float, help="most dollars to spend (with --usd-per-hour)")
+    p.add_argument("--price-per-kwh", type=float, default=None, help="electricity price (default 0.17)")
+    p.add_argument("--data", action="append", help="data file or directory for the exported run config "
+                   "(repeatable; default: the shipped sample set)")
+    p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
+    p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def parse_hours(text: str | None, flag: str = "--time-budget") -> float | None:
+    if text is None:
+        return None
+    m = _DURATION.match(str(text))
+    if not m:
+        raise BadInputError(f"{flag}: {text!r} is not a duration (valid: 2h, 90m, 1.5d, or hours as a number > 0)")
+    value = float(m.group(1))
+    unit = (m.group(2) or "h").lower()[0]
+    hours = value * {"h": 1.0, "m": 1 / 60, "d": 24.0}[unit]
+    if hours <= 0:
+        raise BadInputError(f"{flag}: must be more than zero, got {text!r}")
+    return hours
+
+
+def parse_bytes(text: str | None, flag: str = "--memory-budget") -> int | None:
+    if text is None:
+        return None
+    m = _SIZE.match(str(text))
+    if not m:
+        raise BadInputError(f"{flag}: {text!r} is not a size (valid: 3GiB, 512MiB, 24GB)")
+    unit = (m.group(2) or "gib").lower()
+    mult = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12}[unit]
+    return int(float(m.group(1)) * mult)
+
+
+def _hardware(spec: str | None):
+    if spec is not None:
+        if not spec.strip():
+            raise BadInputError("--hardware: empty (give a catalog machine such as 'rtx-4090', or a profile JSON)")
+        from trainfit.core.hardware_spec import resolve_hardware
+
+        return resolve_hardware(spec)
+    from trainfit.hardware.profiler import build_profile
+
+    return build_profile(quick=True)
+
+
+def build_request(args: argparse.Namespace, hardware=None):
+    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.plan.modes import MODES
+    from trainfit.core.plan.planner import PLAN_METHODS, PlanRequest
+    from trainfit.core.setup import METHOD_ALIASES
+
+    method = METHOD_ALIASES.get(args.method, args.method)
+    if method not in PLAN_METHODS:
+        raise BadInputError(f"--method: {args.method!r} is not one of {', '.join(PLAN_METHODS)} (sft = full)")
+    modes = tuple(args.mode or MODES)
+    for m in modes:
+        if m not in MODES:
+            raise BadInputError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    if args.out is not None:
+        out = Path(args.out)
+        if not str(args.out).strip():
+            raise BadInputError("--out: empty (give a directory)")
+        if out.exists() and not out.is_dir():
+            raise BadInputError(f"--out: {out} is a file, not a directory")
+    model = resolve_model(args.model) if args.model else None
+    hw = hardware if hardware is not None else _hardware(args.hardware)
+    from trainfit.core.power import DEFAULT_PRICE_PER_KWH
+
+    return PlanRequest(
+        hardware=hw, method=method, model=model, seq_len=args.seq_len, target_batch=args.target_batch,
+        dataset_tokens=args.dataset_tokens, examples=args.examples, epochs=args.epochs,
+        time_budget_hours=parse_hours(args.time_budget), memory_budget_bytes=parse_bytes(args.memory_budget),
+        memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=args.usd_per_hour,
+        budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
+        vocab_size=args.vocab, modes=modes)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    words = ["trainfit", "plan", *(argv if argv is not None else sys.argv[2:])]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str) -> dict[str, list[str]]:
+    """Render every mode's files first (all validated), then write them; returns mode -> paths."""
+    from trainfit.export.bundle import write_files
+    from trainfit.export.plan_files import plan_files
+
+    rendered = {}
+    for mp in plan.modes:
+        if mp.fits:
+            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode)
+    written: dict[str, list[str]] = {}
+    if not rendered:
+        return written
+    # One check over every target before any write: nothing is half-written across modes either.
+    if not force:
+        clashes = [str(out_dir / mode / name) for mode, files in rendered.items() for name in files
+                   if (out_dir / mode / name).exists()]
+        if clashes:
+            raise BadInputError(f"--out: {len(clashes)} file(s) exist, e.g. {clashes[0]}; nothing was written",
+                                hint="pass --force to overwrite them, or choose another --out")
+    for mode, files in rendered.items():
+        written[mode] = [str(p) for p in write_files(out_dir / mode, files, force=force)]
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfit.core.plan.planner import plan
+
+    req = build_request(args)
+    result = plan(req)
+    files: dict[str, list[str]] = {}
+    if args.out is not None:
+        files = write_exports(result, req, Path(args.out), force=args.force, data=_data(args.data),
+                              command=command_line())
+    if args.json:
+        from trainfit.cli.output import print_json
+
+        print_json(plan_document(result, files))
+    else:
+        from trainfit.cli.output import console
+        from trainfit.cli.render_plan import render_plan
+
+        out = console()
+        out.print(f"[bold]trainfit plan[/]: {req.model.id if req.model else 'pretraining from scratch'} "
+                  f"on {req.hardware.source} ({result.device})\n")
+        render_plan(result, out, files=files)
+    return EXIT_OK if any(m.fits for m in result.modes) else EXIT_DOES_NOT_FIT
+
+
+def _data(paths: list[str] | None) -> list[str] | None:
+    if not paths:
+        return None
+    out = []
+    for p in paths:
+        if p.startswith("builtin:"):
+            out.append(p)
+            continue
+        path = Path(p).expanduser()
+        if not path.exists():
+            raise BadInputError(f"--data: {p} does not exist")
+        out.append(str(path.resolve()))
+    return out
+
+
+def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:
+    """The Plan JSON (DESIGN: per mode the setup, its estimate, reasons, warnings, files)."""
+    from trainfit.core.serde import to_jsonable
+
+    modes = []
+    for mp in result.modes:
+        d = to_jsonable(mp)
+        d.pop("model", None)
+        if mp.memory is not None:
+            d["memory"] = {"devices": to_jsonable(mp.memory.devices), "params_total": mp.memory.params_total,
+                           "params_trainable": mp.memory.params_trainable}
+        d["files"] = (files or {}).get(mp.mode, [])
+        modes.append(d)
+    return {"method": result.method, "hardware": result.hardware, "device": result.device, "modes": modes,
+            "notes": result.notes,
+            "units": {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "hours": "hours"}}

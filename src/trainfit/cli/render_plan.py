@@ -1,0 +1,71 @@
+"""Terminal rendering of a Plan: one table per mode, its reasons and warnings (plan, analyze)."""
+
+from __future__ import annotations
+
+GIB = 1 << 30
+_ICON = {"conservative": "🟢", "balanced": "🟡", "extreme": "🔴"}
+
+
+def _hours(h: float | None) -> str:
+    if h is None:
+        return "- (give --examples or --dataset-tokens)"
+    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+
+
+def setting_line(s) -> str:
+    parts = [s.method + (f"+{s.quant}" if s.quant != "none" and s.method != "qlora" else ""), s.precision,
+             f"micro-batch {s.micro_batch} x accum {s.grad_accum}" + (f" x {s.num_gpus} GPUs" if s.num_gpus > 1 else ""),
+             f"seq {s.seq_len}", f"{s.optimizer}", f"attn {s.attention}"]
+    if s.grad_checkpointing != "none":
+        parts.append("grad checkpointing")
+    if s.zero_stage:
+        parts.append(f"ZeRO-{s.zero_stage}")
+    if s.offload != "none":
+        parts.append(f"offload {s.offload}")
+    if s.lora is not None:
+        parts.append(f"LoRA r{s.lora.rank}")
+    return ", ".join(parts)
+
+
+def render_plan(plan, out, *, files: dict[str, list[str]] | None = None) -> None:
+    from rich import box
+    from rich.table import Table
+
+    for mp in plan.modes:
+        title = f"{_ICON.get(mp.mode, '')} {mp.mode.upper()}  {mp.model_id}"
+        if mp.pretrain:
+            title += f" ({mp.pretrain['params'] / 1e6:.0f}M parameters, {mp.pretrain['tokens'] / 1e6:,.0f}M tokens)"
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+        table.add_column("what", style="bold", no_wrap=True)
+        table.add_column("value")
+        if not mp.fits:
+            table.add_row("setting", "[red]nothing fits this mode's memory budget[/]")
+        else:
+            s, sp, pw, run = mp.setup, mp.speed, mp.power, mp.run
+            budget = mp.memory_budget_bytes or 0
+            table.add_row("setting", setting_line(s))
+            table.add_row("memory", f"{mp.memory_used_bytes / GIB:.2f} GiB per device = "
+                          f"{mp.memory_used_bytes / budget:.0%} of this mode's {budget / GIB:.2f} GiB "
+                          f"({mp.targets.memory_share:.0%} of usable)")
+            table.add_row("speed", f"{sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
+                          f"MFU {sp.mfu:.0%}, bottleneck {sp.bottleneck}")
+            table.add_row("run time", _hours(run.hours) + (f" ({run.steps:,} steps)" if run.steps else ""))
+            draw = f"{pw.total_watts:.0f} W"
+            if pw.gpu_count and pw.gpu_limit_watts_each:
+                draw += f" ({pw.gpu_count} x {pw.gpu_watts_each:.0f} W GPU = {pw.gpu_watts_each / pw.gpu_limit_watts_each:.0%} of TDP)"
+            table.add_row("power", draw)
+            if run.energy_kwh is not None:
+                cost = f"{run.energy_kwh:.2f} kWh, electricity {run.electricity_cost:.2f}"
+                if run.rental_usd is not None:
+                    cost += f"; rental ${run.rental_usd:.2f}"
+                table.add_row("energy / cost", cost)
+        out.print(table)
+        for r in mp.reasons:
+            out.print(f"   [dim]because[/] {r}")
+        for w in mp.warnings:
+            out.print(f"   [yellow]⚠[/] {w}")
+        for f in (files or {}).get(mp.mode, []):
+            out.print(f"   wrote {f}")
+        out.print("")
+    for note in plan.notes:
+        out.print(f"note: {note}")

@@ -1,0 +1,121 @@
+"""A planned mode as a trainfit run config, and every file the real tools load for it.
+
+The run config is what `trainfit train` consumes; the other files (trainfit.export.bundle)
+are rendered from that same config, so the exported TrainingArguments / DeepSpeed / Accelerate
+files are exactly what `trainfit train` runs.
+
+Decisions where a plan says nothing: the data is the user's --data, else the shipped sample set
+for the method (named in the header as a placeholder); learning rates are the common defaults per
+method (pretraining 6e-4 for small models, full fine-tuning 2e-5, LoRA 2e-4, DPO 1e-6 full /
+5e-6 LoRA), with 3 % warm-up and cosine decay; checkpoints every ~30 minutes of predicted time
+(conservative 15, extreme 60), at least every 1,000 steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from trainfit import __version__
+from trainfit.core.plan.planner import ModePlan, PlanRequest
+
+LEARNING_RATES = {"pretrain": 6e-4, "full": 2e-5, "lora": 2e-4, "qlora": 2e-4, "dpo": 1e-6, "dpo+lora": 5e-6}
+SAMPLE_DATA = {"pretrain": "builtin:tiny-corpus", "full": "builtin:tiny-chat", "lora": "builtin:tiny-chat",
+               "qlora": "builtin:tiny-chat", "dpo": "builtin:tiny-preferences"}
+CHECKPOINT_MINUTES = {"conservative": 15.0, "balanced": 30.0, "extreme": 60.0}
+
+
+def _model_section(mp: ModePlan) -> tuple[dict[str, Any], int | None]:
+    """The run config's model: a shape for pretraining, a Hub id, or a local directory."""
+    spec = mp.model
+    assert spec is not None
+    if mp.pretrain is not None or spec.source == "shape":
+        shape = {"layers": spec.num_layers, "hidden": spec.hidden_size, "heads": spec.num_heads,
+                 "kv_heads": spec.num_kv_heads, "intermediate": spec.intermediate_size,
+                 "max_position_embeddings": spec.max_position_embeddings, "tie_embeddings": spec.tie_embeddings}
+        return {"shape": shape, "weights": "random"}, spec.vocab_size
+    if spec.id.startswith("local:"):
+        return {"path": spec.id[len("local:"):], "weights": "local"}, None
+    return {"id": spec.id, "weights": "hub"}, None
+
+
+def run_config_dict(mp: ModePlan, req: PlanRequest, data_paths: list[str] | None = None) -> dict[str, Any]:
+    s = mp.setup
+    assert s is not None and mp.speed is not None
+    model, vocab = _model_section(mp)
+    method = s.method
+    lr_key = "dpo+lora" if method == "dpo" and s.lora is not None else method
+    training: dict[str, Any] = {
+        "precision": s.precision, "optimizer": s.optimizer, "micro_batch": s.micro_batch,
+        "grad_accum": s.grad_accum, "seq_len": s.seq_len, "grad_checkpointing": s.grad_checkpointing,
+        "attention": s.attention, "zero_stage": s.zero_stage, "offload": s.offload, "num_gpus": s.num_gpus,
+        "device": "cpu" if s.device == "cpu" else "cuda" if s.device in ("cuda", "rocm") else s.device,
+    }
+    if s.lora is not None:
+        training["lora"] = {"rank": s.lora.rank, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
+                            "target_modules": s.lora.target_modules}
+    if s.quant != "none":
+        training["quant"] = s.quant
+    if method == "dpo":
+        training["dpo_reference"] = s.dpo_reference
+    steps = mp.run.steps if mp.run is not None else None
+    schedule: dict[str, Any] = {"lr": LEARNING_RATES[lr_key], "scheduler": "cosine"}
+    if steps:
+        schedule["max_steps"] = int(steps)
+        schedule["warmup_steps"] = max(1, int(0.03 * steps))
+    else:
+        schedule["epochs"] = req.epochs
+        schedule["warmup_steps"] = 10
+    per_ckpt = CHECKPOINT_MINUTES.get(mp.mode, 30.0) * 60
+    every = max(1, min(1000, int(per_ckpt / max(mp.speed.step_seconds, 1e-6))))
+    if steps:
+        every = min(every, max(1, steps))
+    cfg: dict[str, Any] = {"version": 1, "name": f"{mp.mode}", "method": method, "model": model}
+    if vocab is not None:
+        cfg["tokenizer"] = {"vocab_size": int(vocab)}
+    data = data_paths or [SAMPLE_DATA[method]]
+    cfg["data"] = {"paths": data}
+    cfg["training"] = training
+    cfg["schedule"] = schedule
+    cfg["checkpointing"] = {"every_steps": every, "keep_last": 2}
+    if s.zero_stage:
+        cfg["distributed"] = {"strategy": "deepspeed"}
+    return cfg
+
+
+def header_lines(mp: ModePlan, command: str) -> list[str]:
+    s, sp, run = mp.setup, mp.speed, mp.run
+    assert s is not None and sp is not None and mp.memory_used_bytes is not None
+    gib = 1 << 30
+    lines = [f"trainfit {__version__} plan, mode {mp.mode}: {mp.model_id} ({s.method}) on {s.num_gpus} x {s.device}",
+             f"reproduce: {command}",
+             f"estimate: {mp.memory_used_bytes / gib:.2f} GiB per device of this mode's "
+             f"{(mp.memory_budget_bytes or 0) / gib:.2f} GiB budget; {sp.step_seconds:.3g} s per optimizer step, "
+             f"{sp.tokens_per_second:,.0f} tokens/s"]
+    if run is not None and run.hours is not None:
+        lines.append(f"run: {run.steps:,} steps, {run.hours:.2f} h, {run.energy_kwh or 0:.2f} kWh")
+    return lines
+
+
+def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[str] | None = None,
+               base_dir=None) -> dict[str, str]:
+    """File name -> text for one mode (run.yaml, training_args.yaml, lora.yaml, accelerate.yaml,
+    deepspeed.json, launch.sh): the run config is validated by the run-config parser first."""
+    from pathlib import Path
+
+    from trainfit.export.bundle import render_files
+    from trainfit.train.run_config import parse_run_config
+
+    raw = run_config_dict(mp, req, data_paths)
+    cfg = parse_run_config(raw, base_dir=Path(base_dir or "."), source=f"plan {mp.mode}")
+    lines = header_lines(mp, command)
+    if not data_paths:
+        lines.append(f"data: {raw['data']['paths'][0]} is a shipped sample set; plan with --data to use yours")
+    s = mp.setup
+    assert s is not None
+    device = "cuda" if s.device in ("cuda", "rocm") else s.device
+    text = yaml.safe_dump(raw, sort_keys=False)
+    return render_files(cfg, header_lines=lines, num_processes=max(1, s.num_gpus) if device != "cpu" else 1,
+                        device=device, run_config_text=text)
+
