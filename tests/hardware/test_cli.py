@@ -43,7 +43,7 @@ def test_analyze_screen_for_a_saved_fixture_profile(tmp_path):
     path.write_text(fixture_profile("laptop-rtx3060-battery").to_json())
     r = trainfit("analyze", "--hardware", str(path))
     assert r.returncode == 0, r.stderr
-    for text in ("HARDWARE ANALYSIS COMPLETE", "Performance Score", "On battery", "trainfit estimate",
+    for text in ("HARDWARE ANALYSIS COMPLETE", "Performance Score", "On battery", "RECOMMENDED CONFIGURATIONS",
                  "OPTIMIZATION SUGGESTIONS", "WARNINGS"):
         assert text in r.stdout
 

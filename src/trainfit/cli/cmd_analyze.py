@@ -1,40 +1,88 @@
-"""`trainfit analyze`: the hardware analysis screen (profile, LLM-training score, warnings,
-suggestions) for this machine or for hardware named with --hardware."""
+"""`trainfit analyze`: the hardware analysis screen (seeds/001 §6): profile summary, the LLM-training
+score with its reasoning, three recommended configurations (conservative / balanced / extreme) for
+a goal, suggestions and warnings — for this machine or for hardware named with --hardware.
+
+The embedded default goal is pretraining from scratch (the planner picks the size per mode from
+the Chinchilla budget and the mode's time); --model / --method plan a fine-tune instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-HELP = "analyze hardware for LLM training: profile, performance score, warnings, suggestions"
+HELP = "analyze hardware for LLM training: profile, score, three recommended configurations, warnings"
+DEFAULT_CONFIG_DIR = "trainfit-configs"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile-only", action="store_true",
-                        help="show the analysis without pointing to configurations")
+    parser.add_argument("--profile-only", action="store_true", help="the analysis without configurations")
+    parser.add_argument("--generate-configs", nargs="?", const=DEFAULT_CONFIG_DIR, metavar="DIR",
+                        help=f"write each mode's config files into DIR/<mode>/ (default DIR: {DEFAULT_CONFIG_DIR})")
+    parser.add_argument("--force", action="store_true", help="overwrite files --generate-configs finds")
     parser.add_argument("--benchmark", action="store_true", help="measure instead of using datasheet figures")
     parser.add_argument("--psu-watts", type=float, metavar="W", help="your power supply's rating in watts")
     parser.add_argument("--hardware", metavar="SPEC",
                         help="analyze other hardware: a catalog name ('rtx-4090', '2x rtx-4090', 'cpu') "
                              "or a saved profile JSON")
+    parser.add_argument("--model", help="plan a fine-tune of this model instead of the default goal "
+                        "(pretraining from scratch)")
+    parser.add_argument("--method", default=None, help="method for --model (default auto), or pretrain")
     parser.add_argument("--json", action="store_true", help="print the analysis as one JSON document")
 
 
+def _plan_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The `trainfit plan` arguments of the goal analyze shows."""
+    from trainfit.cli import cmd_plan
+
+    p = argparse.ArgumentParser()
+    cmd_plan.add_arguments(p)
+    plan_args = p.parse_args([])
+    plan_args.model = args.model
+    plan_args.method = args.method or ("auto" if args.model else "pretrain")
+    plan_args.out = args.generate_configs
+    plan_args.force = args.force
+    return plan_args
+
+
 def analyze(args: argparse.Namespace) -> dict[str, Any]:
-    """The Python twin: profile + analysis as the JSON document `--json` prints."""
+    """The Python twin: profile + analysis (+ plan) as the JSON document `--json` prints."""
     from trainfit.core.serde import to_jsonable
     from trainfit.hardware.analysis import analyze_profile
     from trainfit.hardware.profiler import build_profile, check_psu_watts
 
     check_psu_watts(args.psu_watts)
+    owned = not args.hardware
     if args.hardware:
         from trainfit.core.hardware_spec import resolve_hardware
 
         profile = resolve_hardware(args.hardware)
+        owned = profile.source.startswith("file:")
     else:
         profile = build_profile(benchmark=args.benchmark, psu_watts=args.psu_watts)
-    analysis = analyze_profile(profile)
-    return {"profile": profile, "analysis": to_jsonable(analysis)}
+    analysis = analyze_profile(profile, owned=owned)
+    doc: dict[str, Any] = {"profile": profile, "analysis": to_jsonable(analysis)}
+    if not args.profile_only:
+        from trainfit.cli import cmd_plan
+        from trainfit.core.plan.planner import plan
+
+        plan_args = _plan_args(args)
+        req = cmd_plan.build_request(plan_args, hardware=profile)
+        result = plan(req)
+        files: dict[str, list[str]] = {}
+        if plan_args.out:
+            command = cmd_plan.command_line(_reproduce(plan_args))
+            files = cmd_plan.write_exports(result, req, Path(plan_args.out), force=plan_args.force, data=None,
+                                           command=command)
+        doc["plan"] = cmd_plan.plan_document(result, files)
+        doc["_plan"], doc["_files"] = result, files
+    return doc
+
+
+def _reproduce(plan_args: argparse.Namespace) -> list[str]:
+    words = [plan_args.model] if plan_args.model else []
+    return words + ["--method", plan_args.method, "--out", str(plan_args.out)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if args.hardware and args.benchmark:
         say("note: --benchmark measures this machine; it is ignored with --hardware")
         args.benchmark = False
+    if args.profile_only and args.generate_configs:
+        from trainfit.errors import BadInputError
+
+        raise BadInputError("--generate-configs writes the configurations that --profile-only leaves out: "
+                            "give one of them")
     result = analyze(args)
+    plan_result, files = result.pop("_plan", None), result.pop("_files", {})
     if args.json:
         print_json(result)
         return 0
@@ -56,8 +110,15 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"\n[bold]⚡ Performance Score: {a['score']:.1f}/10[/bold] ({a['label']})")
     for line in a["reasoning"]:
         out.print(f"   {line}")
-    if not args.profile_only:
-        out.print(f"\n🎯 RECOMMENDED CONFIGURATIONS: {a['configurations']}")
+    if plan_result is not None:
+        from trainfit.cli.render_plan import render_plan
+
+        goal = plan_result.modes[0].model_id if args.model else "pretraining from scratch (size chosen per mode)"
+        out.print(f"\n[bold]🎯 RECOMMENDED CONFIGURATIONS[/bold] for {goal} on {plan_result.device}:\n")
+        render_plan(plan_result, out, files=files)
+        if not files:
+            out.print("Write them as config files: trainfit analyze --generate-configs "
+                      "(or trainfit plan MODEL --out DIR for a fine-tune)")
     if a["suggestions"]:
         out.print("\n[bold]💡 OPTIMIZATION SUGGESTIONS:[/bold]")
         for line in a["suggestions"]:

@@ -32,7 +32,6 @@ class Analysis:
     reasoning: list[str]
     warnings: list[str]
     suggestions: list[str]
-    configurations: str = "configurations come from `trainfit estimate` (memory, time and power per setup)"
     notes: list[str] = field(default_factory=list)
 
 
@@ -80,7 +79,9 @@ def _gpu_tflops(p: HardwareProfile) -> tuple[float | None, str]:
     return sum(peaks), f"GPU dense 16-bit peak {sum(peaks):.0f} TFLOP/s in total (catalog)"
 
 
-def analyze_profile(p: HardwareProfile) -> Analysis:
+def analyze_profile(p: HardwareProfile, *, owned: bool = True) -> Analysis:
+    """`owned`: the profile describes a machine the user has (live or saved), not a catalog name,
+    so suggestions that need the machine (benchmark it, measure its network) apply."""
     reasoning: list[str] = []
     mem_bytes, mem_why = training_memory_bytes(p)
     mem_pts = _log_points(mem_bytes / GIB, 2, 640)
@@ -104,7 +105,7 @@ def analyze_profile(p: HardwareProfile) -> Analysis:
         reasoning.append("-0.5 cooling marginal for sustained load")
     score = round(max(0.0, min(10.0, mem_pts + comp_pts - penalty)), 1)
     label = next(text for floor, text in _LABELS if score >= floor)
-    return Analysis(score, label, reasoning, warnings(p), suggestions(p))
+    return Analysis(score, label, reasoning, warnings(p), suggestions(p, owned=owned))
 
 
 def warnings(p: HardwareProfile) -> list[str]:
@@ -151,7 +152,7 @@ def warnings(p: HardwareProfile) -> list[str]:
     return out
 
 
-def suggestions(p: HardwareProfile) -> list[str]:
+def suggestions(p: HardwareProfile, *, owned: bool = True) -> list[str]:
     out: list[str] = []
     g0 = p.gpus[0] if p.gpus else None
     if g0 and "bf16" in g0.precisions:
@@ -175,11 +176,11 @@ def suggestions(p: HardwareProfile) -> list[str]:
                    "and keep models small or use LoRA")
     if g0 and g0.vendor == "apple":
         out.append("Apple GPU: train on the mps device; unified memory is shared with the OS, keep headroom")
-    if any(s.kind in ("hdd", "network", "unknown") for s in p.storage):
+    if owned and any(s.kind in ("hdd", "network", "unknown") for s in p.storage):
         out.append("Pre-tokenize the dataset onto a local SSD/NVMe; NVMe is recommended for streaming")
-    if p.network.download_mbps is None:
+    if owned and p.network.download_mbps is None:
         out.append("Download models and datasets before training (bandwidth not measured; set "
                    "TRAINFIT_BANDWIDTH_URL to measure)")
-    if p.benchmark is None:
+    if owned and p.benchmark is None:
         out.append("Run `trainfit analyze --benchmark` to replace datasheet figures with measured ones")
     return out

@@ -105,6 +105,9 @@ def build_model(cfg: RunConfig, tokenizer, *, quantization_config: Any = None) -
             raise BadInputError(f"model.path: no loadable weights in {m.path}: {str(exc).splitlines()[0]}",
                                 hint="use weights: random to train from a random initialisation") from None
         weights = f"local: {m.path}"
+    elif m.weights == "hub":
+        model = _from_hub(m.id, attn_implementation=_attn(cfg), quantization_config=quantization_config)
+        weights = f"hub: {m.id}"
     else:
         torch.manual_seed(cfg.schedule.seed)
         model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=_attn(cfg))
@@ -122,13 +125,25 @@ def build_model(cfg: RunConfig, tokenizer, *, quantization_config: Any = None) -
     return BuiltModel(model=model, spec=spec, spec_note=note, weights=weights, hf_config=hf_cfg)
 
 
+def _from_hub(model_id: str, **kwargs):
+    """Pretrained weights from the Hugging Face Hub (or its local cache)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
+    except OSError as exc:
+        raise UnavailableError(f"model.id: cannot load {model_id} from the Hugging Face Hub or its cache: "
+                               f"{str(exc).splitlines()[0]}",
+                               hint="check the network (HF_HUB_OFFLINE), or download it and use model.path "
+                                    "with weights: local") from None
+
+
 def lora_config(cfg: RunConfig):
-    """peft.LoraConfig from training.lora (defaults when the section is absent)."""
+    """peft.LoraConfig from training.lora (defaults when the section is absent); the kwargs are
+    trainfit.export.peft_config's, the same lora.yaml is written from."""
     from peft import LoraConfig
 
-    from trainfit.core.setup import LoraSettings
+    from trainfit.export.peft_config import lora_config_kwargs
 
-    lo = cfg.training.lora or LoraSettings()
-    targets: Any = "all-linear" if lo.target_modules == ["all-linear"] else list(lo.target_modules)
-    return LoraConfig(r=lo.rank, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets,
-                      task_type="CAUSAL_LM")
+    return LoraConfig(**lora_config_kwargs(cfg))

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainfit.errors import BadInputError, UnavailableError, require_extra
+from trainfit.export.engine import sharding_engine
+from trainfit.export.training_args import CONFIG_MODULES, NEEDS_BITSANDBYTES, trainer_config, training_arguments
+from trainfit.export.versions import transformers_major
 from trainfit.train import checkpoints as ck
 from trainfit.train.run_config import RunConfig, dump_run_config
 
 Log = Callable[[str], None]
-_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
-          "sgd": "sgd", "sgd-momentum": "sgd", "adafactor": "adafactor", "lion": "lion_32bit"}
-_NEEDS_BNB = {"adamw-8bit", "paged-adamw-8bit", "lion"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def check_method_available(cfg: RunConfig, device: str) -> None:
     import importlib.util
 
     t = cfg.training
-    if cfg.method == "qlora" or t.optimizer in _NEEDS_BNB:
+    if cfg.method == "qlora" or t.optimizer in NEEDS_BITSANDBYTES:
         what = "method qlora" if cfg.method == "qlora" else f"training.optimizer {t.optimizer}"
         if device != "cuda":
             raise UnavailableError(f"{what} needs a CUDA GPU (bitsandbytes kernels); this run's device is {device}",
@@ -76,7 +76,7 @@ def check_method_available(cfg: RunConfig, device: str) -> None:
             raise UnavailableError(f"{what} needs bitsandbytes", hint="pip install bitsandbytes")
     if cfg.training.precision.startswith("fp16") and device == "cpu":
         raise BadInputError("training.precision: fp16 does not train on CPU (valid there: fp32, bf16-mixed, bf16)")
-    if cfg.distributed.strategy == "deepspeed":
+    if sharding_engine(cfg) == "deepspeed":
         require_extra("deepspeed", "deepspeed")
 
 
@@ -137,68 +137,7 @@ def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None) -> N
 
 
 # ---------------------------------------------------------------------------------------------
-# arguments, data, model
-def training_kwargs(cfg: RunConfig, device: str, ckpt_dir: Path, world_size: int) -> dict[str, Any]:
-    t, s = cfg.training, cfg.schedule
-    kw: dict[str, Any] = dict(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=t.micro_batch,
-        gradient_accumulation_steps=t.grad_accum, learning_rate=s.lr, lr_scheduler_type=s.scheduler,
-        warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
-        seed=s.seed, data_seed=s.seed, optim=_OPTIM[t.optimizer],
-        save_strategy="steps", save_steps=cfg.checkpointing.every_steps,
-        logging_strategy="steps", logging_steps=cfg.logging.every_steps,
-        report_to="none", disable_tqdm=True, dataloader_num_workers=0, use_cpu=device == "cpu",
-        activation_checkpointing=t.grad_checkpointing != "none",
-        bf16=t.precision == "bf16-mixed", fp16=t.precision == "fp16-mixed",
-    )
-    if t.optimizer == "sgd-momentum":
-        kw["optim_args"] = "momentum=0.9"
-    if s.max_steps is not None:
-        kw["max_steps"] = s.max_steps
-    else:
-        kw["num_train_epochs"] = s.epochs
-    if world_size > 1:
-        backend = cfg.distributed.backend
-        kw["ddp_backend"] = ("nccl" if device == "cuda" else "gloo") if backend == "auto" else backend
-        kw["ddp_find_unused_parameters"] = False
-    strategy = cfg.distributed.strategy
-    if strategy == "fsdp":
-        kw.update(fsdp_arguments(t.zero_stage, t.offload != "none"))
-    elif strategy == "deepspeed":
-        kw["deepspeed"] = deepspeed_config(cfg)
-    return kw
-
-
-def fsdp_arguments(zero_stage: int, offload: bool) -> dict[str, Any]:
-    """TrainingArguments for FSDP at the ZeRO-equivalent stage.
-
-    ZeRO-3 = FULL_SHARD (parameters re-sharded after each forward); ZeRO-1/2 = SHARD_GRAD_OP
-    (parameters kept gathered between forward and backward). Transformers 5 takes FSDP2 through
-    `fsdp=True` + `fsdp_config` (the string form is deprecated); 4.x takes the string form.
-    """
-    import transformers
-
-    full_shard = zero_stage >= 3
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": full_shard,
-                                              "cpu_offload": offload}}
-    shard = "full_shard" if full_shard else "shard_grad_op"
-    return {"fsdp": f"{shard} auto_wrap" + (" offload" if offload else ""), "fsdp_config": {"use_orig_params": True}}
-
-
-def deepspeed_config(cfg: RunConfig) -> dict[str, Any]:
-    """DeepSpeed config dict; 'auto' values are filled in by Transformers from the arguments."""
-    t = cfg.training
-    zero: dict[str, Any] = {"stage": t.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
-    if t.offload in ("optimizer", "optimizer+params"):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if t.offload == "optimizer+params":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-            "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": zero,
-            "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
-
-
+# data, model (the Trainer arguments come from trainfit.export.training_args: what is exported runs)
 def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
     from trainfit.train.data import check_columns, load_raw_dataset, text_iterator
     from trainfit.train.tokenizer import has_tokenizer_files, load_tokenizer, train_bpe_tokenizer
@@ -206,6 +145,8 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
     saved = run_dir / "tokenizer"
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path), f"local: {cfg.tokenizer.path}"
+    if cfg.model.weights == "hub":
+        return load_tokenizer(cfg.model.id, "model.id", hub=True), f"hub: {cfg.model.id}"
     if cfg.model.path and has_tokenizer_files(cfg.model.path):
         return load_tokenizer(cfg.model.path, "model.path"), f"local: {cfg.model.path}"
     with args.main_process_first(local=False, desc="tokenizer"):
@@ -250,6 +191,7 @@ def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
 
     import torch
 
+    from trainfit.export.peft_config import uses_lora
     from trainfit.train.model_build import build_model, lora_config
 
     qconf = _quantization(cfg)
@@ -269,7 +211,7 @@ def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
     if cfg.training.precision in ("bf16", "fp16"):
         model = model.to(torch.bfloat16 if cfg.training.precision == "bf16" else torch.float16)
     ref = None
-    use_lora = cfg.method in ("lora", "qlora") or (cfg.method == "dpo" and cfg.training.lora is not None)
+    use_lora = uses_lora(cfg)
     if cfg.method == "dpo" and cfg.training.dpo_reference == "separate":
         ref = copy.deepcopy(model).eval()  # a frozen copy of the starting weights
         for p in ref.parameters():
@@ -287,28 +229,31 @@ def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
     return model, ref, built
 
 
-def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, kwargs: dict, callbacks: list, log: Log,
-                 ckpt_dir: Path):
-    from transformers import Trainer, TrainingArguments, default_data_collator
+def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, trainer_args: tuple[str, dict], callbacks: list,
+                 log: Log, ckpt_dir: Path):
+    """The Trainer for the method; trainer_args is trainfit.export.training_args.trainer_config's
+    (config class name, kwargs), the same pair training_args.yaml is written from."""
+    import importlib
+
+    from transformers import Trainer, default_data_collator
 
     from trainfit.train.trainer_ext import with_trainfit
 
+    config_name, kwargs = trainer_args
+    args = getattr(importlib.import_module(CONFIG_MODULES[config_name]), config_name)(**kwargs)
     keep = cfg.checkpointing.keep_last
     if cfg.method == "pretrain":
         cls = with_trainfit(Trainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
-        return cls(model=model, args=TrainingArguments(**kwargs), train_dataset=dataset,
+        return cls(model=model, args=args, train_dataset=dataset,
                    data_collator=default_data_collator, processing_class=tokenizer, callbacks=callbacks)
     if cfg.method == "dpo":
-        from trl import DPOConfig, DPOTrainer
+        from trl import DPOTrainer
 
-        args = DPOConfig(**kwargs, max_length=cfg.training.seq_len, beta=cfg.training.dpo_beta,
-                         precompute_ref_log_probs=cfg.training.dpo_reference == "precomputed")
         cls = with_trainfit(DPOTrainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
         return cls(model=model, ref_model=ref, args=args, train_dataset=dataset, processing_class=tokenizer,
                    callbacks=callbacks)
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer  # every other method: full fine-tuning, lora, qlora
 
-    args = SFTConfig(**kwargs, max_length=cfg.training.seq_len, packing=False, dataset_text_field="text")
     cls = with_trainfit(SFTTrainer, ckpt_dir=ckpt_dir, keep_last=keep, log=log)
     return cls(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
 
@@ -337,10 +282,12 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     check_method_available(cfg, device)
     resume_from = prepare_run_dir(cfg, run_dir, resume, say)
     ckpt_dir = run_dir / "checkpoints"
-    kwargs = training_kwargs(cfg, device, ckpt_dir, world_size)
+    arg_inputs = dict(device=device, output_dir=str(ckpt_dir), world_size=world_size,
+                      transformers_major=transformers_major())
     from transformers import TrainingArguments
 
-    probe_args = TrainingArguments(**kwargs)  # initialises the process group under a launcher
+    # initialises the process group under a launcher
+    probe_args = TrainingArguments(**training_arguments(cfg, **arg_inputs))
     if rank == 0:
         write_run_files(cfg, run_dir, resume_from.step if resume_from else None)
     probe_args.distributed_state.wait_for_everyone()
@@ -363,7 +310,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
 
         hf_logging.disable_progress_bar()
     callbacks = [timer, StopAt(stop_after), writer, progress] + list(extra_callbacks or [])
-    trainer = make_trainer(cfg, model, ref, tokenizer, dataset, kwargs, callbacks, say, ckpt_dir)
+    trainer = make_trainer(cfg, model, ref, tokenizer, dataset, trainer_config(cfg, **arg_inputs), callbacks, say,
+                           ckpt_dir)
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints log dicts on stdout; ours go to stderr

@@ -29,7 +29,7 @@ from trainfit.errors import BadInputError
 
 GIB = 1 << 30
 # Pretraining sizes the planner tries (parameters), smallest first.
-PRETRAIN_LADDER = (5_000_000, 10_000_000, 15_000_000, 23_000_000, 35_000_000, 50_000_000, 70_000_000,
+PRETRAIN_LADDER = (1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 15_000_000, 23_000_000, 35_000_000, 50_000_000, 70_000_000,
                    100_000_000, 125_000_000, 160_000_000, 200_000_000, 350_000_000, 500_000_000, 760_000_000,
                    1_000_000_000, 1_500_000_000, 3_000_000_000, 7_000_000_000, 13_000_000_000)
 PLAN_METHODS = ("auto", "full", "lora", "qlora", "dpo", "pretrain", "inference")
@@ -392,7 +392,7 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
     max_pos = max(req.seq_len or 0, *t.seq_lens)
     tried: list[tuple[int, ModelSpec, SearchResult, float | None, int]] = []
     for n in PRETRAIN_LADDER:
-        spec = shape_for_params(n, vocab_size=req.vocab_size, max_positions=max_pos)
+        spec = shape_for_params(_count(n).lower(), vocab_size=req.vocab_size, max_positions=max_pos)
         tokens = int(t.tokens_per_param * n)
         result = _search_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
         if result.best is None:
@@ -402,14 +402,14 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
         if n >= lo and hours is not None and hours > t.hours_max:
             break  # larger shapes only take longer
     if not tried:
-        spec = shape_for_params(PRETRAIN_LADDER[0], vocab_size=req.vocab_size, max_positions=max_pos)
+        spec = shape_for_params(_count(PRETRAIN_LADDER[0]).lower(), vocab_size=req.vocab_size, max_positions=max_pos)
         return _plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
     in_time = [x for x in tried if x[3] is not None and x[3] <= t.hours_max]
     in_range_in_time = [x for x in in_time if lo <= x[0] <= hi]
     reasons, warnings = [], []
     if in_range_in_time:
         pick = in_range_in_time[-1]
-        reasons.append(f"size: {_count(pick[0])} parameters, the largest of {_count(lo)}-{_count(hi)} whose "
+        reasons.append(f"size: {_count(pick[0])} parameters, the largest of {_range(lo, hi)} whose "
                        f"{t.tokens_per_param:g} tokens/parameter train within {t.hours_max:g} h")
     elif in_time:
         pick = in_time[-1]
@@ -417,17 +417,21 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
         reasons.append(f"size: {_count(pick[0])} parameters, the largest that trains "
                        f"{t.tokens_per_param:g} tokens/parameter within {t.hours_max:g} h here")
         if smallest is not None and smallest[3] is not None:
-            warnings.append(f"{t.mode} aims at {_count(lo)}-{_count(hi)} parameters within {t.hours_max:g} h; "
+            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters within {t.hours_max:g} h; "
                             f"{_count(smallest[0])} needs {_count(smallest[4])} tokens = {smallest[3]:.1f} h on "
                             f"this hardware, so the plan is {_count(pick[0])} instead")
         elif pick[0] < lo:
-            warnings.append(f"{t.mode} aims at {_count(lo)}-{_count(hi)} parameters; "
+            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters; "
                             f"{_count(tried[-1][0] if tried else lo)} is the largest that fits the memory budget")
     else:
         pick = tried[0]
         reasons.append(f"size: {_count(pick[0])}, the smallest shape tried")
         warnings.append(f"even {_count(pick[0])} parameters x {t.tokens_per_param:g} tokens/parameter takes "
                         f"{pick[3]:.1f} h here, over this mode's {t.hours_max:g} h")
+        target = next((x for x in tried if x[0] >= lo), None)
+        if target is not None and target[3] is not None:
+            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters: {_count(target[0])} would need "
+                            f"{target[3]:.1f} h on this hardware")
     n, spec, result, hours, tokens = pick
     if req.dataset_tokens is not None and req.dataset_tokens < tokens:
         warnings.append(f"the dataset has {_count(req.dataset_tokens)} tokens: the {_count(tokens)}-token budget "
@@ -447,6 +451,10 @@ def _hours(spec: ModelSpec, setup: TrainingSetup, hw: HardwareProfile, tokens: i
 
     sp = predict_step(spec, setup, hw, Workload(dataset_tokens=tokens))
     return sp.total_seconds / 3600 if sp.total_seconds is not None else None
+
+
+def _range(lo: int, hi: int) -> str:
+    return f"{_count(lo)}+" if hi >= PRETRAIN_LADDER[-1] else f"{_count(lo)}-{_count(hi)}"
 
 
 def _count(n: float) -> str:

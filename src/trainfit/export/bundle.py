@@ -1,0 +1,197 @@
+"""One configuration as the files the real tools load, and writing them all-or-nothing.
+
+`render_files` returns file name -> text (pure: no torch / transformers import):
+
+    run.yaml            the trainfit run config (text given by the caller)
+    training_args.yaml  kwargs of TrainingArguments (pretrain), trl.SFTConfig or trl.DPOConfig
+    lora.yaml           kwargs of peft.LoraConfig (only when the method trains LoRA adapters)
+    accelerate.yaml     the Accelerate config for `accelerate launch --config_file`
+    deepspeed.json      the DeepSpeed config (only when DeepSpeed is the engine)
+    launch.sh           the command that starts the run
+
+Every file starts with the caller's header lines: `# ` comments in YAML and shell; in the JSON
+under its "_comment" key (see trainfit.export.deepspeed for why DeepSpeed accepts that key).
+Paths inside the files are relative to the folder they are written to: launch.sh changes into
+that folder first, and the run directory is runs/<name> there (training_args.yaml's output_dir
+is its checkpoints/ subfolder, where `trainfit train` writes checkpoints).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from trainfit.errors import BadInputError
+from trainfit.export.accelerate_config import accelerate_config
+from trainfit.export.deepspeed import deepspeed_json
+from trainfit.export.engine import engine
+from trainfit.export.launch import launch_command
+from trainfit.export.peft_config import lora_config_kwargs, uses_lora
+from trainfit.export.training_args import CONFIG_MODULES, trainer_config
+from trainfit.export.versions import transformers_major as installed_transformers_major
+
+if TYPE_CHECKING:
+    from trainfit.train.run_config import RunConfig
+
+RUN_FILE = "run.yaml"
+TRAINING_ARGS_FILE = "training_args.yaml"
+LORA_FILE = "lora.yaml"
+ACCELERATE_FILE = "accelerate.yaml"
+DEEPSPEED_FILE = "deepspeed.json"
+LAUNCH_FILE = "launch.sh"
+EXECUTABLE_MODE = 0o755  # launch.sh
+FILE_MODE = 0o644  # everything else (mkstemp creates 0600 files)
+
+
+def run_dir_name(cfg: RunConfig) -> str:
+    """runs/<name>: the config's name made safe for a path (the method when it has none)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.name).strip("-.") or cfg.method
+    return f"runs/{name}"
+
+
+def _header_lines(header_lines: list[str], about: list[str]) -> list[str]:
+    lines = [part for line in header_lines for part in str(line).splitlines() or [""]]
+    return lines + about
+
+
+def _comments(lines: list[str]) -> str:
+    return "".join(f"# {line}\n" if line else "#\n" for line in lines)
+
+
+def _yaml(data: dict) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int, device: str,
+                 run_config_text: str, transformers_major: int | None = None) -> dict[str, str]:
+    """File name -> full text for one configuration run as num_processes processes on device.
+
+    device: the resolved device (cpu, cuda, mps). transformers_major: the Transformers major
+    version the files are for (FSDP and checkpointing argument forms); default: the installed
+    one, or trainfit.export.versions.TRANSFORMERS_MAJOR_DEFAULT without Transformers.
+    """
+    major = installed_transformers_major() if transformers_major is None else transformers_major
+    eng = engine(cfg, num_processes=num_processes)
+    run_dir = run_dir_name(cfg)
+    accel = accelerate_config(cfg, num_processes=num_processes, device=device, transformers_major=major,
+                              deepspeed_file=DEEPSPEED_FILE)
+    class_name, args = trainer_config(cfg, device=device, output_dir=f"{run_dir}/checkpoints",
+                                      world_size=num_processes, transformers_major=major,
+                                      deepspeed_file=DEEPSPEED_FILE if eng == "deepspeed" else None)
+    qualified = f"{CONFIG_MODULES[class_name]}.{class_name}"
+    here = "Paths are relative to this folder (launch.sh runs in it)."
+    files: dict[str, str] = {}
+    files[RUN_FILE] = _comments(_header_lines(header_lines, [
+        f"trainfit run config: trainfit train {RUN_FILE} --out {run_dir} (see {LAUNCH_FILE})"])) + run_config_text
+    files[TRAINING_ARGS_FILE] = _comments(_header_lines(header_lines, [
+        f"Keyword arguments of {qualified}, as trainfit train builds them:",
+        f"  {class_name}(**yaml.safe_load(open(\"{TRAINING_ARGS_FILE}\")))", here])) + _yaml(args)
+    if uses_lora(cfg):
+        files[LORA_FILE] = _comments(_header_lines(header_lines, [
+            "Keyword arguments of peft.LoraConfig, as trainfit train builds them:",
+            f"  LoraConfig(**yaml.safe_load(open(\"{LORA_FILE}\")))"])) + _yaml(lora_config_kwargs(cfg))
+    files[ACCELERATE_FILE] = _comments(_header_lines(header_lines, [
+        f"Accelerate config ({accel['distributed_type']}, {num_processes} process(es)): "
+        f"accelerate launch --config_file {ACCELERATE_FILE} ...", here])) + _yaml(accel)
+    if eng == "deepspeed":
+        files[DEEPSPEED_FILE] = deepspeed_json(cfg, _header_lines(header_lines, [
+            f"DeepSpeed config; \"auto\" values are filled in by Transformers from {TRAINING_ARGS_FILE}."]))
+    command = launch_command(RUN_FILE, out_dir=run_dir, num_processes=num_processes, strategy=eng,
+                             accelerate_file=ACCELERATE_FILE if device == "cuda" else None)
+    files[LAUNCH_FILE] = ("#!/usr/bin/env bash\n" + _comments(_header_lines(header_lines, [
+        f"Starts the run ({eng}, {num_processes} process(es) on {device}); extra arguments go to "
+        "trainfit train (e.g. --resume)."])) + "set -euo pipefail\n"
+        + 'cd "$(dirname "${BASH_SOURCE[0]}")"  # the files below are named relative to this folder\n'
+        + f'{command} "$@"\n')
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+def write_files(out_dir: Path, files: dict[str, str], *, force: bool) -> list[Path]:
+    """Write every file into out_dir, all or nothing; returns the paths written, in order.
+
+    Refused (BadInputError, nothing touched) when out_dir is a file, a name is not a plain file
+    name, a target is a directory, or a target exists and force is False: all targets are checked
+    before anything is written. out_dir (with parents) is created when missing.
+
+    Every file is first written completely (trainfit.files.write_atomic: temp file, fsync,
+    rename) into a staging folder inside out_dir, then renamed into place; the staging folder is
+    removed whatever happens. If a rename fails half-way, the files this call placed where
+    nothing was before are removed again and folders it created are removed when empty; files
+    replaced under force stay replaced (each is complete: old or new, never a mix).
+    """
+    from trainfit.files import write_atomic
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadInputError(f"{out_dir} is a file, not a directory")
+    for name in files:
+        if not name or name in (".", "..") or Path(name).name != name or "/" in name or "\\" in name:
+            raise BadInputError(f"cannot write {name!r}: not a plain file name")
+    targets = [out_dir / name for name in files]
+    folders = [t for t in targets if t.is_dir()]
+    if folders:
+        raise BadInputError(f"cannot write {', '.join(map(str, folders))}: a directory is in the way; nothing was written")
+    existing = [t for t in targets if t.exists() or t.is_symlink()]
+    if existing and not force:
+        raise BadInputError(f"{', '.join(map(str, existing))} already exist(s); nothing was written",
+                            hint="pass --force to overwrite them, or choose another directory")
+    created = _make_dirs(out_dir)
+    placed: list[Path] = []
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".trainfit-export-", dir=out_dir))
+        try:
+            for name, text in files.items():
+                staged = write_atomic(staging / name, text)
+                os.chmod(staged, EXECUTABLE_MODE if text.startswith("#!") else FILE_MODE)
+            for name, target in zip(files, targets):
+                was_there = target.exists() or target.is_symlink()
+                os.replace(staging / name, target)
+                if not was_there:
+                    placed.append(target)
+            _fsync_dir(out_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        for path in placed:
+            path.unlink(missing_ok=True)
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty (or gone): leave it and its parents
+        raise
+    return targets
+
+
+def _make_dirs(out_dir: Path) -> list[Path]:
+    """mkdir -p; returns the folders it created, outermost first."""
+    missing: list[Path] = []
+    folder = out_dir
+    while not folder.exists():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the renames durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

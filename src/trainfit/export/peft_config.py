@@ -1,0 +1,24 @@
+"""peft.LoraConfig keyword arguments for a run config (lora.yaml, and what the runner builds)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainfit.train.run_config import RunConfig
+
+
+def uses_lora(cfg: RunConfig) -> bool:
+    """lora and qlora train adapters; dpo does when training.lora is set."""
+    return cfg.method in ("lora", "qlora") or (cfg.method == "dpo" and cfg.training.lora is not None)
+
+
+def lora_config_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """LoraConfig kwargs from training.lora (the LoraSettings defaults when the section is absent)."""
+    from trainfit.core.setup import LoraSettings
+
+    lo = cfg.training.lora or LoraSettings()
+    # PEFT takes the string "all-linear" (every linear layer but the output head), not a list.
+    targets: str | list[str] = "all-linear" if list(lo.target_modules) == ["all-linear"] else list(lo.target_modules)
+    return {"r": lo.rank, "lora_alpha": lo.alpha, "lora_dropout": lo.dropout, "target_modules": targets,
+            "bias": "none", "task_type": "CAUSAL_LM"}
