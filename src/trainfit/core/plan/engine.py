@@ -33,7 +33,7 @@ SpeedFn = Callable[[ModelSpec, TrainingSetup], SpeedEstimate]
 @dataclass(frozen=True)
 class Tier:
     label: str  # "full fine-tuning", "LoRA", "QLoRA", "seq 1024"
-    chains: Sequence[Sequence[TrainingSetup]]  # each ordered by growing memory
+    chains: Sequence[Iterable[TrainingSetup]]  # each ordered by growing memory (may be lazy)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ benchmarks under bench/ check against measurements.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from trainfit.core.plan import space
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
 from trainfit.core.plan.intent import precision_for
-from trainfit.core.plan.modes import MODES, ModeTargets, targets
+from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup
@@ -185,9 +186,11 @@ def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, g
         zeros = [0, 1, 2, 3] if base.lora is None else [0, 2]
     if offload:
         zeros, offloads = ([2, 3] if base.num_gpus == 1 else [2, 3]), ["optimizer", "optimizer+params"]
+    # Eager attention only ever loses on GPUs (more memory, no faster); CPUs get both kernels.
+    attention = rules.attention if rules.device == "cpu" else tuple(a for a in rules.attention if a != "eager")
     bases = space.product(base, precision=precisions, optimizer=optimizers,
                           grad_checkpointing=("none",) if inference else ("none", "full"),
-                          attention=rules.attention, zero_stage=zeros, offload=offloads)
+                          attention=attention or rules.attention, zero_stage=zeros, offload=offloads)
     if inference:
         batches = [b for b in space.POWERS_OF_TWO if b <= max(t.micro_batch_max, 1) * 2]
         return Tier(label, [[dataclasses.replace(b, micro_batch=mb) for mb in batches] for b in bases])
@@ -238,9 +241,14 @@ def _budget(req: PlanRequest, t: ModeTargets) -> Budget:
 
 
 def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec) -> SearchResult:
+    from trainfit.core.speed import predict_step
+    from trainfit.core.speed.rates import device_rates
+
     global_batch = req.target_batch or t.global_batch
+    rates = device_rates(req.hardware, rules.device)  # once per search, not per candidate
     return search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
-                  rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules)
+                  rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
+                  speed_fn=lambda m, s: predict_step(m, s, rates))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,14 +393,21 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
 
 # ---------------------------------------------------------------------------------------------
 # pretraining: the planner chooses the size
-def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> ModePlan:
-    from trainfit.core.model_shapes import shape_for_params
+@functools.lru_cache(maxsize=256)
+def shape_for_params(label: str, vocab_size: int, max_positions: int) -> ModelSpec:
+    """core.model_shapes.shape_for_params, remembered: every mode walks the same ladder."""
+    from trainfit.core.model_shapes import shape_for_params as shape
 
+    return shape(label, vocab_size=vocab_size, max_positions=max_positions)
+
+
+def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> ModePlan:
     lo, hi = t.params_range
-    max_pos = max(req.seq_len or 0, *t.seq_lens)
+    # One position table for every mode (RoPE shapes do not grow with it), so shapes are shared.
+    max_pos = max(req.seq_len or 0, *DEFAULTS["extreme"].seq_lens)
     tried: list[tuple[int, ModelSpec, SearchResult, float | None, int]] = []
     for n in PRETRAIN_LADDER:
-        spec = shape_for_params(_count(n).lower(), vocab_size=req.vocab_size, max_positions=max_pos)
+        spec = shape_for_params(_count(n).lower(), req.vocab_size, max_pos)
         tokens = int(t.tokens_per_param * n)
         result = _search_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
         if result.best is None:
@@ -401,8 +416,10 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
         tried.append((n, spec, result, hours, tokens))
         if n >= lo and hours is not None and hours > t.hours_max:
             break  # larger shapes only take longer
+        if n >= hi and hours is not None and hours <= t.hours_max:
+            break  # the top of the mode's range trains in time: nothing larger is wanted
     if not tried:
-        spec = shape_for_params(_count(PRETRAIN_LADDER[0]).lower(), vocab_size=req.vocab_size, max_positions=max_pos)
+        spec = shape_for_params(_count(PRETRAIN_LADDER[0]).lower(), req.vocab_size, max_pos)
         return _plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
     in_time = [x for x in tried if x[3] is not None and x[3] <= t.hours_max]
     in_range_in_time = [x for x in in_time if lo <= x[0] <= hi]

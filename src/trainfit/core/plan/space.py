@@ -65,9 +65,15 @@ def with_batch(s: TrainingSetup, micro_batch: int, target_global: int) -> Traini
     return dataclasses.replace(s, micro_batch=micro_batch, grad_accum=accum)
 
 
-def batch_chains(bases: Iterable[TrainingSetup], batches: Sequence[int], target_global: int) -> list[list[TrainingSetup]]:
-    """One chain per base: its micro-batches ascending (memory grows along a chain)."""
-    return [[with_batch(b, mb, target_global) for mb in sorted(batches)] for b in bases]
+def batch_chains(bases: Iterable[TrainingSetup], batches: Sequence[int], target_global: int) -> list[Iterable[TrainingSetup]]:
+    """One chain per base: its micro-batches ascending (memory grows along a chain). Lazy: a
+    chain usually stops at its first setup that does not fit, so the rest is never built."""
+    ordered = sorted(batches)
+
+    def chain(base: TrainingSetup) -> Iterable[TrainingSetup]:  # binds `base` now, builds setups later
+        return (with_batch(base, mb, target_global) for mb in ordered)
+
+    return [chain(b) for b in bases]
 
 
 def lora_variant(s: TrainingSetup, method: str, lora: LoraSettings, *, precision: str | None = None) -> TrainingSetup:
