@@ -64,8 +64,9 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
 
-    summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
-                    quiet=args.quiet, log=say)
+    with _stdout_to_stderr(args.json):
+        summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
+                        quiet=args.quiet, log=say)
     from trainfit.train.runner import world
 
     if world()[0] != 0:
@@ -79,3 +80,32 @@ def run(args: argparse.Namespace) -> int:
         say(f"done: step {summary['global_step']}/{summary['max_steps']}, {loss}"
             + (f", {step:.3f} s/step" if step else "") + f"; weights: {summary['weights']}")
     return 0
+
+
+class _stdout_to_stderr:
+    """While training runs under --json, file descriptor 1 points at stderr: libraries that log on
+    stdout (DeepSpeed's logger holds sys.stdout from its import on) cannot break the one JSON
+    document the command prints after."""
+
+    def __init__(self, active: bool):
+        self.active, self.saved = active, None
+
+    def __enter__(self):
+        if self.active:
+            import os
+            import sys
+
+            sys.stdout.flush()
+            self.saved = os.dup(1)
+            os.dup2(2, 1)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            import os
+            import sys
+
+            sys.stdout.flush()
+            os.dup2(self.saved, 1)
+            os.close(self.saved)
+        return False
