@@ -24,7 +24,7 @@ from trainfit.core.plan.intent import precision_for
 from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.setup import LoraSettings, TrainingSetup
+from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 from trainfit.errors import BadInputError
 
@@ -33,7 +33,7 @@ GIB = 1 << 30
 PRETRAIN_LADDER = (1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 15_000_000, 23_000_000, 35_000_000, 50_000_000, 70_000_000,
                    100_000_000, 125_000_000, 160_000_000, 200_000_000, 350_000_000, 500_000_000, 760_000_000,
                    1_000_000_000, 1_500_000_000, 3_000_000_000, 7_000_000_000, 13_000_000_000)
-PLAN_METHODS = ("auto", "full", "lora", "qlora", "dpo", "pretrain", "inference")
+PLAN_METHODS = ("auto", *METHODS)  # auto: full fine-tuning, falling back to LoRA, then QLoRA
 _FALLBACK = {"full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",),
              "dpo": ("dpo", "dpo+lora", "dpo+qlora"), "pretrain": ("pretrain",), "inference": ("inference",),
              "auto": ("full", "lora", "qlora")}
