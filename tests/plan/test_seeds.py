@@ -89,3 +89,13 @@ def test_this_cpu_pretraining_gives_honest_hours(fixture_machine):
     for m in modes.values():
         assert m.setup.zero_stage == 0 and m.setup.quant == "none" and m.setup.attention != "flash"
         assert m.run.hours is not None and m.run.tokens >= m.pretrain["tokens"] * 0.99
+
+
+def test_inference_capacity_falls_back_to_quantised_weights():
+    """Inference: the largest batch x context per mode; 8-bit / 4-bit weights only when 16-bit does not fit."""
+    modes = _modes(PlanRequest(hardware=resolve_hardware("rtx-4090"), method="inference",
+                               model=resolve_model("Qwen/Qwen2.5-7B")))
+    assert modes["conservative"].fits and modes["conservative"].setup.quant in ("int8", "nf4-dq")
+    assert modes["extreme"].setup.quant == "none" and modes["extreme"].setup.seq_len == 4096
+    for m in modes.values():
+        assert m.memory_used_bytes <= m.memory_budget_bytes

@@ -127,6 +127,8 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
     from trainfit.export.bundle import write_files
     from trainfit.export.plan_files import plan_files
 
+    if plan.method == "inference":
+        raise BadInputError("--out: an inference plan has no training files to write", hint="drop --out")
     rendered = {}
     for mp in plan.modes:
         if mp.fits:

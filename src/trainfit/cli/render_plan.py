@@ -13,6 +13,10 @@ def _hours(h: float | None) -> str:
 
 
 def setting_line(s) -> str:
+    if s.method == "inference":
+        return ", ".join([f"inference, {s.precision}" + (f", {s.quant} weights" if s.quant != "none" else ""),
+                          f"batch {s.micro_batch}" + (f" x {s.num_gpus} GPUs" if s.num_gpus > 1 else ""),
+                          f"context {s.seq_len}", f"attn {s.attention}"])
     parts = [s.method + (f"+{s.quant}" if s.quant != "none" and s.method != "qlora" else ""), s.precision,
              f"micro-batch {s.micro_batch} x accum {s.grad_accum}" + (f" x {s.num_gpus} GPUs" if s.num_gpus > 1 else ""),
              f"seq {s.seq_len}", f"{s.optimizer}", f"attn {s.attention}"]

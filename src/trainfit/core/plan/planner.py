@@ -35,11 +35,13 @@ PRETRAIN_LADDER = (1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 15_00
                    1_000_000_000, 1_500_000_000, 3_000_000_000, 7_000_000_000, 13_000_000_000)
 PLAN_METHODS = ("auto", *METHODS)  # auto: full fine-tuning, falling back to LoRA, then QLoRA
 _FALLBACK = {"full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",),
-             "dpo": ("dpo", "dpo+lora", "dpo+qlora"), "pretrain": ("pretrain",), "inference": ("inference",),
+             "dpo": ("dpo", "dpo+lora", "dpo+qlora"), "pretrain": ("pretrain",),
+             "inference": ("inference", "inference+int8", "inference+nf4"),
              "auto": ("full", "lora", "qlora")}
 _LABEL = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA", "dpo": "DPO (full weights)",
           "dpo+lora": "DPO with LoRA", "dpo+qlora": "DPO with QLoRA", "pretrain": "pretraining",
-          "inference": "inference"}
+          "inference": "inference", "inference+int8": "inference with 8-bit weights",
+          "inference+nf4": "inference with 4-bit NF4 weights"}
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,9 @@ def plan(req: PlanRequest) -> Plan:
 def _variant_base(variant: str, model: ModelSpec, hw: HardwareProfile, rules: DeviceRules, seq: int,
                   lora: LoraSettings) -> TrainingSetup:
     method, _, adapter = variant.partition("+")
-    if method == "dpo" and adapter:
+    if method == "inference":
+        has_lora, quant = False, {"int8": "int8", "nf4": "nf4-dq"}.get(adapter, "none")
+    elif method == "dpo" and adapter:
         has_lora, quant = True, "nf4-dq" if adapter == "qlora" else "none"
     else:
         has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
@@ -210,7 +214,7 @@ def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpe
     lora = req.lora or space.default_lora(model)
     tiers = []
     for variant in _FALLBACK[method]:
-        if "qlora" in variant and not rules.quantization:
+        if ("qlora" in variant or "inference+" in variant) and not rules.quantization:
             continue
         seqs = _seq_lens(req, t, model)
         for seq in seqs:
@@ -326,7 +330,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].total_bytes)} of this mode's "
                    f"{_gib(limit)} ({t.memory_share:.0%} of {_gib(cap or 0)} usable)")
     fitting = result.fitting
-    order = "the largest micro-batch that fits" if t.largest_micro_batch else "the fastest"
+    order = "the largest micro-batch that fits" if t.largest_micro_batch or s.method == "inference" else "the fastest"
     out.append(f"micro-batch {s.micro_batch} x accumulation {s.grad_accum}"
                + (f" x {s.num_gpus} GPUs" if s.num_gpus > 1 else "")
                + f" = global batch {s.global_batch}: {order} of {len(fitting)} fitting settings")
