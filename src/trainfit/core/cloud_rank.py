@@ -24,7 +24,6 @@ from trainfit.core.cloud_catalog import CloudCatalog, Flavor
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.plan.intent import precision_for
 from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
@@ -111,28 +110,6 @@ def cost_class(usd: float) -> str:
     return COST_CLASSES[-1][1]
 
 
-def _variants(method: Method, allow_fallback: bool, lora: LoraSettings) -> list[dict]:
-    """Method variants in order of preference: as asked, then LoRA, then QLoRA."""
-    if method in ("full", "pretrain"):
-        chain = [{"method": method, "lora": None, "quant": "none"}]
-        if allow_fallback and method == "full":
-            chain += [{"method": "lora", "lora": lora, "quant": "none"}, {"method": "qlora", "lora": lora, "quant": "nf4"}]
-    elif method == "lora":
-        chain = [{"method": "lora", "lora": lora, "quant": "none"}]
-        if allow_fallback:
-            chain.append({"method": "qlora", "lora": lora, "quant": "nf4"})
-    elif method == "qlora":
-        chain = [{"method": "qlora", "lora": lora, "quant": "nf4"}]
-    elif method == "dpo":
-        chain = [{"method": "dpo", "lora": None, "quant": "none"}]
-        if allow_fallback:
-            chain += [{"method": "dpo", "lora": lora, "quant": "none", "dpo_reference": "lora-base"},
-                      {"method": "dpo", "lora": lora, "quant": "nf4", "dpo_reference": "lora-base"}]  # fmt: skip
-    else:
-        raise BadInputError(f"--method: {method!r} cannot be ranked for training", hint=f"one of: {', '.join(TRAIN_METHODS)}")
-    return chain
-
-
 @dataclass(frozen=True)
 class _Best:
     setup: TrainingSetup
@@ -150,17 +127,18 @@ def _search(
     from trainfit.core.plan import space
     from trainfit.core.plan.engine import Tier, by_step_time, search
 
-    device = "cpu" if rates.kind == "cpu" else "cuda"
+    from trainfit.core.plan import variants
+    from trainfit.core.plan.hardware_rules import rules_for
+
+    rules = rules_for(hw)
     zero_stages = (0,) if n == 1 else (2, 3)
     tiers = []
-    for variant in _variants(req.method, req.allow_fallback, req.lora):  # type: ignore[arg-type]
-        precision = precision_for(hw, device, method=variant["method"], has_lora=variant["lora"] is not None)
-        base = TrainingSetup(precision=precision, seq_len=req.seq_len, attention="sdpa", num_gpus=n, device=device,
-                             **variant)  # type: ignore[arg-type]
+    for variant in variants.chain(req.method, fallback=req.allow_fallback):
+        base = variants.base_setup(variant, hw, rules, seq_len=req.seq_len, lora=req.lora, num_gpus=n)
+        base = dataclasses.replace(base, attention="sdpa")
         bases = space.product(base, grad_checkpointing=("none", "full"), zero_stage=zero_stages)
         batches = [mb for mb in MICRO_BATCHES if mb * n <= max(req.global_batch, n)]
-        label = f"{variant['method']}{'+' + variant['quant'] if variant['quant'] != 'none' else ''}"
-        tiers.append(Tier(label, space.batch_chains(bases, batches, req.global_batch)))
+        tiers.append(Tier(variants.LABELS[variant], space.batch_chains(bases, batches, req.global_batch)))
     result = search(req.model, hw, tiers, rank_key=by_step_time, memory_fn=memory_fn,
                     speed_fn=lambda m, s: predict_step(m, s, rates, req.workload))
     ratio = result.smallest_need_ratio
@@ -325,6 +303,9 @@ def _tokens_per_epoch(req: CloudRequest) -> int:
 
 
 def _check_request(req: CloudRequest) -> None:
+    if req.method not in TRAIN_METHODS:
+        raise BadInputError(f"--method: {req.method!r} cannot be ranked for training",
+                            hint=f"one of: {', '.join(TRAIN_METHODS)}")
     w = req.workload
     if w.examples is None and w.dataset_tokens is None:
         raise BadInputError("give --dataset-tokens N, or --examples N with --seq-len N")

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.plan import space
+from trainfit.core.plan import space, variants
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
-from trainfit.core.plan.intent import precision_for
 from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
@@ -34,14 +33,7 @@ PRETRAIN_LADDER = (1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 15_00
                    100_000_000, 125_000_000, 160_000_000, 200_000_000, 350_000_000, 500_000_000, 760_000_000,
                    1_000_000_000, 1_500_000_000, 3_000_000_000, 7_000_000_000, 13_000_000_000)
 PLAN_METHODS = ("auto", *METHODS)  # auto: full fine-tuning, falling back to LoRA, then QLoRA
-_FALLBACK = {"full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",),
-             "dpo": ("dpo", "dpo+lora", "dpo+qlora"), "pretrain": ("pretrain",),
-             "inference": ("inference", "inference+int8", "inference+nf4"),
-             "auto": ("full", "lora", "qlora")}
-_LABEL = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA", "dpo": "DPO (full weights)",
-          "dpo+lora": "DPO with LoRA", "dpo+qlora": "DPO with QLoRA", "pretrain": "pretraining",
-          "inference": "inference", "inference+int8": "inference with 8-bit weights",
-          "inference+nf4": "inference with 4-bit NF4 weights"}
+
 
 
 @dataclass(frozen=True)
@@ -158,24 +150,6 @@ def plan(req: PlanRequest) -> Plan:
 
 # ---------------------------------------------------------------------------------------------
 # the search space of one mode
-def _variant_base(variant: str, model: ModelSpec, hw: HardwareProfile, rules: DeviceRules, seq: int,
-                  lora: LoraSettings) -> TrainingSetup:
-    method, _, adapter = variant.partition("+")
-    if method == "inference":
-        has_lora, quant = False, {"int8": "int8", "nf4": "nf4-dq"}.get(adapter, "none")
-    elif method == "dpo" and adapter:
-        has_lora, quant = True, "nf4-dq" if adapter == "qlora" else "none"
-    else:
-        has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
-    precision = precision_for(hw, rules.device, method=method, has_lora=has_lora)
-    if quant != "none" and precision == "fp32":
-        precision = rules.half or "bf16"
-    n = rules.gpus if rules.device != "cpu" else 1
-    return TrainingSetup(method=method, precision=precision, seq_len=seq, lora=lora if has_lora else None,  # type: ignore[arg-type]
-                         quant=quant, num_gpus=max(1, n), device=rules.device,  # type: ignore[arg-type]
-                         dpo_reference="lora-base" if method == "dpo" and has_lora else "separate")
-
-
 def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, global_batch: int, *,
           offload: bool) -> Tier:
     inference = base.method == "inference"
@@ -210,23 +184,22 @@ def _seq_lens(req: PlanRequest, t: ModeTargets, model: ModelSpec) -> list[int]:
 
 
 def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec, global_batch: int) -> list[Tier]:
-    method = req.method if req.method != "auto" else "auto"
     lora = req.lora or space.default_lora(model)
     tiers = []
-    for variant in _FALLBACK[method]:
-        if ("qlora" in variant or "inference+" in variant) and not rules.quantization:
+    for variant in variants.chain(req.method):
+        if variants.needs_bitsandbytes(variant) and not rules.quantization:
             continue
         seqs = _seq_lens(req, t, model)
         for seq in seqs:
-            base = _variant_base(variant, model, req.hardware, rules, seq, lora)
+            base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
             tag = f" at {seq} tokens" if len(seqs) > 1 else ""
-            tiers.append(_tier(f"{_LABEL[variant]}{tag}", base, rules, t, global_batch, offload=False))
+            tiers.append(_tier(f"{variants.LABELS[variant]}{tag}", base, rules, t, global_batch, offload=False))
         full_weights = base.lora is None and base.method not in ("inference",)
         if t.offload and full_weights and rules.device in ("cuda", "rocm"):
             for seq in seqs:
-                base = _variant_base(variant, model, req.hardware, rules, seq, lora)
+                base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
                 tag = f" at {seq} tokens" if len(seqs) > 1 else ""
-                tiers.append(_tier(f"{_LABEL[variant]} with CPU offload{tag}", base, rules, t, global_batch,
+                tiers.append(_tier(f"{variants.LABELS[variant]} with CPU offload{tag}", base, rules, t, global_batch,
                                    offload=True))
     return tiers
 

@@ -1,0 +1,54 @@
+"""Method variants and their fallback order: the one rule for "which method if the asked one
+does not fit". A variant is a method plus how the weights are held: "dpo+lora" is DPO with LoRA
+adapters (the reference model is the base with adapters off), "inference+nf4" serves 4-bit weights.
+
+Fallback keeps the user's method first, then gives up the least: full weights -> LoRA on a 16-bit
+base -> QLoRA (4-bit NF4 base with double quantisation, Dettmers et al. 2023). Pretraining has
+no fallback (adapters need pretrained weights).
+"""
+
+from __future__ import annotations
+
+from trainfit.core.plan.hardware_rules import DeviceRules
+from trainfit.core.plan.intent import precision_for
+from trainfit.core.profile import HardwareProfile
+from trainfit.core.setup import LoraSettings, TrainingSetup
+
+FALLBACK = {
+    "full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",),
+    "dpo": ("dpo", "dpo+lora", "dpo+qlora"), "pretrain": ("pretrain",),
+    "inference": ("inference", "inference+int8", "inference+nf4"),
+    "auto": ("full", "lora", "qlora"),
+}
+LABELS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA", "dpo": "DPO (full weights)",
+          "dpo+lora": "DPO with LoRA", "dpo+qlora": "DPO with QLoRA", "pretrain": "pretraining",
+          "inference": "inference", "inference+int8": "inference with 8-bit weights",
+          "inference+nf4": "inference with 4-bit NF4 weights"}
+
+
+def chain(method: str, *, fallback: bool = True) -> tuple[str, ...]:
+    """The variants to try for `method`, in order (only the method itself without fallback)."""
+    return FALLBACK[method] if fallback else FALLBACK[method][:1]
+
+
+def needs_bitsandbytes(variant: str) -> bool:
+    return "qlora" in variant or variant.startswith("inference+")
+
+
+def base_setup(variant: str, hw: HardwareProfile, rules: DeviceRules, *, seq_len: int, lora: LoraSettings,
+               num_gpus: int | None = None) -> TrainingSetup:
+    """The variant on this hardware with everything else at its default (the search varies the rest)."""
+    method, _, held = variant.partition("+")
+    if method == "inference":
+        has_lora, quant = False, {"int8": "int8", "nf4": "nf4-dq"}.get(held, "none")
+    elif method == "dpo" and held:
+        has_lora, quant = True, "nf4-dq" if held == "qlora" else "none"
+    else:
+        has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
+    precision = precision_for(hw, rules.device, method=method, has_lora=has_lora)
+    if quant != "none" and precision == "fp32":
+        precision = rules.half or "bf16"  # 4/8-bit kernels compute in 16-bit
+    n = num_gpus if num_gpus is not None else (rules.gpus if rules.device != "cpu" else 1)
+    return TrainingSetup(method=method, precision=precision, seq_len=seq_len, lora=lora if has_lora else None,  # type: ignore[arg-type]
+                         quant=quant, num_gpus=max(1, n), device=rules.device,  # type: ignore[arg-type]
+                         dpo_reference="lora-base" if method == "dpo" and has_lora else "separate")
