@@ -128,3 +128,13 @@ def test_analyze_generate_configs_and_json(tmp_path):
     doc = json.loads(r.stdout)
     assert len(doc["plan"]["modes"]) == 3
     assert (tmp_path / "g" / "balanced" / "run.yaml").is_file()
+
+
+def test_budget_prices_the_run_from_the_cloud_catalog():
+    r = trainfit("plan", "qwen2.5-7b", "--method", "lora", "--hardware", "a100-80gb", "--examples", "50000",
+                 "--seq-len", "2048", "--budget", "1", "--mode", "balanced", "--json")
+    assert r.returncode == 0, r.stderr
+    m = json.loads(r.stdout)["modes"][0]
+    assert m["run"]["rental_usd"] > 1 and any("over the $1 budget" in w for w in m["warnings"])
+    r = trainfit("plan", "qwen2.5-7b", "--hardware", "rtx-3060", "--budget", "5")
+    assert r.returncode == 2 and "--usd-per-hour" in r.stderr

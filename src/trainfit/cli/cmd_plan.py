@@ -108,13 +108,30 @@ def build_request(args: argparse.Namespace, hardware=None):
     hw = hardware if hardware is not None else _hardware(args.hardware)
     from trainfit.core.power import DEFAULT_PRICE_PER_KWH
 
+    usd_per_hour = args.usd_per_hour
+    if args.budget is not None and usd_per_hour is None:
+        usd_per_hour = rental_price(hw)
+
     return PlanRequest(
         hardware=hw, method=method, model=model, seq_len=args.seq_len, target_batch=args.target_batch,
         dataset_tokens=args.dataset_tokens, examples=args.examples, epochs=args.epochs,
         time_budget_hours=parse_hours(args.time_budget), memory_budget_bytes=parse_bytes(args.memory_budget),
-        memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=args.usd_per_hour,
+        memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
         vocab_size=args.vocab, modes=modes)
+
+
+def rental_price(hw) -> float:
+    """The cheapest on-demand hourly price of a cloud flavor with exactly this hardware's GPUs."""
+    from trainfit.core.cloud_catalog import load_cloud_catalog
+
+    gpu = hw.gpus[0].catalog_id if hw.gpus else None
+    prices = [f.usd_per_hour for f in load_cloud_catalog().flavors
+              if gpu and f.gpu == gpu and f.gpu_count == len(hw.gpus) and f.usd_per_hour is not None]
+    if not prices:
+        raise BadInputError(f"--budget: no cloud flavor in the catalog has exactly {len(hw.gpus)} x {gpu or 'CPU'}",
+                            hint="give the price with --usd-per-hour")
+    return min(prices)
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -335,6 +335,11 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         out.append(f"LoRA rank {s.lora.rank}, alpha {s.lora.alpha} on {targets}")
     if rules.device == "cpu":
         out.append(rules.reasons["threads"])
+    elif s.num_gpus > 1:
+        out.append(rules.reasons["sharding"])
+    if req.usd_per_hour is not None:
+        out.append(f"cost at ${req.usd_per_hour:.2f}/h" + (f" against the ${req.budget_usd:g} budget"
+                                                          if req.budget_usd is not None else ""))
     return out
 
 
@@ -347,7 +352,9 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
         out.append(f"run time {hours:.1f} h is over this mode's {t.hours_max:g} h: at "
                    f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of the data fits the time")
     if rental is not None and req.budget_usd is not None and rental > req.budget_usd:
-        out.append(f"cost ${rental:.2f} is over the ${req.budget_usd:g} budget")
+        out.append(f"cost ${rental:.2f} is over the ${req.budget_usd:g} budget: it buys "
+                   f"{req.budget_usd / rental:.0%} of this run (fewer examples or epochs, or a cheaper machine: "
+                   "trainfit cloud)")
     limit_w = power.gpu_limit_watts_each
     if power.gpu_count and limit_w:
         share = power.gpu_watts_each / limit_w
