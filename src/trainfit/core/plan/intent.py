@@ -50,5 +50,8 @@ def resolve_setup(hardware: HardwareProfile | None, method: str = "full", *, lor
         dpo_reference = "lora-base" if method == "dpo" and lora is not None else "separate"
     if precision is None or precision == "auto":
         precision = precision_for(hardware, device, method=method, has_lora=lora is not None)
+        if quant != "none" and precision == "fp32":
+            # 4/8-bit weights are de-quantised into a 16-bit compute type (bitsandbytes)
+            precision = (half_type(hardware, device) if hardware is not None else None) or "bf16"
     return TrainingSetup(method=method, precision=precision, lora=lora, quant=quant, num_gpus=num_gpus,  # type: ignore[arg-type]
                          device=device, dpo_reference=dpo_reference, **knobs)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ no fallback (adapters need pretrained weights).
 from __future__ import annotations
 
 from trainfit.core.plan.hardware_rules import DeviceRules
-from trainfit.core.plan.intent import precision_for
+from trainfit.core.plan.intent import resolve_setup
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
@@ -45,10 +45,7 @@ def base_setup(variant: str, hw: HardwareProfile, rules: DeviceRules, *, seq_len
         has_lora, quant = True, "nf4-dq" if held == "qlora" else "none"
     else:
         has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
-    precision = precision_for(hw, rules.device, method=method, has_lora=has_lora)
-    if quant != "none" and precision == "fp32":
-        precision = rules.half or "bf16"  # 4/8-bit kernels compute in 16-bit
     n = num_gpus if num_gpus is not None else (rules.gpus if rules.device != "cpu" else 1)
-    return TrainingSetup(method=method, precision=precision, seq_len=seq_len, lora=lora if has_lora else None,  # type: ignore[arg-type]
-                         quant=quant, num_gpus=max(1, n), device=rules.device,  # type: ignore[arg-type]
+    return resolve_setup(hw, method, lora=lora if has_lora else None, device=rules.device, num_gpus=max(1, n),
+                         quant=quant, seq_len=seq_len,
                          dpo_reference="lora-base" if method == "dpo" and has_lora else "separate")
