@@ -28,7 +28,7 @@ class ModeTargets:
     tokens_per_param: float  # pretraining token budget (Chinchilla ratio)
     params_range: tuple[int, int]  # pretraining model sizes the mode aims at
     global_batch: int  # effective batch when the user gives none
-    largest_micro_batch: bool  # rank by micro-batch first (extreme), else by speed
+    largest_micro_batch: bool  # extreme: the largest micro-batch within 10 % of the fastest, else the fastest
     offload: bool  # may fall back to CPU offload before changing method
 
 

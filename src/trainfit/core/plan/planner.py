@@ -204,13 +204,29 @@ def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpe
     return tiers
 
 
+# Extreme's "largest micro-batch" may give up at most this much speed against the fastest setting
+# (a bigger batch that is much slower would only shrink what the mode can train in its time).
+LARGEST_BATCH_SLOWDOWN = 1.10
+
+
 def _rank_key(t: ModeTargets, inference: bool):
     def key(c: Candidate) -> tuple:
         step = c.speed.step_seconds if c.speed else math.inf
-        if inference or t.largest_micro_batch:
+        if inference:
             return (-c.setup.micro_batch, step, c.need_ratio)
         return (step, c.need_ratio)
     return key
+
+
+def _largest_batch_near_fastest(result: SearchResult) -> SearchResult:
+    """Extreme: the largest micro-batch among settings within LARGEST_BATCH_SLOWDOWN of the fastest."""
+    if result.best is None or result.best.speed is None:
+        return result
+    limit = result.best.speed.step_seconds * LARGEST_BATCH_SLOWDOWN
+    near = [c for c in result.fitting if c.speed is not None and c.speed.step_seconds <= limit]
+    pick = max(near, key=lambda c: (c.setup.micro_batch, -c.speed.step_seconds))  # type: ignore[union-attr]
+    rest = [c for c in result.fitting if c is not pick]
+    return dataclasses.replace(result, best=pick, fitting=[pick, *rest])
 
 
 def _budget(req: PlanRequest, t: ModeTargets) -> Budget:
@@ -223,9 +239,12 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
 
     global_batch = req.target_batch or t.global_batch
     rates = device_rates(req.hardware, rules.device)  # once per search, not per candidate
-    return search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
-                  rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
-                  speed_fn=lambda m, s: predict_step(m, s, rates))
+    result = search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
+                     rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
+                     speed_fn=lambda m, s: predict_step(m, s, rates))
+    if t.largest_micro_batch and req.method != "inference":
+        result = _largest_batch_near_fastest(result)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +322,9 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].total_bytes)} of this mode's "
                    f"{_gib(limit)} ({t.memory_share:.0%} of {_gib(cap or 0)} usable)")
     fitting = result.fitting
-    order = "the largest micro-batch that fits" if t.largest_micro_batch or s.method == "inference" else "the fastest"
+    order = ("the largest micro-batch that fits" if s.method == "inference" else
+             f"the largest micro-batch within {LARGEST_BATCH_SLOWDOWN - 1:.0%} of the fastest" if t.largest_micro_batch
+             else "the fastest")
     out.append(f"micro-batch {s.micro_batch} x accumulation {s.grad_accum}"
                + (f" x {s.num_gpus} GPUs" if s.num_gpus > 1 else "")
                + f" = global batch {s.global_batch}: {order} of {len(fitting)} fitting settings")
