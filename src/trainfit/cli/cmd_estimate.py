@@ -156,28 +156,32 @@ def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
     calibration = _machine_calibration(args, hw, setup)
     if calibration is not None and calibration.memory_factor:
         prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
-        result = apply_memory_factor(result, prefix, calibration.memory_factor, _calibration_source(calibration))
+        result = apply_memory_factor(result, prefix, calibration.memory_factor, calibration_source(calibration))
     suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
     return result, suggestion
 
 
 def _machine_calibration(args: argparse.Namespace, hw, setup: TrainingSetup):
-    """This machine's `trainfit verify` ratios for the setup's device, or None.
+    return machine_calibration(hw, setup.device, named_hardware=args.hardware, disabled=args.no_calibration)
+
+
+def machine_calibration(hw, device: str, *, named_hardware: str | None, disabled: bool = False):
+    """This machine's `trainfit verify` ratios for the device, or None.
 
     A catalog machine ('rtx-4090') is not this machine; the live profile and a saved profile
     JSON of it are (the calibration is keyed by the machine fingerprint).
     """
-    if args.no_calibration or hw is None or (args.hardware and not hw.source.startswith("file:")):
+    if disabled or hw is None or (named_hardware and not hw.source.startswith("file:")):
         return None
     from trainfit.train.calibration import device_key, load_calibration, machine_fingerprint
 
     calibration = load_calibration(machine_fingerprint(hw))
     if calibration is None:
         return None
-    return calibration.devices.get(device_key(setup.device, hw.gpus[0].name if hw.gpus else None))
+    return calibration.devices.get(device_key(device, hw.gpus[0].name if hw.gpus else None))
 
 
-def _calibration_source(device_calibration) -> str:
+def calibration_source(device_calibration) -> str:
     n = device_calibration.samples
     return f"trainfit verify on this machine ({n} run{'s' if n != 1 else ''})"
 
@@ -204,7 +208,7 @@ def _run_prediction(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
     calibration = _machine_calibration(args, hw, setup)
     factor = calibration.step_time_factor if calibration and calibration.step_time_factor else 1.0
     return predict_run(spec, setup, hw, workload, price_per_kwh=price, step_time_factor=factor,
-                       calibration_source=_calibration_source(calibration) if calibration else "")
+                       calibration_source=calibration_source(calibration) if calibration else "")
 
 
 def run(args: argparse.Namespace) -> int:

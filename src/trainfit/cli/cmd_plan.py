@@ -108,6 +108,14 @@ def build_request(args: argparse.Namespace, hardware=None):
     hw = hardware if hardware is not None else _hardware(args.hardware)
     from trainfit.core.power import DEFAULT_PRICE_PER_KWH
 
+    from trainfit.cli.cmd_estimate import calibration_source, machine_calibration
+    from trainfit.core.plan.hardware_rules import rules_for
+
+    cal = machine_calibration(hw, rules_for(hw).device, named_hardware=args.hardware)
+    calibration = {}
+    if cal is not None:
+        calibration = {"memory_factor": cal.memory_factor or 1.0, "step_time_factor": cal.step_time_factor or 1.0,
+                       "calibration_source": calibration_source(cal)}
     usd_per_hour = args.usd_per_hour
     if args.budget is not None and usd_per_hour is None:
         usd_per_hour = rental_price(hw)
@@ -118,7 +126,7 @@ def build_request(args: argparse.Namespace, hardware=None):
         time_budget_hours=parse_hours(args.time_budget), memory_budget_bytes=parse_bytes(args.memory_budget),
         memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
-        vocab_size=args.vocab, modes=modes)
+        vocab_size=args.vocab, modes=modes, **calibration)
 
 
 def rental_price(hw) -> float:

@@ -56,6 +56,10 @@ class PlanRequest:
     vocab_size: int = 32000  # pretraining shapes
     lora: LoraSettings | None = None  # default: rank 16 on every linear layer of the blocks
     modes: tuple[str, ...] = MODES
+    # This machine's `trainfit verify` ratios (measured / predicted), as estimate applies them.
+    memory_factor: float = 1.0
+    step_time_factor: float = 1.0
+    calibration_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,19 @@ def _rank_key(t: ModeTargets, inference: bool):
     return key
 
 
+def _memory_fn(req: PlanRequest, rules: DeviceRules):
+    """The memory model, with this machine's measured ratio applied like `estimate` applies it."""
+    from trainfit.core.memory import estimate_memory
+
+    if req.memory_factor == 1.0:
+        return estimate_memory
+    from trainfit.core.memory.calibrated import apply_memory_factor
+
+    prefix = "cuda" if rules.device in ("cuda", "rocm") else rules.device
+    return lambda m, s, h: apply_memory_factor(estimate_memory(m, s, h), prefix, req.memory_factor,
+                                               req.calibration_source)
+
+
 def _largest_batch_near_fastest(result: SearchResult) -> SearchResult:
     """Extreme: the largest micro-batch among settings within LARGEST_BATCH_SLOWDOWN of the fastest."""
     if result.best is None or result.best.speed is None:
@@ -241,7 +258,7 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
     rates = device_rates(req.hardware, rules.device)  # once per search, not per candidate
     result = search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
                      rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
-                     speed_fn=lambda m, s: predict_step(m, s, rates))
+                     speed_fn=lambda m, s: predict_step(m, s, rates), memory_fn=_memory_fn(req, rules))
     if t.largest_micro_batch and req.method != "inference":
         result = _largest_batch_near_fastest(result)
     return result
@@ -279,7 +296,8 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                         reasons, warnings, t, model, pretrain, result.evaluated)
     best = result.best
     s = best.setup
-    run_pred = predict_run(model, s, req.hardware, _workload(req, pretrain_tokens), price_per_kwh=req.price_per_kwh)
+    run_pred = predict_run(model, s, req.hardware, _workload(req, pretrain_tokens), price_per_kwh=req.price_per_kwh,
+                           step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     speed, power = run_pred.speed, run_pred.power
     used = max(d.total_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
@@ -288,7 +306,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     if speed.total_steps is not None:
         tokens = int(speed.total_steps * s.global_batch * s.seq_len * (2 if s.method == "dpo" else 1))
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
-    reasons += _reasons(model, req, t, rules, result, best, budget, cap)
+    reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes
     warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
                     speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated)
