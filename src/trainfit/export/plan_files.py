@@ -112,6 +112,10 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     lines = header_lines(mp, command)
     if not data_paths:
         lines.append(f"data: {raw['data']['paths'][0]} is a shipped sample set; plan with --data to use yours")
+    if mp.pretrain is not None:
+        lines.append(f"model sized for a {raw['tokenizer']['vocab_size']}-token vocabulary: a tokenizer trained on a "
+                     "small corpus can stop short of it, which shrinks the embeddings (summary.json then predicts "
+                     "the model that ran)")
     s = mp.setup
     assert s is not None
     device = "cuda" if s.device in ("cuda", "rocm") else s.device
