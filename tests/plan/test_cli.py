@@ -138,3 +138,8 @@ def test_budget_prices_the_run_from_the_cloud_catalog():
     assert m["run"]["rental_usd"] > 1 and any("over the $1 budget" in w for w in m["warnings"])
     r = trainfit("plan", "qwen2.5-7b", "--hardware", "rtx-3060", "--budget", "5")
     assert r.returncode == 2 and "--usd-per-hour" in r.stderr
+
+
+def test_qlora_where_bitsandbytes_cannot_run_is_unavailable():
+    r = trainfit("plan", "qwen2.5-0.5b", "--method", "qlora", "--hardware", "m2-16gb")
+    assert r.returncode == 4 and "bitsandbytes" in r.stderr and "--method lora" in r.stderr

@@ -25,7 +25,7 @@ from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
-from trainfit.errors import BadInputError
+from trainfit.errors import BadInputError, UnavailableError
 
 GIB = 1 << 30
 # Pretraining sizes the planner tries (parameters), smallest first.
@@ -131,6 +131,8 @@ def check_request(req: PlanRequest) -> None:
                         ("--price-per-kwh", req.price_per_kwh)):
         if value is not None and (value < 0 or math.isnan(value)):
             problems.append(f"{flag} must not be negative, got {value}")
+    if not (2 <= req.vocab_size <= 10_000_000):
+        problems.append(f"--vocab must be in [2, 10000000], got {req.vocab_size}")
     if problems:
         raise BadInputError("; ".join(problems))
 
@@ -139,6 +141,9 @@ def plan(req: PlanRequest) -> Plan:
     """Plan every requested mode."""
     check_request(req)
     rules = rules_for(req.hardware)
+    if req.method == "qlora" and not rules.quantization:
+        raise UnavailableError(f"--method qlora: {rules.reasons['quantization']}",
+                               hint="plan --method lora (or auto) on this hardware")
     modes = []
     for name in req.modes:
         t = targets(name, memory_share=req.memory_share, tokens_per_param=req.tokens_per_param,
