@@ -109,7 +109,8 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
                          offload=args.offload, generate_tokens=args.generate)
 
 
-def _hardware(spec: str | None):
+def load_hardware(spec: str | None):
+    """A catalog machine or profile JSON when named, else the quick live profile."""
     if spec:
         from trainfit.core.hardware_spec import resolve_hardware
 
@@ -137,7 +138,7 @@ def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
 
 def _inputs(args: argparse.Namespace):
     spec = _model(args)
-    hw = _hardware(args.hardware)
+    hw = load_hardware(args.hardware)
     return spec, hw, build_setup(args, hw)
 
 

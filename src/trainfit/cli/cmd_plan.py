@@ -74,15 +74,11 @@ def parse_bytes(text: str | None, flag: str = "--memory-budget") -> int | None:
 
 
 def _hardware(spec: str | None):
-    if spec is not None:
-        if not spec.strip():
-            raise BadInputError("--hardware: empty (give a catalog machine such as 'rtx-4090', or a profile JSON)")
-        from trainfit.core.hardware_spec import resolve_hardware
+    if spec is not None and not spec.strip():
+        raise BadInputError("--hardware: empty (give a catalog machine such as 'rtx-4090', or a profile JSON)")
+    from trainfit.cli.cmd_estimate import load_hardware
 
-        return resolve_hardware(spec)
-    from trainfit.hardware.profiler import build_profile
-
-    return build_profile(quick=True)
+    return load_hardware(spec)
 
 
 def build_request(args: argparse.Namespace, hardware=None):

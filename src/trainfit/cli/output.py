@@ -10,6 +10,8 @@ from trainfit.core.serde import to_jsonable
 from trainfit.files import write_atomic  # noqa: F401  (re-exported for the commands)
 from trainfit.terminal import console  # noqa: F401
 
+__all__ = ["print_json", "say", "console", "write_atomic"]
+
 
 def print_json(obj: Any) -> None:
     """Print one JSON document on stdout (and nothing else goes to stdout under --json)."""

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainfit.core.cloud_catalog import CloudCatalog, Flavor
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
+from trainfit.core.plan.engine import MemoryFn
 from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
@@ -34,7 +34,6 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 COST_CLASSES = ((5.0, "under $5"), (20.0, "$5-20"), (50.0, "$20-50"), (200.0, "$50-200"), (math.inf, "over $200"))
 DEFAULT_SETUP_MINUTES = 10.0
 DEFAULT_GLOBAL_BATCH = 16
-MemoryFn = Callable[[ModelSpec, TrainingSetup, HardwareProfile], MemoryEstimate]
 
 
 @dataclass(frozen=True)
@@ -124,10 +123,8 @@ def _search(
 ) -> tuple[_Best | None, float, str]:
     """Fastest fitting setting on one machine (the planner engine's "fastest" policy: one tier
     per method variant, chains over the micro-batch); else (None, smallest need/capacity, reason)."""
-    from trainfit.core.plan import space
+    from trainfit.core.plan import space, variants
     from trainfit.core.plan.engine import Tier, by_step_time, search
-
-    from trainfit.core.plan import variants
     from trainfit.core.plan.hardware_rules import rules_for
 
     rules = rules_for(hw)

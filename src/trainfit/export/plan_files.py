@@ -5,7 +5,7 @@ are rendered from that same config, so the exported TrainingArguments / DeepSpee
 files are exactly what `trainfit train` runs.
 
 Decisions where a plan says nothing: the data is the user's --data, else the shipped sample set
-for the method (named in the header as a placeholder); learning rates are the common defaults per
+for the method (the header says to plan with --data for one's own); learning rates are the common defaults per
 method (pretraining 6e-4 for small models, full fine-tuning 2e-5, LoRA 2e-4, DPO 1e-6 full /
 5e-6 LoRA), with 3 % warm-up and cosine decay; checkpoints every ~30 minutes of predicted time
 (conservative 15, extreme 60), at least every 1,000 steps.

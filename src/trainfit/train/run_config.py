@@ -84,7 +84,7 @@ class DataConfig:
 class TrainingConfig(TrainingSetup):
     """The `training:` section: the TrainingSetup knobs (trainfit.core.setup, with its defaults),
     plus what only a run needs. `method` is the config's top-level key and `generate_tokens` is
-    for inference, so neither is a key here (RUN_ONLY_KEYS)."""
+    for inference, so neither is a key here (NOT_TRAINING_KEYS)."""
 
     # auto: the core rule for the device the run lands on (core.plan.intent.precision_for)
     precision: PrecisionMode | Literal["auto"] = "auto"
@@ -176,14 +176,14 @@ class RunConfig:
         (the hardware's 16-bit type; the live profile's when `hardware` is None)."""
         if self.training.precision != "auto":
             return self
-        from trainfit.core.plan.intent import precision_for
+        from trainfit.core.plan.intent import precision_for, uses_lora
 
         if hardware is None:
             from trainfit.hardware.profiler import build_profile
 
             hardware = build_profile(quick=True)
-        lora = self.method in ("lora", "qlora") or (self.method == "dpo" and self.training.lora is not None)
-        precision = precision_for(hardware, device, method=self.method, has_lora=lora)
+        precision = precision_for(hardware, device, method=self.method,
+                                  has_lora=uses_lora(self.method, self.training.lora))
         return dataclasses.replace(self, training=dataclasses.replace(self.training, precision=precision))
 
     def config_hash(self) -> str:

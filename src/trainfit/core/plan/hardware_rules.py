@@ -67,7 +67,12 @@ def half_type(profile: HardwareProfile, device: str | None = None) -> Half | Non
 
 
 def _is_laptop(gpu: GpuInfo) -> bool:
-    return "laptop" in gpu.name.lower() or "mobile" in gpu.name.lower() or "max-q" in gpu.name.lower()
+    """The GPU catalog's class (its name matching folds "Mobile" / "Max-Q" into laptop parts)."""
+    if not gpu.catalog_id:
+        return False
+    from trainfit.core.gpu_catalog import get_gpu
+
+    return get_gpu(gpu.catalog_id).gpu_class == "laptop"
 
 
 def rules_for(profile: HardwareProfile, device: str | None = None) -> DeviceRules:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.plan import space
+from trainfit.core.plan import space, variants
 from trainfit.core.plan.engine import Candidate, MemoryFn, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
 from trainfit.core.profile import HardwareProfile
@@ -59,9 +59,9 @@ def _knob_tier(label: str, base: TrainingSetup, user: TrainingSetup, rules: Devi
             zeros += [2, 3]
             offloads += ["optimizer", "optimizer+params"]
     ckpts = [base.grad_checkpointing] + (["full"] if base.method != "inference" else [])
-    bases = space.product(base, grad_checkpointing=space.unique(ckpts), precision=space.unique(precisions),
-                          optimizer=space.unique(optimizers), zero_stage=space.unique(zeros),
-                          offload=space.unique(offloads))
+    bases = space.product(base, grad_checkpointing=list(dict.fromkeys(ckpts)), precision=list(dict.fromkeys(precisions)),
+                          optimizer=list(dict.fromkeys(optimizers)), zero_stage=list(dict.fromkeys(zeros)),
+                          offload=list(dict.fromkeys(offloads)))
     target = user.global_batch
     if base.method == "inference":
         batches = [b for b in space.POWERS_OF_TWO if b <= user.micro_batch]
@@ -72,32 +72,44 @@ def _knob_tier(label: str, base: TrainingSetup, user: TrainingSetup, rules: Devi
     return Tier(label, chains)
 
 
+def _variant_of(s: TrainingSetup) -> str:
+    """The variant name (core.plan.variants) of a setup."""
+    if s.method == "dpo" and s.lora is not None:
+        return "dpo+qlora" if s.quant != "none" else "dpo+lora"
+    if s.method == "inference" and s.quant != "none":
+        return "inference+nf4" if s.quant.startswith("nf4") else "inference+int8"
+    return s.method
+
+
+def _as_variant(base: TrainingSetup, variant: str, lora: LoraSettings, half: str) -> TrainingSetup:
+    """`base` (the user's knobs) moved to a fallback variant."""
+    method, _, held = variant.partition("+")
+    if method == "inference":
+        return dataclasses.replace(base, quant={"int8": "int8", "nf4": "nf4-dq"}[held])
+    quantised = variant.endswith("qlora")
+    # A quantised base computes in the 16-bit type (pure, the adapters stay fp32 in PEFT).
+    precision = (half if base.precision == "fp32" else base.precision.replace("-mixed", "")) if quantised else None
+    moved = space.lora_variant(base, method, lora, precision=precision)
+    return dataclasses.replace(moved, quant="nf4-dq") if quantised else moved
+
+
 def nearest_tiers(setup: TrainingSetup, rules: DeviceRules, lora: LoraSettings | None = None) -> list[Tier]:
     lora = setup.lora or lora or LoraSettings()
     half = rules.half or "bf16"
+    own = _variant_of(setup)
+    chain = variants.chain(setup.method)
+    fallbacks = chain[chain.index(own) + 1:] if own in chain else ()
     tiers: list[Tier] = []
     for seq in [setup.seq_len] + [setup.seq_len // f for f in (2, 4) if setup.seq_len // f >= 64]:
         base = dataclasses.replace(setup, seq_len=seq)
         tag = "" if seq == setup.seq_len else f", sequence length {seq}"
-        tiers.append(_knob_tier(f"{_label(setup)}{tag}", base, setup, rules))
-        if setup.method in ("full", "pretrain") or (setup.method == "dpo" and setup.lora is None):
-            if setup.method != "pretrain":
-                tiers.append(_knob_tier(f"LoRA instead of full fine-tuning{tag}",
-                                        space.lora_variant(base, "lora", lora), setup, rules))
-        if rules.quantization and setup.method in ("full", "lora", "dpo") and setup.quant == "none":
-            precision = half if setup.precision == "fp32" else setup.precision.replace("-mixed", "")
-            q = space.lora_variant(base, "qlora" if setup.method != "dpo" else "dpo", lora, precision=precision)
-            q = dataclasses.replace(q, quant="nf4-dq")
-            tiers.append(_knob_tier(f"QLoRA (4-bit NF4 base, double quantisation){tag}", q, setup, rules))
-        if setup.method == "inference" and setup.quant == "none" and rules.quantization:
-            for quant in ("int8", "nf4-dq"):
-                tiers.append(_knob_tier(f"{quant} weights{tag}", dataclasses.replace(base, quant=quant), setup, rules))
+        tiers.append(_knob_tier(f"{variants.LABELS[own]}{tag}", base, setup, rules))
+        for variant in fallbacks:
+            if variants.needs_bitsandbytes(variant) and not rules.quantization:
+                continue
+            tiers.append(_knob_tier(f"{variants.LABELS[variant]}{tag}", _as_variant(base, variant, lora, half),
+                                    setup, rules))
     return tiers
-
-
-def _label(s: TrainingSetup) -> str:
-    return {"full": "full fine-tuning", "pretrain": "pretraining", "lora": "LoRA", "qlora": "QLoRA",
-            "dpo": "DPO", "inference": "inference"}[s.method]
 
 
 def nearest_fitting_search(model: ModelSpec, setup: TrainingSetup, hardware: HardwareProfile,

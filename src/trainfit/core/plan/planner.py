@@ -440,7 +440,7 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
         result = _search_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
         if result.best is None:
             break  # larger shapes need more memory still
-        hours = _hours(spec, result.best.setup, req.hardware, tokens)
+        hours = _hours(result.best, tokens)
         tried.append((n, spec, result, hours, tokens))
         if n >= lo and hours is not None and hours > t.hours_max:
             break  # larger shapes only take longer
@@ -491,11 +491,13 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
                        reasons, warnings)
 
 
-def _hours(spec: ModelSpec, setup: TrainingSetup, hw: HardwareProfile, tokens: int) -> float | None:
-    from trainfit.core.speed import predict_step
+def _hours(best: Candidate, tokens: int) -> float | None:
+    """Run time of `tokens` at the step time the search predicted for `best` (no second prediction)."""
+    from trainfit.core.speed.predict import with_workload
 
-    sp = predict_step(spec, setup, hw, Workload(dataset_tokens=tokens))
-    return sp.total_seconds / 3600 if sp.total_seconds is not None else None
+    if best.speed is None:
+        return None
+    return with_workload(best.speed, best.setup, Workload(dataset_tokens=tokens)).total_seconds / 3600
 
 
 def _range(lo: int, hi: int) -> str:

@@ -45,14 +45,6 @@ def product(base: TrainingSetup, **axes: Sequence) -> list[TrainingSetup]:
     return out
 
 
-def unique(values: Iterable) -> list:
-    out: list = []
-    for v in values:
-        if v not in out:
-            out.append(v)
-    return out
-
-
 def micro_batches(target_global: int, devices: int, low: int = 1, high: int = 128) -> list[int]:
     """Powers of two in [low, high] whose micro-batch x devices does not exceed the target."""
     cap = max(1, target_global // max(1, devices))

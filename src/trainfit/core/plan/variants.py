@@ -47,5 +47,4 @@ def base_setup(variant: str, hw: HardwareProfile, rules: DeviceRules, *, seq_len
         has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
     n = num_gpus if num_gpus is not None else (rules.gpus if rules.device != "cpu" else 1)
     return resolve_setup(hw, method, lora=lora if has_lora else None, device=rules.device, num_gpus=max(1, n),
-                         quant=quant, seq_len=seq_len,
-                         dpo_reference="lora-base" if method == "dpo" and has_lora else "separate")
+                         quant=quant, seq_len=seq_len)
