@@ -227,23 +227,105 @@ def _is_buffer(name: str, shape: list[int]) -> bool:
     return name.endswith(("inv_freq", "masked_bias")) or (name.endswith(".bias") and len(shape) == 4)
 
 
+_ST_ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+# Largest plausible tensor dimension and parameter count: far above any real model, small enough
+# that a corrupt header cannot claim 7e42 parameters.
+_MAX_DIM = 2**40
+MAX_PARAMS = 10**15
+
+
+def header_length(raw_len: bytes, origin: str) -> int:
+    """The JSON header's length from a safetensors file's first 8 bytes."""
+    if len(raw_len) != 8:
+        raise BadInputError(f"{origin}: too short to be a safetensors file")
+    (length,) = struct.unpack("<Q", raw_len)
+    if length > _MAX_HEADER_BYTES:
+        raise BadInputError(f"{origin}: safetensors header length {length} is implausible (corrupt file?)")
+    return length
+
+
+def parse_header(raw: bytes, origin: str) -> dict[str, Any]:
+    """A safetensors JSON header from its bytes, every tensor entry checked (dtype, shape, offsets)."""
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadInputError(f"{origin}: safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise BadInputError(f"{origin}: safetensors header is not a JSON object")
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{origin}: tensor {name[:80]!r}"
+        if not isinstance(info, dict):
+            raise BadInputError(f"{where}: entry is not a JSON object")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)):
+            raise BadInputError(f"{where}: 'shape' must be a list of non-negative integers, got {str(shape)[:80]}")
+        if info.get("dtype") not in _ST_ITEM_BYTES:
+            raise BadInputError(f"{where}: unknown dtype {str(info.get('dtype'))[:20]!r}",
+                                hint=f"safetensors dtypes: {', '.join(_ST_ITEM_BYTES)}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise BadInputError(f"{where}: 'data_offsets' must be [begin, end] byte offsets")
+    return header
+
+
+def data_bytes(header: dict[str, Any]) -> int:
+    """Bytes of tensor data the header describes (the file is 8 + header length + this)."""
+    return max((info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"), default=0)
+
+
 def _header(path: Path) -> dict[str, Any]:
+    """A local file's header; the file's size is checked against it (a truncated download
+    has a whole header and missing weights)."""
     try:
         with path.open("rb") as fh:
-            raw_len = fh.read(8)
-            if len(raw_len) != 8:
-                raise BadInputError(f"{path}: too short to be a safetensors file")
-            (length,) = struct.unpack("<Q", raw_len)
-            if length > _MAX_HEADER_BYTES:
-                raise BadInputError(f"{path}: safetensors header length {length} is implausible (corrupt file?)")
-            header = json.loads(fh.read(length))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadInputError(f"{path}: safetensors header is not valid JSON") from None
+            length = header_length(fh.read(8), str(path))
+            header = parse_header(fh.read(length), str(path))
+        size = path.stat().st_size
     except OSError as exc:
-        raise BadInputError(f"{path}: cannot be read ({exc})") from None
-    if not isinstance(header, dict):
-        raise BadInputError(f"{path}: safetensors header is not a JSON object")
+        raise BadInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    expected = 8 + length + data_bytes(header)
+    if size < expected:
+        raise BadInputError(f"{path}: truncated: {size} bytes, its header describes {expected}",
+                            hint="the download was probably interrupted; fetch the file again")
     return header
+
+
+def params_from_headers(headers: list[dict[str, Any]]) -> tuple[int | None, StoredDtype]:
+    """(parameter count, dominant stored dtype) from checked safetensors headers (parse_header);
+    (None, "float32") when there are none. Buffers saved by older checkpoints are not counted."""
+    if not headers:
+        return None, "float32"
+    total = 0
+    by_dtype: dict[str, int] = {}
+    for header in headers:
+        for name, info in header.items():
+            if name == "__metadata__" or _is_buffer(name, info["shape"]):
+                continue
+            n = math.prod(info["shape"])
+            total += n
+            by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + n
+    if total > MAX_PARAMS:
+        raise BadInputError(f"safetensors headers claim {total:.3g} parameters, above the {MAX_PARAMS:.0e} "
+                            "any real model has (corrupt file?)")
+    dominant = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "F32"
+    return total, _ST_DTYPES.get(dominant, "float32")
+
+
+def shard_names(weight_map: Any, origin: str) -> list[str]:
+    """The shard file names an index's weight_map lists, each a plain name inside the model's
+    directory: an entry such as '../../etc/passwd' is refused, never followed."""
+    if not isinstance(weight_map, dict):
+        raise BadInputError(f"{origin}: missing key 'weight_map'")
+    names = sorted({f for f in weight_map.values()}, key=str)
+    for f in names:
+        if not isinstance(f, str) or not f or "/" in f or "\\" in f or f in (".", "..") or "\0" in f:
+            raise BadInputError(f"{origin}: weight_map entry {str(f)[:80]!r} is not a file name inside the "
+                                "model directory", hint="shard names are plain file names such as "
+                                "'model-00001-of-00002.safetensors'")
+    return names
 
 
 def read_safetensors_params(directory: str | Path) -> tuple[int | None, StoredDtype]:
@@ -252,27 +334,10 @@ def read_safetensors_params(directory: str | Path) -> tuple[int | None, StoredDt
     directory = Path(directory)
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise BadInputError(f"{index}: missing key 'weight_map'")
-        files = sorted({directory / str(f) for f in weight_map.values()})
+        files = [directory / name for name in shard_names(_read_json(index).get("weight_map"), str(index))]
     else:
         files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        return None, "float32"
-    total = 0
-    by_dtype: dict[str, int] = {}
     for f in files:
         if not f.is_file():
-            raise BadInputError(f"{f}: listed in model.safetensors.index.json but missing")
-        for name, info in _header(f).items():
-            if name == "__metadata__" or not isinstance(info, dict):
-                continue
-            shape = info.get("shape")
-            if not isinstance(shape, list) or _is_buffer(name, shape):
-                continue
-            n = math.prod(shape)
-            total += n
-            by_dtype[str(info.get("dtype"))] = by_dtype.get(str(info.get("dtype")), 0) + n
-    dominant = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "F32"
-    return total, _ST_DTYPES.get(dominant, "float32")
+            raise BadInputError(f"{f.name}: listed in {index} but missing")
+    return params_from_headers([_header(f) for f in files])
