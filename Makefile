@@ -25,8 +25,10 @@ analyze: $(VENV)/.core
 test: $(VENV)/.train
 	$(PY) -m pytest -q
 
+# Every bench/*.py in turn (results in bench/results/); e.g. `make bench BENCH_ARGS=--quick`,
+# `make bench BENCH_ARGS='--only cli_latency'`.
 bench: $(VENV)/.train
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -51,5 +51,5 @@ def test_bad_shapes(text, needle):
 
 
 def test_too_small_budget():
-    with pytest.raises(BadInputError, match="at least 1m"):
+    with pytest.raises(BadInputError, match="from 1m to 10t"):
         shape_for_params("10k")

@@ -174,7 +174,7 @@ def _cli(*args):
     "args,needle",
     [
         (["Qwen/Qwen2.5-0.5B", "--examples", "100", "--flavor", "t9-huge"], "unknown cloud flavor"),
-        (["Qwen/Qwen2.5-0.5B", "--dataset-tokens", "0"], "positive"),
+        (["Qwen/Qwen2.5-0.5B", "--dataset-tokens", "0"], "must be an integer from 1"),
         (["Qwen/Qwen2.5-0.5B", "--examples", "10", "--budget", "-5"], "--budget"),
         (["Qwen/Qwen2.5-0.5B", "--examples", "10", "--method", "inference"], "invalid choice"),
         (["Qwen/Qwen2.5-0.5B"], "--dataset-tokens"),

@@ -45,7 +45,7 @@ def test_semantic_errors_name_keys(tmp_path):
         parse_run_config(raw, base_dir=tmp_path)
     msg = str(err.value)
     for needle in ("model.shape: hidden (60) must be a multiple of heads (8)", "missing.jsonl does not exist",
-                   "dpo needs 'preference' data", "training.micro_batch: must be >= 1",
+                   "dpo needs 'preference' data", "training.micro_batch: must be an integer from 1",
                    "schedule: give max_steps or epochs"):
         assert needle in msg
 

@@ -9,6 +9,7 @@ the Chinchilla budget and the mode's time); --model / --method plan a fine-tune 
 from __future__ import annotations
 
 import argparse
+from trainfit.validate import arg
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"write each mode's config files into DIR/<mode>/ (default DIR: {DEFAULT_CONFIG_DIR})")
     parser.add_argument("--force", action="store_true", help="overwrite files --generate-configs finds")
     parser.add_argument("--benchmark", action="store_true", help="measure instead of using datasheet figures")
-    parser.add_argument("--psu-watts", type=float, metavar="W", help="your power supply's rating in watts")
+    parser.add_argument("--psu-watts", type=arg("psu_watts"), metavar="W", help="your power supply's rating in watts")
     parser.add_argument("--hardware", metavar="SPEC",
                         help="analyze other hardware: a catalog name ('rtx-4090', '2x rtx-4090', 'cpu') "
                              "or a saved profile JSON")
@@ -65,11 +66,15 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {"profile": profile, "analysis": to_jsonable(analysis)}
     if not args.profile_only:
         from trainfit.cli import cmd_plan
-        from trainfit.core.plan.planner import plan
+        from trainfit.core.plan.planner import MemoryUnknownError, plan
 
         plan_args = _plan_args(args)
         req = cmd_plan.build_request(plan_args, hardware=profile)
-        result = plan(req)
+        try:
+            result = plan(req)
+        except MemoryUnknownError as exc:  # the analysis still stands; its warnings say why
+            doc["plan"] = {"unavailable": exc.message}
+            return doc
         files: dict[str, list[str]] = {}
         if plan_args.out:
             command = cmd_plan.command_line(_reproduce(plan_args))
@@ -96,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
         raise BadInputError("--generate-configs writes the configurations that --profile-only leaves out: "
                             "give one of them")
+    if args.generate_configs is not None:
+        from trainfit.validate import output_dir
+
+        output_dir(args.generate_configs, "--generate-configs")
     result = analyze(args)
     plan_result, files = result.pop("_plan", None), result.pop("_files", {})
     if args.json:

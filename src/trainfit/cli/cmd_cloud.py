@@ -7,6 +7,7 @@ import argparse
 from trainfit.core.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
 from trainfit.core.setup import METHOD_ALIASES, TRAIN_METHODS, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+from trainfit.validate import arg
 
 HELP = "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fit, time and cost"
 
@@ -15,21 +16,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model id, alias or config.json directory (see: trainfit models)")
     parser.add_argument("--method", default="lora", choices=(*TRAIN_METHODS, *METHOD_ALIASES),
                         help="training method (default lora; sft = full)")
-    parser.add_argument("--dataset-tokens", type=int, help="tokens in the dataset (one epoch)")
-    parser.add_argument("--examples", type=int, help="examples (DPO: preference pairs) in the dataset")
-    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per example (default 1024)")
-    parser.add_argument("--epochs", type=float, default=1.0, help="epochs (default 1)")
-    parser.add_argument("--budget", type=float, help="most dollars to spend")
-    parser.add_argument("--max-hours", type=float, help="most hours the run may take")
+    parser.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
+    parser.add_argument("--examples", type=arg("examples"), help="examples (DPO: preference pairs) in the dataset")
+    parser.add_argument("--seq-len", type=arg("seq_len"), default=1024, help="tokens per example (default 1024)")
+    parser.add_argument("--epochs", type=arg("epochs"), default=1.0, help="epochs (default 1)")
+    parser.add_argument("--budget", type=arg("budget_usd"), help="most dollars to spend")
+    parser.add_argument("--max-hours", type=arg("max_hours"), help="most hours the run may take")
     parser.add_argument("--prices", help="YAML or CSV file overriding / adding flavors and prices")
     parser.add_argument("--flavor", action="append", help="only this flavor (repeatable)")
     parser.add_argument("--no-fallback", action="store_true", help="never fall back to LoRA / QLoRA")
     parser.add_argument("--spot", action="store_true", help="use spot / interruptible prices where known")
-    parser.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+    parser.add_argument("--global-batch", type=arg("global_batch"), default=DEFAULT_GLOBAL_BATCH,
                         help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")  # fmt: skip
-    parser.add_argument("--setup-minutes", type=float, default=DEFAULT_SETUP_MINUTES,
+    parser.add_argument("--setup-minutes", type=arg("setup_minutes"), default=DEFAULT_SETUP_MINUTES,
                         help=f"billed time before training starts (default {DEFAULT_SETUP_MINUTES:g})")  # fmt: skip
-    parser.add_argument("--top", type=int, default=0, help="show only the first N rows (default all)")
+    parser.add_argument("--top", type=arg("top"), default=0, help="show only the first N rows (default all)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 

@@ -12,6 +12,7 @@ import typing
 from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, LoraSettings, Offload, \
     Optimizer, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+from trainfit.validate import arg
 
 HELP = "predict the memory of a training / inference setup and say whether it fits"
 GIB = 1 << 30
@@ -25,38 +26,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: bf16 (fp16 without bf16 support) mixed precision for full training; the "
                    "frozen base in pure 16-bit for LoRA/QLoRA/inference on GPUs; fp32 or bf16-mixed on CPU")
     p.add_argument("--optimizer", choices=typing.get_args(Optimizer), default="adamw")
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--micro-batch", type=arg("micro_batch"), default=1)
+    p.add_argument("--seq-len", type=arg("seq_len"), default=512)
+    p.add_argument("--grad-accum", type=arg("grad_accum"), default=1)
     p.add_argument("--grad-checkpointing", choices=typing.get_args(Checkpointing), default="none")
-    p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default 16)")
-    p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
-    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--lora-r", type=arg("lora_rank"), default=None, help="LoRA rank (default 16)")
+    p.add_argument("--lora-alpha", type=arg("lora_alpha"), default=None, help="LoRA alpha (default 2 x rank)")
+    p.add_argument("--lora-dropout", type=arg("lora_dropout"), default=None,
+                   help="LoRA dropout (default 0.05)")
     p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default q,k,v,o)")
     p.add_argument("--quant", choices=typing.get_args(Quant), default=None)
-    p.add_argument("--zero", type=int, default=0, help="DeepSpeed ZeRO stage 0-3")
+    p.add_argument("--zero", type=arg("zero_stage"), default=0, help="DeepSpeed ZeRO stage 0-3")
     p.add_argument("--offload", choices=typing.get_args(Offload), default="none")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs (default: all of the hardware's)")
+    p.add_argument("--gpus", type=arg("num_gpus"), default=None, help="GPUs (default: all of the hardware's)")
     p.add_argument("--attn", choices=typing.get_args(Attention), default="sdpa")
-    p.add_argument("--generate", type=int, default=0, help="inference: tokens generated after the prompt")
+    p.add_argument("--generate", type=arg("generate_tokens"), default=0, help="inference: tokens generated after the prompt")
     p.add_argument("--dpo-reference", choices=("separate", "lora-base", "precomputed"), default=None)
     p.add_argument("--device", choices=typing.get_args(Device), default=None,
                    help="default: the hardware's accelerator")
-    p.add_argument("--dataset-tokens", type=int, default=None,
+    p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), default=None,
                    help="tokens in the training set: adds run time, energy and electricity cost")
-    p.add_argument("--examples", type=int, default=None, help="training examples (x --seq-len tokens)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--price-per-kwh", type=float, default=None,
+    p.add_argument("--examples", type=arg("examples"), default=None, help="training examples (x --seq-len tokens)")
+    p.add_argument("--epochs", type=arg("epochs"), default=1.0)
+    p.add_argument("--price-per-kwh", type=arg("price_per_kwh"), default=None,
                    help="electricity price per kWh (default 0.17, the 2024 U.S. residential average)")
     p.add_argument("--no-calibration", action="store_true",
                    help="ignore the measured/predicted ratio that `trainfit verify` stored for this machine")
     p.add_argument("--hardware", default=None, help="catalog machine ('rtx-4090', '2x a100-80gb', 't4', "
                    "'m2-16gb', 'cpu') or a profile JSON; default: this machine")
     p.add_argument("--params", default=None, help="pretraining shape by size, e.g. 125m, 1.3b")
-    p.add_argument("--layers", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--layers", type=arg("layers"))
+    p.add_argument("--hidden", type=arg("hidden"))
+    p.add_argument("--heads", type=arg("heads"))
+    p.add_argument("--vocab", type=arg("vocab"), default=32000)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -80,13 +82,15 @@ def _model(args: argparse.Namespace):
 
 def _lora(args: argparse.Namespace) -> LoraSettings:
     rank = 16 if args.lora_r is None else args.lora_r
-    if rank < 1:
-        raise BadInputError(f"--lora-r must be >= 1, got {rank}")
     targets: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
     if args.lora_targets:
         t = args.lora_targets.strip()
         targets = "all-linear" if t == "all-linear" else [x.strip() for x in t.split(",") if x.strip()]
-    return LoraSettings(rank=rank, alpha=args.lora_alpha or 2 * rank, dropout=args.lora_dropout,
+        if not targets:
+            raise BadInputError(f"--lora-targets: {args.lora_targets!r} names no module",
+                                hint="give names such as q_proj,v_proj, or all-linear")
+    dropout = 0.05 if args.lora_dropout is None else args.lora_dropout
+    return LoraSettings(rank=rank, alpha=args.lora_alpha or 2 * rank, dropout=dropout,
                         target_modules=targets)  # type: ignore[arg-type]
 
 
@@ -95,11 +99,18 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
     from trainfit.core.plan.intent import resolve_setup
 
     method = parse_method(args.method)
-    wants_lora = args.lora_r is not None or args.lora_targets is not None
+    wants_lora = any(v is not None for v in (args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets))
     if method == "full" and args.method == "sft" and wants_lora:
         method = "lora"  # "SFT with LoRA flags" is LoRA training on instruction data
+    elif wants_lora and method in ("full", "pretrain", "inference"):
+        raise BadInputError(f"--lora-r/--lora-alpha/--lora-dropout/--lora-targets apply to LoRA training, "
+                            f"not --method {args.method}", hint="use --method lora, qlora or dpo, or drop them")
     lora = _lora(args) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
     gpus = args.gpus
+    on_gpus = hardware is not None and hardware.gpu_count > 0 and args.device != "cpu"
+    if gpus is not None and on_gpus and gpus > hardware.gpu_count:
+        raise BadInputError(f"--gpus {gpus}: the hardware has {hardware.gpu_count} GPU(s)",
+                            hint=f"use --gpus 1..{hardware.gpu_count}, or name more in --hardware (e.g. '{gpus}x ...')")
     if args.device == "cpu" or (args.device is None and hardware is not None and hardware.accelerator == "cpu"):
         gpus = args.gpus or 1
     return resolve_setup(hardware, method, lora=lora, precision=args.precision, device=args.device, num_gpus=gpus,
@@ -110,8 +121,9 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
 
 
 def load_hardware(spec: str | None):
-    """A catalog machine or profile JSON when named, else the quick live profile."""
-    if spec:
+    """A catalog machine or profile JSON when named, else the quick live profile ('' is an
+    error, not this machine)."""
+    if spec is not None:
         from trainfit.core.hardware_spec import resolve_hardware
 
         return resolve_hardware(spec)

@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         print_json({
             "count": len(gpus),
             "units": {"vram_bytes": "bytes", "memory_bandwidth_gbps": "GB/s (10^9 B/s)",
+                      "driver_total_bytes": "bytes: the total nvidia-smi reports (ECC on takes 1/16 on GDDR "
+                                            "data-centre parts); usable memory starts here; null: not "
+                                            "recorded, vram_bytes is used",
                       "peak_tflops": "dense, no sparsity, 10^12 FLOP/s", "tdp_watts": "W"},
             "gpus": [{**to_jsonable(g), "precisions": list(g.precisions)} for g in gpus],
         })
@@ -68,14 +71,16 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     if not out.is_terminal:
         out.width = max(out.width, 200)  # piped output: do not squeeze figures into 80 columns
-    table = Table(caption="VRAM in GiB (2^30 bytes); TFLOPS dense (no sparsity), fp16/bf16 with "
-                          "fp32 accumulate; bandwidth in GB/s (10^9 B/s); sources: data/gpus.yaml",
+    table = Table(caption="VRAM in GiB (2^30 bytes); driver MiB: the total nvidia-smi reports (ECC on, the "
+                          "data-centre default, keeps 1/16), '-' where not recorded; TFLOPS dense (no "
+                          "sparsity), fp16/bf16 with fp32 accumulate; bandwidth in GB/s (10^9 B/s); sources: "
+                          "data/gpus.yaml",
                   caption_justify="left")
     table.add_column("id", no_wrap=True)
     table.add_column("name")  # the one column allowed to wrap in a narrow terminal
     table.add_column("class", no_wrap=True)
     table.add_column("arch", no_wrap=True)
-    for col in ("VRAM GiB", "BW GB/s", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "TDP W"):
+    for col in ("VRAM GiB", "driver MiB", "BW GB/s", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "TDP W"):
         table.add_column(col, justify="right", no_wrap=True, min_width=max(5, len(col)))
     table.add_column("link", no_wrap=True)
     for g in gpus:
@@ -84,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         if g.interconnect_gbps and not link.startswith("pcie"):
             link += f" {g.interconnect_gbps:.0f} GB/s"
         vram = f"{g.vram_bytes / GIB:.0f}" + (" (unified)" if g.unified_memory else "")
-        table.add_row(g.id, g.name, g.gpu_class, g.architecture, vram,
+        driver = f"{g.driver_total_bytes >> 20}" if g.driver_total_bytes else "-"
+        table.add_row(g.id, g.name, g.gpu_class, g.architecture, vram, driver,
                       _fmt(g.memory_bandwidth_gbps), *(_fmt(tf.get(p)) for p in
                       ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")),
                       _fmt(g.tdp_watts), link)

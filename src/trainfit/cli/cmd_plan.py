@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+from trainfit.validate import arg
 
 HELP = "plan three configurations (conservative / balanced / extreme) and write their config files"
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(h|hr|hours?|m|min|minutes?|d|days?)?\s*$", re.IGNORECASE)
@@ -28,19 +29,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", action="append", help=f"{', '.join(MODES)} (repeatable; default all three)")
     p.add_argument("--hardware", help="catalog machine ('rtx-4090', '2x a100-80gb', 'm2-16gb', 'cpu') or a profile "
                    "JSON; default: this machine")
-    p.add_argument("--seq-len", type=int, help="tokens per example (default: each mode's range)")
-    p.add_argument("--target-batch", type=int, help="effective batch to keep (default: 16 / 32 / 64 by mode)")
-    p.add_argument("--examples", type=int, help="training examples (DPO: pairs)")
-    p.add_argument("--dataset-tokens", type=int, help="tokens in the dataset (one epoch)")
-    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--seq-len", type=arg("seq_len"), help="tokens per example (default: each mode's range)")
+    p.add_argument("--target-batch", type=arg("target_batch"), help="effective batch to keep (default: 16 / 32 / 64 by mode)")
+    p.add_argument("--examples", type=arg("examples"), help="training examples (DPO: pairs)")
+    p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
+    p.add_argument("--epochs", type=arg("epochs"), default=1.0)
     p.add_argument("--time-budget", help="longest run, e.g. 2h, 90m, 1.5d (default: each mode's)")
     p.add_argument("--memory-budget", help="memory per device to plan for, e.g. 3GiB (default: what the device has)")
-    p.add_argument("--memory-share", type=float, help="share of the memory each mode may use (default .5/.75/.95)")
-    p.add_argument("--tokens-per-param", type=float, help="pretraining token budget (default 12 / 20 / 25)")
-    p.add_argument("--vocab", type=int, default=32000, help="pretraining vocabulary size (default 32000)")
-    p.add_argument("--usd-per-hour", type=float, help="hourly price of the machine (rented hardware)")
-    p.add_argument("--budget", type=float, help="most dollars to spend (with --usd-per-hour)")
-    p.add_argument("--price-per-kwh", type=float, default=None, help="electricity price (default 0.17)")
+    p.add_argument("--memory-share", type=arg("memory_share"), help="share of the memory each mode may use (default .5/.75/.95)")
+    p.add_argument("--tokens-per-param", type=arg("tokens_per_param"), help="pretraining token budget (default 12 / 20 / 25)")
+    p.add_argument("--vocab", type=arg("vocab"), default=32000, help="pretraining vocabulary size (default 32000)")
+    p.add_argument("--usd-per-hour", type=arg("usd_per_hour"), help="hourly price of the machine (rented hardware)")
+    p.add_argument("--budget", type=arg("budget_usd"), help="most dollars to spend (with --usd-per-hour)")
+    p.add_argument("--price-per-kwh", type=arg("price_per_kwh"), default=None, help="electricity price (default 0.17)")
     p.add_argument("--data", action="append", help="data file or directory for the exported run config "
                    "(repeatable; default: the shipped sample set)")
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
@@ -95,11 +96,10 @@ def build_request(args: argparse.Namespace, hardware=None):
         if m not in MODES:
             raise BadInputError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
     if args.out is not None:
-        out = Path(args.out)
-        if not str(args.out).strip():
-            raise BadInputError("--out: empty (give a directory)")
-        if out.exists() and not out.is_dir():
-            raise BadInputError(f"--out: {out} is a file, not a directory")
+        from trainfit.validate import output_dir
+
+        output_dir(args.out, "--out")
+    _data(args.data)  # bad data paths fail before any planning
     model = resolve_model(args.model) if args.model else None
     hw = hardware if hardware is not None else _hardware(args.hardware)
     from trainfit.core.power import DEFAULT_PRICE_PER_KWH
@@ -202,6 +202,8 @@ def _data(paths: list[str] | None) -> list[str] | None:
             out.append(p)
             continue
         path = Path(p).expanduser()
+        if not p.strip():
+            raise BadInputError("--data: empty path", hint="give a data file or directory, or builtin:tiny-corpus")
         if not path.exists():
             raise BadInputError(f"--data: {p} does not exist")
         out.append(str(path.resolve()))

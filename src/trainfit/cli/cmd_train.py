@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainfit.validate import arg
+
 HELP = "run a training from a run config (pretrain, sft, lora, qlora, dpo); resumable"
 
 
@@ -13,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest complete checkpoint in RUN_DIR")
-    parser.add_argument("--max-steps", type=int, metavar="N",
+    parser.add_argument("--max-steps", type=arg("max_steps"), metavar="N",
                         help="stop (with a checkpoint) after N optimizer steps; the schedule still follows "
                              "the config, so --resume later continues the same run")
     parser.add_argument("--verify", action="store_true",
@@ -38,6 +40,10 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
     if max_steps is not None and max_steps < 1:
         raise BadInputError(f"--max-steps: must be >= 1, got {max_steps}")
     cfg = load_run_config(config)
+    if out is not None:
+        from trainfit.validate import output_dir
+
+        output_dir(out, "--out")
     report = None
     if verify:
         from trainfit.cli.cmd_verify import render_report
@@ -63,8 +69,9 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
+    from trainfit.train.runner import quiet_libraries
 
-    with _stdout_to_stderr(args.json):
+    with _stdout_to_stderr(args.json), quiet_libraries():  # library warnings are not the user's business
         summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
                         quiet=args.quiet, log=say)
     from trainfit.train.runner import world

@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 
 from trainfit.train.calibration import DEFAULT_TIMED_STEPS, DEFAULT_WARMUP_STEPS
+from trainfit.validate import arg
 
 HELP = "run a few real steps of a run config and compare memory and speed with the predictions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="RUN_CONFIG", help="run config YAML (see docs/run-config.md)")
-    parser.add_argument("--steps", type=int, default=DEFAULT_TIMED_STEPS, metavar="N",
+    parser.add_argument("--steps", type=arg("timed_steps"), default=DEFAULT_TIMED_STEPS, metavar="N",
                         help=f"timed steps after warm-up (default {DEFAULT_TIMED_STEPS})")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_STEPS, metavar="N",
+    parser.add_argument("--warmup", type=arg("warmup_timed_steps"), default=DEFAULT_WARMUP_STEPS, metavar="N",
                         help=f"untimed warm-up steps (default {DEFAULT_WARMUP_STEPS})")
     parser.add_argument("--no-save", action="store_true", help="do not store the calibration")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -49,17 +50,21 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
     """Python twin: returns the VerifyReport."""
     from trainfit.errors import BadInputError
     from trainfit.train.run_config import load_run_config
-    from trainfit.train.verify import verify_run
 
     if steps < 1 or warmup < 0:
         raise BadInputError("--steps must be >= 1 and --warmup >= 0")
-    return verify_run(load_run_config(config), warmup=warmup, timed=steps, save=save, log=log)
+    cfg = load_run_config(config)  # a bad config fails before torch is imported
+    from trainfit.train.verify import verify_run
+
+    return verify_run(cfg, warmup=warmup, timed=steps, save=save, log=log)
 
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
+    from trainfit.train.runner import quiet_libraries
 
-    report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say)
+    with quiet_libraries():  # library warnings are not the user's business
+        report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say)
     if args.json:
         print_json(report)
     else:

@@ -5,7 +5,8 @@ Each command lives in its own module `trainfit.cli.cmd_<name>` exposing:
     add_arguments(parser) -> None
     run(args) -> int                 exit code; raise TrainfitError for user-facing failures
 Command modules must import heavy libraries (torch, transformers) inside run(), never at import
-time, so that `trainfit --help` stays fast.
+time. Only the command named on the command line is imported (`trainfit --help` imports none):
+the one-line helps are repeated in COMMANDS below, and a test checks they equal each module's HELP.
 """
 
 from __future__ import annotations
@@ -13,12 +14,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Collection, Sequence
 
 from trainfit import __version__
 from trainfit.errors import EXIT_BAD_INPUT, TrainfitError
 
-# Order is the order shown in --help.
-COMMANDS = ["analyze", "profile", "estimate", "plan", "cloud", "train", "verify", "models", "gpus"]
+# Command -> its module's HELP, in the order shown in --help (tests/test_cli_imports.py checks
+# that each equals trainfit.cli.cmd_<name>.HELP).
+COMMANDS = {
+    "analyze": "analyze hardware for LLM training: profile, score, three recommended configurations, warnings",
+    "profile": "profile this machine's hardware (CPU, RAM, GPUs, storage, power); --json for the data",
+    "estimate": "predict the memory of a training / inference setup and say whether it fits",
+    "plan": "plan three configurations (conservative / balanced / extreme) and write their config files",
+    "cloud": "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fit, time and cost",
+    "train": "run a training from a run config (pretrain, sft, lora, qlora, dpo); resumable",
+    "verify": "run a few real steps of a run config and compare memory and speed with the predictions",
+    "models": "list the model catalog, or show one model (catalog id, local dir, config.json, shape)",
+    "gpus": "list the GPU catalog: memory, dense peak TFLOPS, bandwidth, power, interconnect",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,28 +41,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"trainfit: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(load: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser. `load` names the commands whose modules are imported to add their
+    arguments (default: all); the others get a placeholder sub-parser, enough for --help and
+    for the list of valid choices."""
     parser = _Parser(
         prog="trainfit",
         description="Make LLM training fit your machine: profile, estimate, plan, train.",
     )
     parser.add_argument("--version", action="version", version=f"trainfit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
-        try:
+    for name, help_line in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_line, description=help_line)
+        if load is None or name in load:
             module = importlib.import_module(f"trainfit.cli.cmd_{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"trainfit.cli.cmd_{name}":
-                continue  # command not built yet
-            raise
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_run=module.run)
+            module.add_arguments(cmd)
+            cmd.set_defaults(_run=module.run)
     return parser
 
 
+def named_command(argv: Sequence[str]) -> str | None:
+    """The command argv names: its first word that is not an option (the top-level options
+    take no value), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    command = named_command(argv)
+    parser = build_parser(load=[command] if command else [])
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)

@@ -13,11 +13,11 @@ GIB = 1 << 30
 
 
 def gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / GIB:.1f} GiB"
+    return "unknown" if n is None else f"{n / GIB:.1f} GiB"
 
 
 def mib(n: int | None) -> str:
-    return "?" if n is None else f"{n / (1 << 20):.1f} MiB"
+    return "unknown" if n is None else f"{n / (1 << 20):.1f} MiB"
 
 
 def _why(obj: Any, field: str) -> str:
@@ -40,15 +40,23 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
     rows.append(("CPU features", f"{flags}; NUMA nodes {len(c.numa_nodes)}; L2 {mib(c.l2_cache_bytes)}"
                                  f", L3 {mib(c.l3_cache_bytes)}"))
     limit = f", container limit {gib(m.cgroup_limit_bytes)}" if m.cgroup_limit_bytes else ""
-    rows.append(("RAM", f"{gib(m.total_bytes)} total, {gib(m.available_bytes)} available{limit}; usable for "
-                        f"training {gib(m.usable_bytes)} (OS reserve {gib(m.os_reserve_bytes)})"
-                 + (", unified with the GPU" if m.unified_with_gpu else "")))
-    rows.append(("Swap", f"{gib(m.swap_total_bytes)} ({m.swap_kind})" if m.swap_total_bytes else "none"))
+    if m.total_bytes is None:
+        rows.append(("RAM", _why(m, "total_bytes")))
+    else:
+        rows.append(("RAM", f"{gib(m.total_bytes)} total, {gib(m.available_bytes)} available{limit}; usable for "
+                            f"training {gib(m.usable_bytes)} (OS reserve {gib(m.os_reserve_bytes)})"
+                     + (", unified with the GPU" + _gpu_share(p) if m.unified_with_gpu else "")))
+    if m.swap_total_bytes is None:
+        rows.append(("Swap", _why(m, "swap_total_bytes")))
+    else:
+        rows.append(("Swap", f"{gib(m.swap_total_bytes)} ({m.swap_kind})" if m.swap_total_bytes else "none"))
     if not p.gpus:
         rows.append(("GPU", "none: " + "; ".join(f"{k}: {v}" for k, v in p.unavailable.items()
                                                  if k in ("nvidia", "amd", "intel", "apple"))))
     for g in p.gpus:
-        parts = [f"{g.name}", f"{gib(g.vram_total_bytes)} VRAM" + (" (unified)" if g.unified_memory else "")]
+        vram = (f"{gib(g.vram_total_bytes)} VRAM" if g.vram_total_bytes is not None
+                else f"VRAM {_why(g, 'vram_total_bytes')}")
+        parts = [f"{g.name}", vram + (" (unified)" if g.unified_memory else "")]
         if g.vram_free_bytes is not None:
             parts.append(f"{gib(g.vram_free_bytes)} free")
         if g.compute_capability:
@@ -70,7 +78,8 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
         if g.temperature_c is not None:
             parts.append(f"{g.temperature_c:.0f} C")
         if g.power_draw_watts is not None:
-            parts.append(f"{g.power_draw_watts:.0f}/{g.power_limit_watts or g.tdp_watts or 0:.0f} W")
+            cap_w = g.power_limit_watts or g.tdp_watts
+            parts.append(f"{g.power_draw_watts:.0f}/{cap_w:.0f} W" if cap_w else f"{g.power_draw_watts:.0f} W (limit unknown)")
         rows.append((f"GPU {g.index}", ", ".join(parts)))
     for name in ("cuda", "rocm", "mps", "xpu"):
         b = getattr(p.backends, name)
@@ -112,6 +121,15 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
             parts.append(f"disk {b.disk_read_mbps:.0f}/{b.disk_write_mbps:.0f} MB/s read/write")
         rows.append(("Benchmark", ", ".join(parts) + f" ({b.seconds:.1f} s)"))
     return rows
+
+
+def _gpu_share(p: HardwareProfile) -> str:
+    """'; the GPU may use X GiB of it': the same figure estimate and plan use as the capacity."""
+    from trainfit.core.memory.overheads import gpu_capacity
+
+    cap = gpu_capacity(p) if p.gpus else None
+    limit = "Metal working-set limit" if p.accelerator == "mps" else "GPU share of unified memory"
+    return f"; the GPU may use {gib(cap)} of it ({limit})" if cap is not None else ""
 
 
 def render_profile(p: HardwareProfile, console: Any, title: str = "Hardware profile") -> None:

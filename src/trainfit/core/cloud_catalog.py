@@ -19,8 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
+from trainfit import yaml_io
 from trainfit.errors import BadInputError, close_matches
 
 FlavorKind = Literal["gpu", "cpu", "tpu"]
@@ -74,6 +73,10 @@ def _gpu_ids() -> set[str]:
     return {g.id for g in all_gpus()}
 
 
+# Prices, counts and memory sizes of a flavor are all far below this.
+_MAX_COLUMN_VALUE = 1e9
+
+
 def _coerce(row: dict, where: str, sources: dict[str, str]) -> dict:
     """Check keys and types of one flavor record; returns the cleaned fields given."""
     unknown = [k for k in row if k not in COLUMNS]
@@ -91,8 +94,9 @@ def _coerce(row: dict, where: str, sources: dict[str, str]) -> dict:
                 number = float(value)
             except (TypeError, ValueError):
                 raise BadInputError(f"{where}: column '{key}' must be a number, got {value!r}") from None
-            if number < 0:
-                raise BadInputError(f"{where}: column '{key}' must not be negative, got {value!r}")
+            if not 0 <= number <= _MAX_COLUMN_VALUE:  # NaN fails this too
+                raise BadInputError(f"{where}: column '{key}' must be a number from 0 to {_MAX_COLUMN_VALUE:.0e}, "
+                                    f"got {value!r}")
             if _NUMERIC[key] is int:
                 if number != int(number):
                     raise BadInputError(f"{where}: column '{key}' must be a whole number, got {value!r}")
@@ -157,7 +161,7 @@ def parse_flavors(records: list, origin: str, sources: dict[str, str] | None = N
 @functools.lru_cache(maxsize=1)
 def _shipped() -> tuple[tuple[Flavor, ...], tuple[tuple[str, str], ...]]:
     text = resources.files("trainfit").joinpath("data/cloud.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = yaml_io.load_yaml_cached(text, "cloud.yaml")
     sources = data.get("sources", {})
     known = _gpu_ids()
     flavors, skipped = [], []
@@ -171,9 +175,9 @@ def _shipped() -> tuple[tuple[Flavor, ...], tuple[tuple[str, str], ...]]:
 
 
 def _read_user_file(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise BadInputError(f"--prices: file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    from trainfit.validate import parse_yaml, read_text_file
+
+    text = read_text_file(path, "--prices file")
     origin = f"--prices {path.name}"
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(io.StringIO(text))
@@ -186,10 +190,7 @@ def _read_user_file(path: Path) -> list[dict]:
         rows = [{k.strip(): v for k, v in row.items()} for row in reader]
         return parse_flavors(rows, origin)
     if path.suffix.lower() in (".yaml", ".yml", ".json"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise BadInputError(f"{origin}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        data = parse_yaml(text, origin)
         if isinstance(data, dict):
             extra = [k for k in data if k not in ("flavors", "sources")]
             if extra:

@@ -17,8 +17,7 @@ import typing
 from dataclasses import dataclass
 from importlib import resources
 
-import yaml
-
+from trainfit import yaml_io
 from trainfit.core.gpu_spec import GpuClass, GpuSpec
 from trainfit.core.profile import Precision, Vendor
 from trainfit.errors import BadInputError, close_matches
@@ -35,10 +34,10 @@ _REQUIRED_KEYS = {
     "memory_bandwidth_gbps", "peak_tflops", "tdp_watts", "pcie_gen", "aliases", "sources",
 }  # fmt: skip
 _OPTIONAL_KEYS = {"compute_capability", "unified_memory", "interconnect", "interconnect_gbps",
-                  "host", "notes"}  # fmt: skip
+                  "host", "notes", "driver_total_mib"}  # fmt: skip
 # Figures that must carry a source ("all" in an entry's sources covers those not named).
 _ALWAYS_SOURCED = ("vram_gib", "memory_bandwidth_gbps", "peak_tflops", "tdp_watts")
-_SOURCED_WHEN_SET = ("compute_capability", "interconnect_gbps", "host")
+_SOURCED_WHEN_SET = ("compute_capability", "interconnect_gbps", "host", "driver_total_mib")
 
 
 class CatalogError(ValueError):
@@ -70,11 +69,12 @@ class Catalog:
 
 
 # ---------------------------------------------------------------------------- loading
-def parse_catalog(text: str, origin: str = "gpus.yaml") -> Catalog:
-    """Parse and validate catalog YAML text. Raises CatalogError listing every problem."""
+def parse_catalog(text: str, origin: str = "gpus.yaml", *, cache: bool = False) -> Catalog:
+    """Parse and validate catalog YAML text. Raises CatalogError listing every problem.
+    cache=True keeps the parsed text in the user's cache directory (see trainfit.yaml_io)."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = yaml_io.load_yaml_cached(text, "gpus.yaml") if cache else yaml_io.load_yaml(text)
+    except yaml_io.YAMLError as exc:
         raise CatalogError(f"{origin}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         raise CatalogError(f"{origin}: expected a mapping with a 'gpus' list")
@@ -171,6 +171,12 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         problems.append("aliases: expected a list of non-empty strings")
         aliases = []
+    driver_mib = raw.get("driver_total_mib")
+    if driver_mib is not None:
+        if not isinstance(driver_mib, int) or isinstance(driver_mib, bool) or driver_mib <= 0:
+            problems.append(f"driver_total_mib: expected a positive whole number of MiB, got {driver_mib!r}")
+        elif _positive(raw["vram_gib"]) and driver_mib > raw["vram_gib"] * 1024:
+            problems.append(f"driver_total_mib: {driver_mib} MiB is more than vram_gib {raw['vram_gib']} GiB")
     host = raw.get("host")
     if host is not None:
         try:
@@ -198,6 +204,7 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
         pcie_gen=pcie,
         aliases=list(aliases),
         sources=sources,
+        driver_total_bytes=None if driver_mib is None else int(driver_mib) << 20,
     )
 
 
@@ -233,7 +240,7 @@ def _resolve_sources(raw: dict, refs: dict, tflops: dict, problems: list[str]) -
 def catalog() -> Catalog:
     """The shipped catalog, parsed and validated once per process."""
     text = resources.files("trainfit").joinpath("data/gpus.yaml").read_text(encoding="utf-8")
-    return parse_catalog(text, "trainfit/data/gpus.yaml")
+    return parse_catalog(text, "trainfit/data/gpus.yaml", cache=True)
 
 
 # ---------------------------------------------------------------------------- lookups

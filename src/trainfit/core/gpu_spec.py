@@ -29,6 +29,14 @@ class GpuSpec:
     pcie_gen: int | None
     aliases: list[str] = field(default_factory=list)  # other names the detector may report
     sources: dict[str, str] = field(default_factory=dict)  # figure -> URL or document
+    # Memory total the driver reports (nvidia-smi / NVML), when it is below vram_bytes: ECC on
+    # GDDR parts takes 1/16, the driver reserves a little on HBM parts. None: vram_bytes.
+    driver_total_bytes: int | None = None
+
+    @property
+    def usable_vram_bytes(self) -> int:
+        """What a live probe of this GPU reads as its total (NVML), the basis of capacity."""
+        return self.driver_total_bytes or self.vram_bytes
 
     @property
     def precisions(self) -> list[Precision]:

@@ -50,6 +50,28 @@ class HostTemplate:
     gpu_reserve_bytes: int  # VRAM in use before training starts (driver, display, compositor)
 
 
+# Share of unified memory one process may wire on Apple silicon: Metal's
+# MTLDevice.recommendedMaxWorkingSetSize (https://developer.apple.com/documentation/metal/mtldevice/recommendedmaxworkingsetsize),
+# which PyTorch's MPS allocator uses as its limit. Reported values (macOS 13-15): 16 GiB ->
+# 10922.67 MiB = 2/3 (https://github.com/abetlen/llama-cpp-python/issues/687), 32 GiB -> 21845.34 MiB
+# = 2/3 (https://github.com/ollama/ollama/issues/434), 64 GiB -> 49152 MiB = 3/4
+# (https://github.com/ggml-org/llama.cpp/issues/1870), 96 GiB -> 73728 MiB = 3/4
+# (https://github.com/ggml-org/llama.cpp/issues/3213). No report for 36/48 GiB was found: the smaller
+# share is kept up to 36 GiB (an estimate should not claim memory the GPU may not get).
+METAL_SMALL_SHARE, METAL_LARGE_SHARE = 2 / 3, 3 / 4
+METAL_SMALL_SHARE_MAX_BYTES = 36 * GIB
+
+
+def metal_working_set_bytes(ram_bytes: int | None) -> int | None:
+    """What the GPU of an Apple silicon machine with `ram_bytes` of unified memory may use (the
+    one rule for every command: catalog profiles, live profiles, estimate, plan, analyze).
+    None when the RAM size is unknown."""
+    if not ram_bytes:
+        return None
+    share = METAL_SMALL_SHARE if ram_bytes <= METAL_SMALL_SHARE_MAX_BYTES else METAL_LARGE_SHARE
+    return int(ram_bytes * share)
+
+
 def _pow2_gib(nbytes: float, floor_gib: int) -> int:
     """Round up to a power-of-two GiB size, as DIMM configurations are sold, at least floor_gib."""
     gib = max(float(floor_gib), nbytes / GIB)
@@ -101,7 +123,7 @@ def host_template(spec: GpuSpec | None, count: int, ram_gib: int | None = None) 
 
 
 # ---------------------------------------------------------------------------- parsing
-_COUNT_RE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.*)$", re.IGNORECASE)
+_COUNT_RE = re.compile(r"^\s*([+-]?\d+)\s*[x×*]\s*(.*)$", re.IGNORECASE)
 _CPU_RE = re.compile(r"^cpu(?:-(\d+)\s*g(?:i)?b)?$", re.IGNORECASE)
 
 
@@ -151,14 +173,12 @@ def resolve_hardware(spec: str) -> HardwareProfile:
 
 
 def _load_profile_file(path_text: str) -> HardwareProfile:
+    from trainfit.validate import read_text_file
+
     path = Path(path_text).expanduser()
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInputError(f"--hardware: profile file {path_text} not found", hint=f"use {FORMS}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise BadInputError(f"--hardware: cannot read {path_text}: {reason}") from None
+    if not path.exists():
+        raise BadInputError(f"--hardware: profile file {path_text} not found", hint=f"use {FORMS}")
+    raw = read_text_file(path, "--hardware profile")
     try:
         profile = HardwareProfile.from_json(raw)
     except ValueError as exc:
@@ -177,15 +197,13 @@ def _reasons(*names: str, reason: str = NOT_MEASURED) -> dict[str, str]:
 def _gpu_infos(spec: GpuSpec, count: int, host: HostTemplate) -> list[GpuInfo]:
     linked = count > 1 and bool(spec.interconnect) and not spec.interconnect.startswith("pcie")
     apple = spec.vendor == "apple"
+    # What the driver reports as the total (ECC on GDDR data-centre parts keeps 1/16), as a live
+    # NVML probe of the same GPU would read it.
+    total = spec.usable_vram_bytes
     if apple:
-        # Metal caps what one process may wire (MTLDevice.recommendedMaxWorkingSetSize): about
-        # 2/3 of RAM up to 32 GiB and 3/4 above, as observed by llama.cpp users.
-        # https://developer.apple.com/documentation/metal/mtldevice/recommendedmaxworkingsetsize
-        # https://github.com/ggerganov/llama.cpp/discussions/2182
-        share = 2 / 3 if spec.vram_bytes <= 32 * GIB else 3 / 4
-        free = int(spec.vram_bytes * share)
+        free = metal_working_set_bytes(spec.vram_bytes) or 0  # Metal caps what one process may wire
     else:
-        free = spec.vram_bytes - host.gpu_reserve_bytes
+        free = total - host.gpu_reserve_bytes
     pcie_known = spec.pcie_gen is not None
     width = 16 if pcie_known and host.kind != "laptop" else None
     unavailable = _reasons(
@@ -206,7 +224,7 @@ def _gpu_infos(spec: GpuSpec, count: int, host: HostTemplate) -> list[GpuInfo]:
     return [
         GpuInfo(
             index=i, vendor=spec.vendor, name=spec.name, catalog_id=spec.id, uuid=None,
-            pci_bus_id=None, vram_total_bytes=spec.vram_bytes, vram_free_bytes=free,
+            pci_bus_id=None, vram_total_bytes=total, vram_free_bytes=free,
             unified_memory=spec.unified_memory, compute_capability=spec.compute_capability,
             architecture=spec.architecture, matrix_unit=spec.matrix_unit,
             precisions=list(spec.precisions), peak_tflops=dict(spec.peak_tflops),

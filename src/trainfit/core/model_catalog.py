@@ -18,21 +18,22 @@ CATALOG_FILE = "models.yaml"
 _ENTRY_ONLY_KEYS = {"variants"}
 
 
-def _load_yaml(text: str, origin: str) -> dict[str, Any]:
-    import yaml
+def _load_yaml(text: str, origin: str, cache: bool = False) -> dict[str, Any]:
+    from trainfit import yaml_io
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = yaml_io.load_yaml_cached(text, CATALOG_FILE) if cache else yaml_io.load_yaml(text)
+    except yaml_io.YAMLError as exc:
         raise BadInputError(f"{origin}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise BadInputError(f"{origin}: expected a mapping with a 'models' list")
     return data
 
 
-def parse_catalog(text: str, origin: str = CATALOG_FILE) -> list[ModelSpec]:
-    """Parse and validate a catalog document; every problem is reported at once."""
-    data = _load_yaml(text, origin)
+def parse_catalog(text: str, origin: str = CATALOG_FILE, *, cache: bool = False) -> list[ModelSpec]:
+    """Parse and validate a catalog document; every problem is reported at once. cache=True keeps
+    the parsed text in the user's cache directory (for the shipped file: see trainfit.yaml_io)."""
+    data = _load_yaml(text, origin, cache)
     defaults = data.get("architecture_defaults") or {}
     problems: list[str] = []
     specs: list[ModelSpec] = []
@@ -109,7 +110,7 @@ def _check_unique(specs: list[ModelSpec]) -> list[str]:
 def all_models() -> tuple[ModelSpec, ...]:
     """Every catalog entry (variants included), in file order."""
     text = resources.files("trainfit").joinpath("data", CATALOG_FILE).read_text(encoding="utf-8")
-    return tuple(parse_catalog(text))
+    return tuple(parse_catalog(text, cache=True))
 
 
 @functools.lru_cache(maxsize=1)
@@ -136,12 +137,16 @@ def get_model(name_or_alias: str) -> ModelSpec:
     """Catalog entry by hub id or alias (case-insensitive)."""
     spec = _index().get(name_or_alias.strip().lower())
     if spec is None:
-        names = [s.id for s in all_models()] + [a for s in all_models() for a in s.aliases]
-        similar = close_matches(name_or_alias, names, n=5)
+        similar = _similar(name_or_alias)
         hint = f"did you mean: {', '.join(similar)}" if similar else "see 'trainfit models' for the list"
         raise BadInputError(f"unknown model {name_or_alias!r}", hint=hint + "; a local directory, a config.json "
                             "or a shape such as 'shape:125m' also work")
     return spec
+
+
+def _similar(name: str) -> list[str]:
+    """Catalog ids and aliases that look like `name`, for 'did you mean' hints."""
+    return close_matches(name, [s.id for s in all_models()] + [a for s in all_models() for a in s.aliases], n=5)
 
 
 def _looks_like_path(ref: str) -> bool:
@@ -150,8 +155,10 @@ def _looks_like_path(ref: str) -> bool:
 
 
 def resolve_model(ref: str) -> ModelSpec:
-    """A ModelSpec from a catalog id/alias, a local model directory, a config.json path or a shape
-    ("shape:125m", "125m", "shape:layers=12,hidden=768,heads=12,vocab=50257")."""
+    """A ModelSpec from a catalog id/alias, a local model directory, a config.json path, a shape
+    ("shape:125m", "125m", "shape:layers=12,hidden=768,heads=12,vocab=50257") or any model on the
+    Hugging Face Hub ("owner/name", "owner/name@revision": config.json and safetensors headers,
+    fetched once and cached; see core/hub_models)."""
     from trainfit.core import model_loader, model_shapes
 
     ref = ref.strip()
@@ -166,6 +173,11 @@ def resolve_model(ref: str) -> ModelSpec:
         return _index()[ref.lower()]
     if model_shapes.looks_like_size(ref):
         return model_shapes.parse_shape(ref)
+    from trainfit.core import hub_models
+
+    hub_ref = hub_models.parse_ref(ref)
+    if hub_ref is not None:  # not in the catalog, or a revision asked for
+        return hub_models.load_hub_model(*hub_ref, suggestions=lambda: _similar(hub_ref[0]))
     if _looks_like_path(ref):
         raise BadInputError(f"model: {ref!r} does not exist (no such file or directory)")
     return get_model(ref)

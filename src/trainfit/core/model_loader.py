@@ -9,7 +9,6 @@ Sharded checkpoints list their files in model.safetensors.index.json ("weight_ma
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
 from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.errors import BadInputError
+from trainfit.validate import parse_json, read_text_file
 
 # Per model_type: config defaults transformers applies when a key is absent.
 _TIE_DEFAULT = {"gemma": True, "gemma2": True, "gpt2": True}
@@ -57,12 +57,7 @@ class _Cfg:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise BadInputError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"{path}: cannot be read ({exc})") from None
+    data = parse_json(read_text_file(path, "model file"), str(path))
     if not isinstance(data, dict):
         raise BadInputError(f"{path}: expected a JSON object")
     return data
@@ -75,17 +70,10 @@ def load_local(path: str | Path) -> ModelSpec:
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.is_file():
         raise BadInputError(f"{path}: no config.json found", hint="give a model directory or a config.json file")
-    spec = spec_from_config(_read_json(config_path), origin=str(config_path), model_id=f"local:{directory}")
+    config = _read_json(config_path)
+    spec = spec_from_config(config, origin=str(config_path), model_id=f"local:{directory}")
     if path.is_dir():
-        quantized = "quantization_config" in _read_json(config_path)
-        exact, dtype = read_safetensors_params(directory)
-        if exact is not None:
-            import dataclasses
-
-            # Pre-quantized checkpoints pack several weights per stored element: the element
-            # count is not the parameter count (the llmfit#1045 trap), so keep computed shapes.
-            spec = dataclasses.replace(spec, exact_params=None if quantized else exact,
-                                       stored_dtype=spec.stored_dtype if quantized else dtype)
+        spec = with_safetensors_params(spec, config, read_safetensors_params(directory))
     return spec
 
 
@@ -110,7 +98,37 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
                      source=origin, **fields)
     if model_type == "qwen2_vl":
         spec = _with_vision(spec, cfg)
+    check_plausible(spec, origin, explicit_head_dim=text.get("head_dim") is not None)
     return spec
+
+
+# ModelSpec field -> the validate.BOUNDS entry that limits it.
+_DIM_BOUNDS = {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads", "num_kv_heads": "kv_heads",
+               "head_dim": "hidden", "intermediate_size": "intermediate", "vocab_size": "vocab",
+               "max_position_embeddings": "max_position_embeddings"}
+
+
+def check_plausible(spec: ModelSpec, origin: str, *, explicit_head_dim: bool = True) -> None:
+    """BadInputError when the dimensions cannot be a model transformers builds (heads that do not
+    divide the width, KV heads that do not divide the heads) or are beyond any real model (a
+    config claiming 7e42 parameters)."""
+    from trainfit.core.params import count_params
+    from trainfit.validate import BOUNDS
+
+    for name, bound in _DIM_BOUNDS.items():
+        why = BOUNDS[bound].problem(getattr(spec, name))
+        if why:
+            raise BadInputError(f"{origin}: {name} {why}")
+    if not explicit_head_dim and spec.hidden_size % spec.num_heads:
+        raise BadInputError(f"{origin}: hidden size {spec.hidden_size} is not a multiple of the {spec.num_heads} "
+                            "attention heads", hint="transformers needs hidden_size = heads x head_dim")
+    if spec.num_heads % spec.num_kv_heads:
+        raise BadInputError(f"{origin}: {spec.num_heads} attention heads are not a multiple of the "
+                            f"{spec.num_kv_heads} key/value heads")
+    total = count_params(spec).total
+    if total > MAX_PARAMS:
+        raise BadInputError(f"{origin}: these dimensions make {total:.3g} parameters, above the {MAX_PARAMS:.0e} "
+                            "any real model has")
 
 
 def _activation(cfg: _Cfg, key: str, default: str) -> str:
@@ -247,10 +265,7 @@ def header_length(raw_len: bytes, origin: str) -> int:
 
 def parse_header(raw: bytes, origin: str) -> dict[str, Any]:
     """A safetensors JSON header from its bytes, every tensor entry checked (dtype, shape, offsets)."""
-    try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadInputError(f"{origin}: safetensors header is not valid JSON") from None
+    header = parse_json(raw, f"{origin}: safetensors header")
     if not isinstance(header, dict):
         raise BadInputError(f"{origin}: safetensors header is not a JSON object")
     for name, info in header.items():
@@ -341,3 +356,18 @@ def read_safetensors_params(directory: str | Path) -> tuple[int | None, StoredDt
         if not f.is_file():
             raise BadInputError(f"{f.name}: listed in {index} but missing")
     return params_from_headers([_header(f) for f in files])
+
+
+def with_safetensors_params(spec: ModelSpec, config: dict[str, Any],
+                            counted: tuple[int | None, StoredDtype]) -> ModelSpec:
+    """`spec` with the exact parameter count and stored dtype that safetensors headers gave
+    (params_from_headers / read_safetensors_params); unchanged when there were no headers.
+    Pre-quantized checkpoints (quantization_config) pack several weights per stored element: the
+    element count is not the parameter count (the llmfit#1045 trap), so they keep the computed
+    shapes and the config's dtype. Shared by local directories and Hub repositories."""
+    import dataclasses
+
+    exact, dtype = counted
+    if exact is None or "quantization_config" in config:
+        return spec
+    return dataclasses.replace(spec, exact_params=exact, stored_dtype=dtype)

@@ -21,14 +21,19 @@ from __future__ import annotations
 import math
 import re
 
+from trainfit.core.model_loader import check_plausible
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import count_params
 from trainfit.errors import BadInputError
+from trainfit.validate import check
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 _MULT = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 _GQA_FROM_PARAMS = 1_000_000_000
 _TIE_BELOW_PARAMS = 1_000_000_000
+# Sizes a shape is built for: 10T is several times the largest published dense model.
+MIN_SHAPE_PARAMS = 1_000_000
+MAX_SHAPE_PARAMS = 10 * 10**12
 
 
 def looks_like_size(text: str) -> bool:
@@ -40,10 +45,11 @@ def looks_like_size(text: str) -> bool:
 def parse_param_count(text: str) -> int:
     """ "125m" -> 125_000_000, "1.3b" -> 1_300_000_000; plain integers accepted."""
     m = _SIZE.match(str(text))
-    if not m:
+    value = float(m.group(1)) * _MULT[m.group(2).lower()] if m else math.nan
+    if not math.isfinite(value):
         raise BadInputError(f"parameter count {text!r} is not understood",
                             hint="write it like 125m, 1.3b, 7B or 350000000")
-    return int(round(float(m.group(1)) * _MULT[m.group(2).lower()]))
+    return int(round(value))
 
 
 def _ffn(hidden: int) -> int:
@@ -63,17 +69,20 @@ def shape_from_dims(layers: int, hidden: int, heads: int, vocab: int = 32000, *,
                     intermediate: int | None = None, max_positions: int = 2048, tie_embeddings: bool = False,
                     head_dim: int | None = None) -> ModelSpec:
     """A Llama-style ModelSpec with the given dimensions (SwiGLU width 8/3 x hidden by default)."""
-    values = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "max_positions": max_positions}
-    for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise BadInputError(f"shape: '{key}' must be a positive integer, got {value!r}")
+    # (key as the user wrote it, its validate.BOUNDS entry, value)
+    for key, bound, value in (("layers", "layers", layers), ("hidden", "hidden", hidden), ("heads", "heads", heads),
+                              ("vocab", "vocab", vocab), ("max_positions", "max_position_embeddings", max_positions),
+                              ("kv_heads", "kv_heads", kv_heads), ("intermediate", "intermediate", intermediate),
+                              ("head_dim", "hidden", head_dim)):
+        if value is not None:
+            check(bound, value, f"shape: '{key}'")
     kv = heads if kv_heads is None else kv_heads
     if kv <= 0 or heads % kv:
         raise BadInputError(f"shape: 'kv_heads' ({kv}) must divide 'heads' ({heads})")
     if head_dim is None and hidden % heads:
         raise BadInputError(f"shape: 'hidden' ({hidden}) must be a multiple of 'heads' ({heads})")
     ffn = intermediate or _ffn(hidden)
-    return ModelSpec(
+    spec = ModelSpec(
         id=f"shape:layers={layers},hidden={hidden},heads={heads},kv_heads={kv},vocab={vocab}",
         architecture="llama", vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=kv, head_dim=head_dim or hidden // heads, intermediate_size=ffn, activation="silu",
@@ -81,14 +90,16 @@ def shape_from_dims(layers: int, hidden: int, heads: int, vocab: int = 32000, *,
         norm="rmsnorm", qkv_bias=False, o_bias=False, mlp_bias=False, lm_head_bias=False,
         stored_dtype="bfloat16", source="shape",
     )
+    check_plausible(spec, "shape")
+    return spec
 
 
 def shape_for_params(n_params: int | str, vocab_size: int = 32000, *, max_positions: int = 2048,
                      tie_embeddings: bool | None = None) -> ModelSpec:
     """A sensible Llama-style shape whose exact parameter count is close to `n_params`."""
     target = parse_param_count(n_params) if isinstance(n_params, str) else n_params
-    if isinstance(target, bool) or not isinstance(target, int) or target < 1_000_000:
-        raise BadInputError(f"shape: parameter count must be at least 1m, got {n_params!r}")
+    if isinstance(target, bool) or not isinstance(target, int) or not MIN_SHAPE_PARAMS <= target <= MAX_SHAPE_PARAMS:
+        raise BadInputError(f"shape: parameter count must be from 1m to 10t, got {n_params!r}")
     tie = target < _TIE_BELOW_PARAMS if tie_embeddings is None else tie_embeddings
     aspect = _aspect(target)
     emb = vocab_size * (1 if tie else 2)

@@ -112,7 +112,12 @@ def estimate_power(
         else:
             gpu_each = gpu_draw_watts(limit, activity)
     cpu_load = 1.0 if on_cpu else CPU_LOAD_WHILE_GPU_TRAINS
-    cpu_watts = _cpu_watts(profile, cpu_load, notes)
+    if n_gpu and _cpu_inside_gpu_figure(profile):
+        cpu_watts = 0.0
+        notes.append("CPU draw counted in the GPU figure: on Apple silicon the catalog's power is the whole "
+                     "machine's (CPU, GPU and memory on one chip)")
+    else:
+        cpu_watts = _cpu_watts(profile, cpu_load, notes)
     total = n_gpu * gpu_each + cpu_watts + other_watts
     seconds = speed.total_seconds
     kwh = energy_kwh(total, seconds, pue) if seconds is not None else None
@@ -139,19 +144,32 @@ def assumed_cpu_tdp_watts(physical_cores: int | None, logical_cores: int) -> tup
     return float(min(350, max(15, 10 * cores))), cores
 
 
+def _cpu_inside_gpu_figure(profile: HardwareProfile) -> bool:
+    """Apple silicon: the GPU's power figure is the SoC's (the catalog lists the machine's maximum
+    wall power), so a separate CPU figure would count the CPU twice."""
+    return bool(profile.gpus) and profile.gpus[0].vendor == "apple" and profile.power.cpu_tdp_watts is None
+
+
+def _load_text(load: float) -> str:
+    return "at full load" if load >= 1.0 else f"at {load:.0%} load while the GPU trains"
+
+
 def _cpu_watts(profile: HardwareProfile, load: float, notes: list[str]) -> float:
+    """The CPU draw counted; every note states the watts the power line shows."""
     power = profile.power
     tdp = power.cpu_tdp_watts
     measured = power.cpu_package_watts
     if tdp is not None:
         if measured is not None and measured > tdp * load:
             # RAPL already reads more than the planned share (other processes): keep the reading.
-            notes.append(f"CPU package measured at {measured:.0f} W by RAPL")
+            notes.append(f"CPU: {measured:.0f} W, the package draw RAPL measured (above {tdp * load:.0f} W = "
+                         f"TDP {tdp:.0f} W {_load_text(load)})")
             return measured
         return tdp * load
     if measured is not None:
-        notes.append("CPU TDP unknown: RAPL reading used as the CPU draw")
+        notes.append(f"CPU: {measured:.0f} W, the package draw RAPL measured (CPU TDP unknown)")
         return measured
     watts, cores = assumed_cpu_tdp_watts(profile.cpu.physical_cores, profile.cpu.logical_cores)
-    notes.append(f"CPU TDP unknown and RAPL unreadable: assumed {watts:.0f} W ({cores} cores x 10 W)")
+    notes.append(f"CPU: {watts * load:.0f} W = assumed TDP {watts:.0f} W ({cores} cores x 10 W) {_load_text(load)} "
+                 "(CPU TDP unknown and RAPL unreadable)")
     return watts * load

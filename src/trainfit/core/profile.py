@@ -66,13 +66,15 @@ class CpuInfo:
 
 @dataclass(frozen=True)
 class MemoryInfo:
-    total_bytes: int  # physical RAM seen by the OS
-    available_bytes: int
+    # The sizes are None (with the reason in `unavailable`) when the memory probe failed: an
+    # unknown size is never reported as 0 bytes.
+    total_bytes: int | None  # physical RAM seen by the OS
+    available_bytes: int | None
     cgroup_limit_bytes: int | None  # memory.max / memory.limit_in_bytes when in a container
-    usable_bytes: int  # min(total, cgroup limit) minus os_reserve_bytes: what training may use
-    os_reserve_bytes: int  # kept for the OS and other processes
-    swap_total_bytes: int
-    swap_free_bytes: int
+    usable_bytes: int | None  # min(total, cgroup limit) minus os_reserve_bytes: what training may use
+    os_reserve_bytes: int | None  # kept for the OS and other processes
+    swap_total_bytes: int | None
+    swap_free_bytes: int | None
     swap_kind: SwapKind
     unified_with_gpu: bool  # Apple silicon / APU: GPU memory is this RAM
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -238,6 +240,8 @@ class HardwareProfile:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError("nested too deeply to be a profile") from None
         return cls.from_dict(data)
 
     @classmethod

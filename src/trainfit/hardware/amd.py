@@ -11,7 +11,7 @@ from typing import Any
 
 from trainfit.core.profile import GpuInfo
 from trainfit.hardware.drm import DrmCard, hwmon, list_cards, pcie_link
-from trainfit.hardware.gpu_common import make_gpu
+from trainfit.hardware.gpu_common import failed_gpu, make_gpu
 from trainfit.hardware.sources import Sources, read_int, read_text
 
 AMD_VENDOR = "0x1002"
@@ -103,59 +103,82 @@ def _sysfs_gpu(src: Sources, card: DrmCard, index: int, rocm: tuple[str | None, 
 
 
 def _amdsmi_gpus(src: Sources, smi: Any, rocm: tuple[str | None, str | None]) -> list[GpuInfo]:
-    """GPUs through amdsmi; each call guarded since field names moved between ROCm releases."""
+    """GPUs through amdsmi; each call guarded since field names moved between ROCm releases, and
+    each GPU guarded so one that answers unexpectedly does not cost the others."""
     smi.amdsmi_init()
     try:
         gpus = []
         for index, h in enumerate(smi.amdsmi_get_processor_handles()):
-            reasons: dict[str, str] = {}
-
-            def get(fn: str, *args: Any) -> Any:
-                try:
-                    return getattr(smi, fn)(h, *args)
-                except Exception as exc:  # AmdSmiLibraryException and version drift
-                    reasons[fn] = f"{fn}: {exc}"
-                    return None
-
-            asic = get("amdsmi_get_gpu_asic_info") or {}
-            vram = get("amdsmi_get_gpu_vram_usage") or {}
-            power = get("amdsmi_get_power_info") or {}
-            total = vram.get("vram_total")  # MiB in amdsmi
-            used = vram.get("vram_used")
-            draw = power.get("average_socket_power") or power.get("current_socket_power")
-            cap = power.get("power_limit")
-            gfx = asic.get("target_graphics_version")
-            uuid, bdf = get("amdsmi_get_gpu_device_uuid"), get("amdsmi_get_gpu_device_bdf")
-            # A call that raised names its error; one that answered without the field says so.
-            field_reasons = {
-                "vram_total_bytes": reasons.get("amdsmi_get_gpu_vram_usage", "amdsmi reported no vram_total"),
-                "vram_free_bytes": reasons.get("amdsmi_get_gpu_vram_usage", "amdsmi reported no vram_used"),
-                "power_draw_watts": reasons.get("amdsmi_get_power_info", "amdsmi reported no socket power"),
-                "power_limit_watts": reasons.get("amdsmi_get_power_info", "amdsmi reported no power_limit"),
-                "architecture": reasons.get("amdsmi_get_gpu_asic_info", "amdsmi reported no gfx target"),
-                "uuid": reasons.get("amdsmi_get_gpu_device_uuid", "amdsmi reported no uuid"),
-                "pci_bus_id": reasons.get("amdsmi_get_gpu_device_bdf", "amdsmi reported no PCI address"),
-                "mig_mode": "NVIDIA only", "rocm_version": rocm[1] or "",
-            }
-            gpus.append(make_gpu(
-                index=index, vendor="amd", name=asic.get("market_name") or "AMD GPU", unified_memory=False,
-                reasons={k: v for k, v in field_reasons.items() if v}, default_reason="not read through amdsmi",
-                uuid=uuid, pci_bus_id=bdf,
-                vram_total_bytes=int(total) << 20 if isinstance(total, (int, float)) else None,
-                vram_free_bytes=(int(total) - int(used)) << 20 if isinstance(used, (int, float)) and total else None,
-                power_draw_watts=float(draw) if isinstance(draw, (int, float)) else None,
-                # amdsmi reports the cap in microwatts in ROCm 6.x
-                power_limit_watts=float(cap) / 1e6 if isinstance(cap, (int, float)) and cap > 1e5 else
-                (float(cap) if isinstance(cap, (int, float)) else None),
-                architecture=gfx if isinstance(gfx, str) and gfx.startswith("gfx") else None,
-                rocm_version=rocm[0],
-            ))
+            try:
+                gpus.append(_amdsmi_gpu(smi, h, index, rocm))
+            except Exception as exc:
+                gpus.append(failed_gpu(index=index, vendor="amd", name=f"AMD GPU {index}", exc=exc,
+                                       what=f"GPU {index} through amdsmi"))
         return gpus
     finally:
         try:
             smi.amdsmi_shut_down()
         except Exception:
             pass
+
+
+def _amdsmi_gpu(smi: Any, h: Any, index: int, rocm: tuple[str | None, str | None]) -> GpuInfo:
+    reasons: dict[str, str] = {}
+
+    def get(fn: str, *args: Any, want: type | None = None) -> Any:
+        try:
+            value = getattr(smi, fn)(h, *args)
+        except Exception as exc:  # AmdSmiLibraryException and version drift
+            reasons[fn] = f"{fn}: {type(exc).__name__}: {exc}"
+            return None
+        if want is not None and value is not None and not isinstance(value, want):
+            reasons[fn] = f"{fn} returned {type(value).__name__}, expected {want.__name__}"
+            return None
+        return value
+
+    asic = get("amdsmi_get_gpu_asic_info", want=dict) or {}
+    vram = get("amdsmi_get_gpu_vram_usage", want=dict) or {}
+    power = get("amdsmi_get_power_info", want=dict) or {}
+    total = vram.get("vram_total")  # MiB in amdsmi
+    used = vram.get("vram_used")
+    draw = power.get("average_socket_power") or power.get("current_socket_power")
+    cap = power.get("power_limit")
+    gfx = asic.get("target_graphics_version")
+    uuid, bdf = get("amdsmi_get_gpu_device_uuid", want=str), get("amdsmi_get_gpu_device_bdf", want=str)
+    market = asic.get("market_name")
+    # A call that raised names its error; one that answered without the field says so.
+    field_reasons = {
+        "vram_total_bytes": reasons.get("amdsmi_get_gpu_vram_usage", "amdsmi reported no vram_total"
+                                        if total is None else f"amdsmi reported vram_total {total!r}"),
+        "vram_free_bytes": reasons.get("amdsmi_get_gpu_vram_usage", "amdsmi reported no vram_used"
+                                       if used is None else f"amdsmi reported vram_used {used!r}"),
+        "power_draw_watts": reasons.get("amdsmi_get_power_info", "amdsmi reported no socket power"),
+        "power_limit_watts": reasons.get("amdsmi_get_power_info", "amdsmi reported no power_limit"),
+        "architecture": reasons.get("amdsmi_get_gpu_asic_info", "amdsmi reported no gfx target"),
+        "uuid": reasons.get("amdsmi_get_gpu_device_uuid", "amdsmi reported no uuid"),
+        "pci_bus_id": reasons.get("amdsmi_get_gpu_device_bdf", "amdsmi reported no PCI address"),
+        "mig_mode": "NVIDIA only", "rocm_version": rocm[1] or "",
+    }
+    return make_gpu(
+        index=index, vendor="amd", name=market if isinstance(market, str) and market else "AMD GPU",
+        unified_memory=False,
+        reasons={k: v for k, v in field_reasons.items() if v}, default_reason="not read through amdsmi",
+        uuid=uuid, pci_bus_id=bdf,
+        vram_total_bytes=int(total) << 20 if _mib(total) else None,
+        vram_free_bytes=(int(total) - int(used)) << 20 if _mib(total) and _mib(used) and used <= total else None,
+        power_draw_watts=float(draw) if isinstance(draw, (int, float)) else None,
+        # amdsmi reports the cap in microwatts in ROCm 6.x
+        power_limit_watts=float(cap) / 1e6 if isinstance(cap, (int, float)) and cap > 1e5 else
+        (float(cap) if isinstance(cap, (int, float)) else None),
+        architecture=gfx if isinstance(gfx, str) and gfx.startswith("gfx") else None,
+        rocm_version=rocm[0],
+    )
+
+
+def _mib(value: Any) -> bool:
+    """A finite, non-negative MiB figure (amdsmi answers "N/A" strings on some boards)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            and value == value and value != float("inf"))
 
 
 def probe_amd_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
@@ -175,4 +198,11 @@ def probe_amd_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
     if not cards:
         return [], {"amd": "no AMD GPU in /sys/class/drm"}
     targets = gfx_targets(src)
-    return [_sysfs_gpu(src, c, i, rocm, targets) for i, c in enumerate(cards)], {}
+    gpus = []
+    for i, card in enumerate(cards):
+        try:
+            gpus.append(_sysfs_gpu(src, card, i, rocm, targets))
+        except Exception as exc:  # one card's odd sysfs answer must not cost the other cards
+            gpus.append(failed_gpu(index=i, vendor="amd", name=DEVICE_NAMES.get(card.device_id, f"AMD GPU {i}"),
+                                   exc=exc, what=f"{card.device_dir}"))
+    return gpus, {}

@@ -33,6 +33,9 @@ class Analysis:
     warnings: list[str]
     suggestions: list[str]
     notes: list[str] = field(default_factory=list)
+    # What the memory points were scored on: summed VRAM, the GPU's share of unified memory (the
+    # capacity `estimate` and `plan` use), or half the usable RAM without a GPU. 0 when unknown.
+    memory_bytes: int = 0
 
 
 def _log_points(value: float, lo: float, hi: float, top: float = 5.0) -> float:
@@ -42,11 +45,30 @@ def _log_points(value: float, lo: float, hi: float, top: float = 5.0) -> float:
 
 
 def training_memory_bytes(p: HardwareProfile) -> tuple[int, str]:
+    """Bytes a training run can hold, and why. Unknown sizes count 0 and say so (never "0 GiB").
+
+    Unified memory (Apple): the GPU's share, from the same rule `estimate` and `plan` use as the
+    device capacity (core.memory.overheads.gpu_capacity), not the RAM left after the OS reserve.
+    """
+    from trainfit.core.memory.overheads import gpu_capacity
+
     if p.gpus and not p.gpus[0].unified_memory:
-        total = sum(g.vram_total_bytes or 0 for g in p.gpus)
-        return total, f"{len(p.gpus)} GPU(s) with {total / GIB:.1f} GiB VRAM in total"
+        known = [g for g in p.gpus if g.vram_total_bytes is not None]
+        total = sum(g.vram_total_bytes or 0 for g in known)
+        why = f"{len(p.gpus)} GPU(s) with {total / GIB:.1f} GiB VRAM in total"
+        if len(known) < len(p.gpus):
+            unknown = [g for g in p.gpus if g.vram_total_bytes is None]
+            why = (f"{len(p.gpus)} GPU(s), {total / GIB:.1f} GiB VRAM known; VRAM unknown for GPU "
+                   + ", ".join(f"{g.index} ({g.unavailable.get('vram_total_bytes', 'no reason')})" for g in unknown)
+                   + ": not counted")
+        return total, why
     if p.gpus:
-        return p.memory.usable_bytes, f"{p.memory.usable_bytes / GIB:.1f} GiB usable unified memory"
+        cap = gpu_capacity(p)
+        if cap is None:
+            return 0, f"unified memory size unknown ({p.memory.unavailable.get('total_bytes', 'no reason')}): not counted"
+        return cap, f"{cap / GIB:.1f} GiB of unified memory usable by the GPU"
+    if p.memory.usable_bytes is None:
+        return 0, f"CPU only: RAM size unknown ({p.memory.unavailable.get('usable_bytes', 'no reason')}): not counted"
     return p.memory.usable_bytes // 2, (f"CPU only: {p.memory.usable_bytes / GIB:.1f} GiB usable RAM, "
                                         "counted at half weight")
 
@@ -105,7 +127,7 @@ def analyze_profile(p: HardwareProfile, *, owned: bool = True) -> Analysis:
         reasoning.append("-0.5 cooling marginal for sustained load")
     score = round(max(0.0, min(10.0, mem_pts + comp_pts - penalty)), 1)
     label = next(text for floor, text in _LABELS if score >= floor)
-    return Analysis(score, label, reasoning, warnings(p), suggestions(p, owned=owned))
+    return Analysis(score, label, reasoning, warnings(p), suggestions(p, owned=owned), memory_bytes=mem_bytes)
 
 
 def warnings(p: HardwareProfile) -> list[str]:
@@ -121,7 +143,14 @@ def warnings(p: HardwareProfile) -> list[str]:
     if pw.psu_headroom_watts is not None and pw.psu_watts and pw.psu_headroom_watts < 0.1 * pw.psu_watts:
         out.append(f"PSU headroom {pw.psu_headroom_watts:.0f} W on a {pw.psu_watts:.0f} W supply: full load may "
                    "trip it; cap GPU power (nvidia-smi -pl)")
-    if mem.total_bytes and mem.usable_bytes < 16 * GIB:
+    if mem.usable_bytes is None:
+        out.append(f"RAM size unknown ({mem.unavailable.get('usable_bytes', 'no reason')}): what fits in RAM "
+                   "(CPU training, offload, model loading) cannot be checked")
+    for g in p.gpus:
+        if g.vram_total_bytes is None and not g.unified_memory:
+            out.append(f"GPU {g.index} memory unknown ({g.unavailable.get('vram_total_bytes', 'no reason')}): "
+                       "estimate and plan give no fit verdict for it")
+    if mem.total_bytes and mem.usable_bytes is not None and mem.usable_bytes < 16 * GIB:
         out.append(f"Little RAM: {mem.usable_bytes / GIB:.1f} GiB usable (binary GiB) limits model loading "
                    "and CPU offload")
     if mem.cgroup_limit_bytes:
@@ -131,7 +160,7 @@ def warnings(p: HardwareProfile) -> list[str]:
         out.append(f"Container CPU quota {p.cpu.cgroup_cpu_quota:g} cores of {p.cpu.logical_cores}: "
                    "set dataloader workers and torch threads to match")
     vram = max((g.vram_total_bytes or 0 for g in p.gpus if not g.unified_memory), default=0)
-    if vram and mem.usable_bytes < vram:
+    if vram and mem.usable_bytes is not None and mem.usable_bytes < vram:
         out.append("Usable RAM is below one GPU's VRAM: loading full checkpoints may need low_cpu_mem_usage")
     if mem.swap_kind == "hdd":
         out.append("Swap is on a spinning disk: spilling to it stalls training")
@@ -161,10 +190,10 @@ def suggestions(p: HardwareProfile, *, owned: bool = True) -> list[str]:
         out.append("Use fp16 mixed precision with loss scaling (no bf16 on this GPU)")
     elif not g0 and p.backends.cpu_bf16:
         out.append("The CPU has bf16 instructions (AVX512-BF16/AMX/FEAT_BF16): bf16 autocast on CPU is worth it")
-    vram = (g0.vram_total_bytes or 0) if g0 else 0
-    if g0 and not g0.unified_memory and vram < 12 * GIB:
+    vram = g0.vram_total_bytes if g0 else None  # None: unknown, no size-based advice
+    if g0 and vram is not None and not g0.unified_memory and vram < 12 * GIB:
         out.append("Under 12 GiB VRAM: LoRA/QLoRA with gradient checkpointing for 1B+ models")
-    elif g0 and vram < 40 * GIB:
+    elif g0 and vram is not None and vram < 40 * GIB:
         out.append("Gradient checkpointing lets larger models or longer sequences fit")
     if len(p.gpus) > 1:
         if all(g.nvlink_peers for g in p.gpus):

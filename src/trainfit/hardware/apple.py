@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 
+from trainfit.core.hardware_spec import metal_working_set_bytes
 from trainfit.core.profile import GpuInfo
 from trainfit.hardware.gpu_common import make_gpu
 from trainfit.hardware.sources import Sources
@@ -77,7 +78,15 @@ def probe_apple_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
     chip, tier = family
     cores, cores_reason = gpu_core_count(src)
     memsize = int(values["hw.memsize"]) if values.get("hw.memsize", "").isdigit() else None
-    vm = src.psutil.virtual_memory()
+    # What the GPU may still take: the RAM macOS reports available, within Metal's working-set
+    # limit (the rule estimate and plan use as capacity: core.hardware_spec.metal_working_set_bytes).
+    free_reason = None
+    try:
+        available: int | None = int(src.psutil.virtual_memory().available)
+    except Exception as exc:  # unknown, not 0: the rest of the GPU is still reported
+        available, free_reason = None, f"psutil.virtual_memory failed: {type(exc).__name__}: {exc}"
+    limit = metal_working_set_bytes(memsize)
+    free = min(v for v in (available, limit) if v is not None) if available is not None else None
     name = f"Apple {chip.upper()}{' ' + tier.capitalize() if tier else ''}"
     if cores:
         name += f" ({cores}-core GPU)"
@@ -89,12 +98,13 @@ def probe_apple_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
     reasons.update({"uuid": "macOS does not expose a GPU UUID", "mig_mode": "NVIDIA only",
                     "driver_version": "Metal is part of macOS (see os.release)",
                     "vram_total_bytes": "hw.memsize not reported"})
+    if free_reason:
+        reasons["vram_free_bytes"] = free_reason
     gpu = make_gpu(
         index=0, vendor="apple", name=name, unified_memory=True, reasons=reasons,
         default_reason="not exposed on macOS",
         vram_total_bytes=memsize,
-        # unified memory: what the OS reports as available is what the GPU may still take
-        vram_free_bytes=int(vm.available),
+        vram_free_bytes=free,
         architecture=f"apple-{chip}",
         # MPS: fp16 everywhere, bf16 from M2 on (Metal 3.1 / macOS 14)
         precisions=["fp32", "fp16"] + ([] if chip == "m1" else ["bf16"]),

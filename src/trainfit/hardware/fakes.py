@@ -5,12 +5,18 @@ successive texts, or {error: EACCES|ENOENT}), links (sysfs symlinks), commands (
 {rc, stdout} or {hang: true}), nvml (null = library missing, {init_error: code}, or devices),
 amdsmi (null) and disk_bench ({read_mbps, write_mbps} or {error: ...}).
 
+Faults in the fake NVML: `nvml.count` replaces what nvmlDeviceGetCount answers (any YAML value,
+e.g. "2" or "two"); per device, `errors: {field: nvmlReturn code}` raises an NVMLError,
+`raises: {field: RuntimeError}` raises that builtin exception (not an NVMLError), and
+`name_bytes: "<hex>"` makes nvmlDeviceGetName answer raw bytes (e.g. not UTF-8).
+
 `python -m trainfit.hardware.fakes record OUT.yaml` runs the live probes through recording
 wrappers and writes exactly the files and answers they read.
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import posixpath
 import sys
@@ -22,6 +28,7 @@ from typing import Any
 import yaml
 
 from trainfit.hardware.sources import Commands, Fs, PlatformFacts, Sources
+from trainfit.yaml_io import load_yaml
 
 _ERRORS = {"EACCES": (PermissionError, errno.EACCES), "ENOENT": (FileNotFoundError, errno.ENOENT),
            "EIO": (OSError, errno.EIO)}
@@ -125,6 +132,9 @@ class FakeNvml:
         return h
 
     def _field(self, h: dict[str, Any], name: str, value: Any) -> Any:
+        unexpected = (h.get("raises") or {}).get(name)
+        if unexpected is not None:  # a builtin exception with no NVML return code
+            raise getattr(builtins, unexpected)(f"fake {unexpected} from the {name} call")
         code = h.get("errors", {}).get(name)
         if code is not None:
             raise FakeNvmlError(int(code))
@@ -147,13 +157,17 @@ class FakeNvml:
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
         return int(self.data["cuda_version"])
 
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.devices)
+    def nvmlDeviceGetCount(self) -> Any:
+        return self.data["count"] if "count" in self.data else len(self.devices)
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self.devices):
+            raise FakeNvmlError(2)  # NVML_ERROR_INVALID_ARGUMENT: no GPU at that index
         return self.devices[i]
 
-    def nvmlDeviceGetName(self, h): return self._field(h, "name", h.get("name"))
+    def nvmlDeviceGetName(self, h):
+        raw = bytes.fromhex(h["name_bytes"]) if "name_bytes" in h else h.get("name")
+        return self._field(h, "name", raw)
     def nvmlDeviceGetUUID(self, h): return self._field(h, "uuid", h.get("uuid"))
     def nvmlDeviceGetPciInfo(self, h): return SimpleNamespace(busId=self._field(h, "pci", h.get("bus_id")))
     def nvmlDeviceGetMemoryInfo(self, h):
@@ -291,7 +305,7 @@ def _expand_cpu(data: dict[str, Any]) -> None:
 
 
 def _load_raw(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path.read_text())
     parent = data.pop("extends", None)
     return _merge(_load_raw(path.parent / parent), data) if parent else data
 

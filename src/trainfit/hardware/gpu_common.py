@@ -57,6 +57,14 @@ def make_gpu(
     return GpuInfo(**kwargs, unavailable=unavailable)
 
 
+def failed_gpu(*, index: int, vendor: str, name: str, exc: BaseException, what: str) -> GpuInfo:
+    """A GPU the probe saw but could not read (a driver or library answer it did not expect):
+    kept in the list with every field unknown and the reason, so the other GPUs stay too."""
+    why = f"reading {what} failed: {type(exc).__name__}: {exc}"
+    gpu = make_gpu(index=index, vendor=vendor, name=name, unified_memory=False, reasons={}, default_reason=why)
+    return dataclasses.replace(gpu, unavailable={**gpu.unavailable, "name": why})
+
+
 def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
     """Fill catalog_id, architecture, matrix unit, precisions, peak TFLOP/s, bandwidth and TDP
     from the GPU catalog (`trainfit.core.gpu_catalog.find_gpu`). Probe values win over the
@@ -75,6 +83,13 @@ def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
         return _without_catalog(gpu, f"GPU catalog lookup failed: {type(exc).__name__}: {exc}")
     if spec is None:
         return _without_catalog(gpu, f"'{lookup_name}' is not in the GPU catalog")
+    try:
+        return _with_catalog(gpu, spec)
+    except Exception as exc:  # an odd probe value (e.g. a MIG size) keeps the GPU, without catalog figures
+        return _without_catalog(gpu, f"GPU catalog figures not applied: {type(exc).__name__}: {exc}")
+
+
+def _with_catalog(gpu: GpuInfo, spec: Any) -> GpuInfo:
     unavailable = dict(gpu.unavailable)
     updates: dict[str, Any] = {"catalog_id": spec.id}
     for name, value in (("architecture", spec.architecture), ("matrix_unit", spec.matrix_unit),
@@ -87,7 +102,7 @@ def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
         elif getattr(gpu, name) is None and name == "matrix_unit":
             unavailable[name] = "catalog: no matrix unit on this GPU"
     if not gpu.peak_tflops:
-        share = mig_share(gpu.mig_profile, gpu.vram_total_bytes, spec.vram_bytes)
+        share = mig_share(gpu.mig_profile, gpu.vram_total_bytes, spec.usable_vram_bytes)  # NVML vs NVML totals
         updates["peak_tflops"] = {k: round(v * share[0], 2) for k, v in spec.peak_tflops.items()}
         updates["precisions"] = list(spec.precisions)
         if gpu.mig_profile:

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainfit.core.profile import GpuInfo
 from trainfit.hardware.drm import DrmCard, hwmon, list_cards, pcie_link
-from trainfit.hardware.gpu_common import make_gpu
+from trainfit.hardware.gpu_common import failed_gpu, make_gpu
 from trainfit.hardware.sources import Sources, read_int
 
 INTEL_VENDOR = "0x8086"
@@ -64,12 +64,22 @@ def _sysfs_gpu(src: Sources, card: DrmCard, index: int) -> GpuInfo:
 def _torch_gpus(torch: Any) -> list[GpuInfo]:
     gpus = []
     for i in range(torch.xpu.device_count()):
-        props = torch.xpu.get_device_properties(i)
-        free, total = torch.xpu.mem_get_info(i)
+        try:
+            props = torch.xpu.get_device_properties(i)
+        except Exception as exc:  # one device the runtime cannot describe keeps its place in the list
+            gpus.append(failed_gpu(index=i, vendor="intel", name=f"Intel GPU {i}", exc=exc, what=f"torch.xpu device {i}"))
+            continue
+        reasons = {"mig_mode": "NVIDIA only"}
+        try:
+            free, total = (int(v) for v in torch.xpu.mem_get_info(i))
+        except Exception as exc:  # memory unknown (None with the reason), never 0
+            free = total = None
+            reasons["vram_total_bytes"] = reasons["vram_free_bytes"] = (
+                f"torch.xpu.mem_get_info failed: {type(exc).__name__}: {exc}")
         gpus.append(make_gpu(
             index=i, vendor="intel", name=str(props.name), unified_memory=False,
-            reasons={"mig_mode": "NVIDIA only"}, default_reason="not reported by torch.xpu",
-            vram_total_bytes=int(total), vram_free_bytes=int(free),
+            reasons=reasons, default_reason="not reported by torch.xpu",
+            vram_total_bytes=total, vram_free_bytes=free,
             driver_version=str(getattr(props, "driver_version", "")) or None,
         ))
     return gpus
@@ -87,4 +97,11 @@ def probe_intel_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
              if c.device_id in DEVICE_NAMES or (c.driver == "xe")]
     if not cards:
         return [], {"intel": "no Intel Arc / Data Center GPU in /sys/class/drm"}
-    return [_sysfs_gpu(src, c, i) for i, c in enumerate(cards)], {}
+    gpus = []
+    for i, card in enumerate(cards):
+        try:
+            gpus.append(_sysfs_gpu(src, card, i))
+        except Exception as exc:  # one card's odd sysfs answer must not cost the other cards
+            gpus.append(failed_gpu(index=i, vendor="intel", name=DEVICE_NAMES.get(card.device_id, f"Intel GPU {i}"),
+                                   exc=exc, what=card.device_dir))
+    return gpus, {}

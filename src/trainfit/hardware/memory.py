@@ -82,8 +82,8 @@ def probe_memory(src: Sources) -> MemoryInfo:
 
 
 def memory_unavailable(src: Sources, reason: str) -> MemoryInfo:
-    """When the probe failed or timed out: zeros that say so in `unavailable`, so no estimator
-    mistakes them for a machine with no RAM without seeing the reason."""
+    """When the probe failed or timed out: every size None (null in the JSON) with the reason, so
+    no estimator mistakes an unknown machine for one with 0 bytes of RAM."""
     fields = ("total_bytes", "available_bytes", "usable_bytes", "os_reserve_bytes",
               "swap_total_bytes", "swap_free_bytes", "swap_kind")
-    return MemoryInfo(0, 0, None, 0, 0, 0, 0, "unknown", False, {f: reason for f in fields})
+    return MemoryInfo(None, None, None, None, None, None, None, "unknown", False, {f: reason for f in fields})

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 
 from trainfit.core.profile import NetworkInfo
 from trainfit.hardware.sources import Sources
@@ -21,6 +19,9 @@ def probe_network(src: Sources, url: str | None = None, timeout_s: float = 3.0) 
         return NetworkInfo(None, None, {"download_mbps": f"no endpoint configured (set {ENV_VAR})"})
     if not endpoint.startswith(("http://", "https://")):
         return NetworkInfo(endpoint, None, {"download_mbps": "endpoint must be an http(s) URL"})
+    import urllib.error  # here, not at the top: urllib + http.client take ~30 ms to import
+    import urllib.request
+
     received = 0
     try:
         t0 = time.perf_counter()

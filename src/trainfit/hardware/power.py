@@ -178,8 +178,14 @@ def assess_power(r: PowerReadings, gpus: list[GpuInfo], cpu: CpuInfo, psu_watts:
     boards = _boards(gpus)
 
     # System TDP estimate: CPU + GPUs + the rest (board, RAM, disks, fans).
+    apple = any(g.vendor == "apple" for g in boards)
     if r.cpu_tdp_watts is not None:
         cpu_w = r.cpu_tdp_watts
+    elif apple and any(g.tdp_watts for g in boards):
+        # The catalog's Apple figure is the whole machine's maximum wall power (CPU, GPU, SSD),
+        # as in core.hardware_spec: adding a CPU and a rest-of-system figure would count them twice.
+        cpu_w = 0.0
+        evidence.append("Apple silicon: CPU and the rest of the machine are inside the chip's power figure")
     else:
         cpu_w, cores = assumed_cpu_tdp_watts(cpu.physical_cores, cpu.logical_cores)
         evidence.append(f"CPU TDP unknown: assumed {cpu_w:.0f} W ({cores} cores x 10 W)")
@@ -190,7 +196,7 @@ def assess_power(r: PowerReadings, gpus: list[GpuInfo], cpu: CpuInfo, psu_watts:
             evidence.append(f"GPU {g.index} TDP unknown: assumed 250 W")
             w = 250.0
         gpu_w += w or 0.0  # Apple: the GPU is inside the SoC figure
-    rest = 20.0 if r.battery_present else (100.0 if len(boards) > 1 else 50.0)
+    rest = 0.0 if apple and cpu_w == 0.0 else 20.0 if r.battery_present else (100.0 if len(boards) > 1 else 50.0)
     system_w = cpu_w + gpu_w + rest
 
     # Throttling: the GPUs' clock-event reasons now, the CPU's counters since boot, zone temps.

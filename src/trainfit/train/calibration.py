@@ -9,6 +9,14 @@ machine fingerprint and the device ("cpu", "cuda:NVIDIA H100 80GB HBM3"):
 A ratio is measured / predicted. The factor applied later is the median of the last
 MAX_SAMPLES ratios (robust to one noisy verify), so calibration moves slowly and never jumps on
 one outlier. `trainfit estimate` applies the factors (core/memory/calibrated.py, core/run_prediction.py).
+
+Busy machines: every sample records the 1-minute load average and the usable cores at the end of
+the measurement. A step time measured while the run queue was longer than the cores by more than
+LOAD_TOLERANCE (load average > 1.25 x cores) measures the other work as much as the model (on a
+time-shared CPU every runnable thread gets cores/load of one), so that sample's step-time ratio is
+stored with `step_time_contended` (the reason) and never applied; its memory ratio still is (peak
+tensor bytes do not depend on the load). The run itself may keep every core busy: only the queue
+beyond all cores counts against it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ CALIBRATION_VERSION = 1
 DEFAULT_WARMUP_STEPS = 5
 DEFAULT_TIMED_STEPS = 10
 MAX_SAMPLES = 20
+# Run-queue length beyond the cores (as a share of the cores) above which a step time is not applied.
+LOAD_TOLERANCE = 0.25
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class DeviceCalibration:
     step_time_factor: float | None  # multiply predicted step seconds by this
     samples: int
     updated: float | None = None
+    contended_samples: int = 0  # step times measured on a busy machine: stored, not applied
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,8 @@ def machine_fingerprint(profile: Any = None) -> str:
     purpose: identical machines share calibration.
     """
     if profile is not None:
-        parts = [profile.cpu.model or "", str(profile.cpu.logical_cores), str(profile.memory.total_bytes >> 30)]
+        # an unknown RAM size keys as 0, as before sizes could be None
+        parts = [profile.cpu.model or "", str(profile.cpu.logical_cores), str((profile.memory.total_bytes or 0) >> 30)]
         parts += [f"{g.name}:{(g.vram_total_bytes or 0) >> 30}" for g in profile.gpus]
     else:
         import platform
@@ -126,12 +138,61 @@ def load_calibration(fingerprint: str, path: Path | None = None) -> Calibration 
     devices = {}
     for device, rec in entry.items():
         samples = rec.get("samples", []) if isinstance(rec, dict) else []
+        samples = [s for s in samples if isinstance(s, dict)]
+        contended = [s for s in samples if s.get("step_time_contended")]
         devices[device] = DeviceCalibration(
             device=device, memory_factor=_median([s.get("memory_ratio") for s in samples]),
-            step_time_factor=_median([s.get("step_time_ratio") for s in samples]), samples=len(samples),
-            updated=max((s.get("time", 0) for s in samples), default=None),
+            step_time_factor=_median([s.get("step_time_ratio") for s in samples if s not in contended]),
+            samples=len(samples), updated=max((s.get("time", 0) for s in samples), default=None),
+            contended_samples=len(contended),
         )
     return Calibration(fingerprint, devices)
+
+
+@dataclass(frozen=True)
+class LoadCheck:
+    """The machine's load when a verify measurement ended, and whether it was too busy."""
+
+    load_average_1m: float | None  # None where the OS has no load average (Windows)
+    cores: int  # usable cores (CPU affinity)
+    contended: bool
+    reason: str | None  # why the step time is not applied, when contended
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS / Windows: no affinity API
+        return os.cpu_count() or 1
+
+
+def check_load(load_average_1m: float | None = None, cores: int | None = None) -> LoadCheck:
+    """Judge a measurement by the 1-minute load average at its end (read now when not given)."""
+    if load_average_1m is None:
+        try:
+            load_average_1m = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load_average_1m = None
+    cores = cores or usable_cores()
+    limit = cores * (1 + LOAD_TOLERANCE)
+    if load_average_1m is None or load_average_1m <= limit:
+        return LoadCheck(load_average_1m, cores, False, None)
+    reason = (f"step time not applied: the machine was busy while verify measured (1-min load average "
+              f"{load_average_1m:.1f} on {cores} core{'s' if cores != 1 else ''}, above {limit:g} = cores + "
+              f"{LOAD_TOLERANCE:.0%}): other work got a share of the CPU. Re-run `trainfit verify` on an idle "
+              "machine; the memory ratio was stored")
+    return LoadCheck(load_average_1m, cores, True, reason)
+
+
+def record_verify_sample(fingerprint: str, device: str, sample: dict[str, Any], path: Path | None = None,
+                         *, load: LoadCheck | None = None) -> tuple[Path, LoadCheck]:
+    """Store one verify result with the load it was measured under; a step time from a busy
+    machine is stored flagged (`step_time_contended`) and never applied. Returns (file, check)."""
+    load = load or check_load()
+    sample = {**sample, "load_average_1m": load.load_average_1m, "cores": load.cores}
+    if load.contended:
+        sample["step_time_contended"] = load.reason
+    return record_sample(fingerprint, device, sample, path), load
 
 
 def record_sample(fingerprint: str, device: str, sample: dict[str, Any], path: Path | None = None) -> Path:

@@ -111,16 +111,40 @@ class MetricsWriter(TrainerCallback):
                 os.fsync(fh.fileno())
 
 
-class Progress(TrainerCallback):
-    """A rich progress bar with ETA on stderr, or plain log lines (--quiet / not a terminal)."""
+class BeforeFirstStep(TrainerCallback):
+    """Calls `fn` once, when the first optimizer step of this invocation begins: by then a resumed
+    checkpoint is fully loaded (weights, optimizer, scheduler, RNG state), so a resume that fails
+    while loading has not changed anything yet."""
 
-    def __init__(self, mode: str, label: str, writer: MetricsWriter) -> None:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def on_step_begin(self, args, state, control, **kw):
+        if self.fn is not None:
+            fn, self.fn = self.fn, None
+            fn()
+
+
+class Progress(TrainerCallback):
+    """A rich progress bar with ETA on stderr, or plain log lines (--quiet / not a terminal).
+
+    Both count to where this invocation stops: the schedule's last step, or --max-steps when that
+    comes first (the bar's total and its ETA are for the steps this invocation runs)."""
+
+    def __init__(self, mode: str, label: str, writer: MetricsWriter, stop_step: int | None = None) -> None:
         self.mode = mode  # "bar" or "lines"
         self.label = label
         self.writer = writer
+        self.stop_step = stop_step
         self._bar = None
         self._task = None
         self._last_line = 0.0
+
+    def end_step(self, state) -> int:
+        """The step this invocation ends at."""
+        if self.stop_step is not None and (not state.max_steps or self.stop_step < state.max_steps):
+            return self.stop_step
+        return state.max_steps
 
     def on_train_begin(self, args, state, control, **kw):
         if not state.is_world_process_zero or self.mode != "bar":
@@ -135,8 +159,10 @@ class Progress(TrainerCallback):
             TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn(), console=console(stderr=True), transient=False,
         )
+        end = self.end_step(state)
+        label = self.label if end == state.max_steps else f"{self.label} (to step {end} of {state.max_steps})"
         self._bar.start()
-        self._task = self._bar.add_task(self.label, total=state.max_steps, completed=state.global_step, loss="-")
+        self._task = self._bar.add_task(label, total=end, completed=min(state.global_step, end), loss="-")
 
     def on_log(self, args, state, control, logs=None, **kw):
         if not state.is_world_process_zero or not logs or "loss" not in logs:
@@ -145,8 +171,8 @@ class Progress(TrainerCallback):
             self._bar.update(self._task, completed=state.global_step, loss=f"{logs['loss']:.4f}")
             return
         now = time.perf_counter()
-        if now - self._last_line < 1.0 and state.global_step < state.max_steps:
-            return  # at most one line a second, plus the last step
+        if now - self._last_line < 1.0 and state.global_step < self.end_step(state):
+            return  # at most one line a second, plus the last step of this invocation
         self._last_line = now
         rec = self.writer.records[-1] if self.writer.records else {}
         tps = rec.get("tokens_per_second")

@@ -9,7 +9,14 @@ for a checkpoint) or a complete one.
 On resume a `checkpoint-<step>` counts only when its manifest matches the files byte for byte;
 anything else is reported and skipped, and never deleted or overwritten: when a new checkpoint
 needs the name of a corrupt one, the corrupt one is moved aside to `checkpoint-<step>.corrupt-<n>`.
-Rotation (keep_last) only ever removes complete checkpoints.
+Before resuming, the chosen checkpoint's files are also read the way resuming reads them
+(check_loadable), so a checkpoint that matches its manifest but cannot be loaded is refused with
+the file named instead of failing inside the Trainer.
+
+Rotation (keep_last) only ever removes complete checkpoints, and removes each by renaming it to
+a hidden trash name first (`.checkpoint-<step>.trash-<token>`, atomic) and deleting that: a crash
+during the delete never leaves a half-deleted `checkpoint-<step>`; clean_leftovers removes the
+trash later (at start-up and at every rotation).
 """
 
 from __future__ import annotations
@@ -19,11 +26,17 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+from trainfit.files import clean_stale_dirs, fsync_dir, remove_tree_atomic
 
 MANIFEST = "trainfit-manifest.json"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+# Files that resuming reads with torch.load (weights_only=True), as Transformers' Trainer does.
+_TORCH_FILES = re.compile(r"^(optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|"
+                          r"pytorch_model(-\d+-of-\d+)?\.bin|adapter_model\.bin)$")
 
 
 @dataclass(frozen=True)
@@ -40,14 +53,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _files(root: Path) -> list[Path]:
@@ -97,8 +102,12 @@ def inspect_checkpoint(path: Path, *, verify_hashes: bool = True) -> CheckpointI
         return CheckpointInfo(path, step, False, "no manifest: written incompletely or not by trainfit")
     try:
         entries = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-    except (ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return CheckpointInfo(path, step, False, "manifest is unreadable")
+    if not _valid_entries(entries):
+        return CheckpointInfo(path, step, False, "manifest is unreadable")
+    if not entries:
+        return CheckpointInfo(path, step, False, "manifest lists no files")
     for e in entries:
         f = path / e["file"]
         if not f.is_file():
@@ -109,6 +118,101 @@ def inspect_checkpoint(path: Path, *, verify_hashes: bool = True) -> CheckpointI
         if verify_hashes and _sha256(f) != e["sha256"]:
             return CheckpointInfo(path, step, False, f"{e['file']} content changed since it was written")
     return CheckpointInfo(path, step, True)
+
+
+def _valid_entries(entries) -> bool:
+    """Manifest entries are {file: relative path inside the checkpoint, bytes: int, sha256: str}."""
+    if not isinstance(entries, list):
+        return False
+    for e in entries:
+        if not (isinstance(e, dict) and isinstance(e.get("file"), str) and type(e.get("bytes")) is int
+                and isinstance(e.get("sha256"), str)):
+            return False
+        rel = PurePosixPath(e["file"])
+        if not e["file"] or rel.is_absolute() or ".." in rel.parts:
+            return False
+    return True
+
+
+def describe_error(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def check_loadable(path: Path) -> tuple[str, str] | None:
+    """Read the checkpoint's top-level files the way resuming reads them (JSON parsed, the
+    trainer state built, safetensors headers opened, torch files unpickled with weights_only and
+    mmap, so tensor data is not read). Returns (file, what is wrong) for the first file that
+    fails, or None. Catches what a manifest cannot: files that were damaged before the manifest
+    was written, or a manifest written again over damaged files. Sub-directories (FSDP and
+    DeepSpeed shards) are left to the loader."""
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        name = f.name
+        if name == MANIFEST:
+            continue
+        try:
+            if name == "trainer_state.json":
+                from transformers import TrainerState
+
+                state = TrainerState.load_from_json(str(f))
+                m = _NAME.match(path.name)
+                if not isinstance(state.global_step, int) or (m and state.global_step != int(m.group(1))):
+                    raise ValueError(f"it says global_step {state.global_step!r}, not the checkpoint's step")
+            elif name.endswith(".json"):
+                json.loads(f.read_text(encoding="utf-8"))
+            elif name.endswith(".safetensors"):
+                from safetensors import safe_open
+
+                with safe_open(str(f), framework="pt") as fh:
+                    list(fh.keys())
+            elif _TORCH_FILES.match(name):
+                _torch_load_check(f)
+        except Exception as exc:  # noqa: BLE001  (any failure to read it is the answer)
+            return name, describe_error(exc)
+    if not (path / "trainer_state.json").is_file():
+        return "trainer_state.json", "missing (the step to resume from is stored there)"
+    return None
+
+
+def _torch_load_check(f: Path) -> None:
+    import torch
+
+    try:
+        from transformers.trainer_pt_utils import safe_globals
+    except ImportError:  # older Transformers: numpy globals are not needed there
+        from contextlib import nullcontext as safe_globals
+    if not zipfile.is_zipfile(f):  # torch.save writes a zip archive; its directory is at the end
+        raise ValueError("not a complete torch.save archive (truncated or overwritten)")
+    # mmap: tensor data is mapped, not read (an optimizer state can be twice the model's size)
+    with safe_globals():
+        torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+
+
+def checkpoint_hint(ckpt_dir: Path, bad: Path) -> str:
+    """What to do when checkpoint `bad` cannot be resumed from: the earlier complete ones, or
+    starting over."""
+    infos, _ = scan(ckpt_dir, verify_hashes=False)
+    bad_step = int(_NAME.match(bad.name).group(1)) if _NAME.match(bad.name) else None
+    earlier = [i.path.name for i in infos if i.complete and i.path != bad
+               and (bad_step is None or i.step < bad_step)]
+    if earlier:
+        return (f"complete earlier checkpoint(s): {', '.join(earlier)}; move {bad.name} out of {ckpt_dir} "
+                f"to resume from {earlier[-1]}, or start over with another --out")
+    return "no earlier complete checkpoint; start over with another --out"
+
+
+def clean_leftovers(ckpt_dir: Path) -> list[Path]:
+    """Remove what interrupted deletes left (`.checkpoint-<step>.trash-*`) and empty staging
+    roots (a crash after publishing, before the empty root was removed). Staging directories
+    with content are kept: they are reported, never deleted. Main process only."""
+    removed = clean_stale_dirs(ckpt_dir, lambda owner: bool(_NAME.match(owner)))
+    if ckpt_dir.is_dir():
+        for p in ckpt_dir.iterdir():
+            if p.name.startswith(".staging-") and p.is_dir() and not any(p.rglob("*")):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
 
 
 def scan(ckpt_dir: Path, *, verify_hashes: bool = True) -> tuple[list[CheckpointInfo], list[Path]]:
@@ -140,11 +244,13 @@ def latest_complete(ckpt_dir: Path, log=print) -> CheckpointInfo | None:
 
 
 def rotate(ckpt_dir: Path, keep_last: int) -> list[Path]:
-    """Delete complete checkpoints older than the newest `keep_last` complete ones."""
+    """Delete complete checkpoints older than the newest `keep_last` complete ones (each renamed
+    to a trash name first, so none is ever seen half-deleted under its own name)."""
+    clean_leftovers(ckpt_dir)
     infos, _ = scan(ckpt_dir, verify_hashes=False)  # sizes suffice to pick what to delete
     complete = [i for i in infos if i.complete]
     removed = []
     for info in complete[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(info.path)
+        remove_tree_atomic(info.path)
         removed.append(info.path)
     return removed

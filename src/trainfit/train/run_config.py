@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainfit.core.model_shapes import MAX_SHAPE_PARAMS, MIN_SHAPE_PARAMS
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.core.setup import TRAIN_METHODS, Method, PrecisionMode, TrainingSetup, parse_method
 from trainfit.errors import BadInputError, TrainfitError, close_matches
@@ -262,7 +263,7 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
             errors.append(f"{key}: unknown key ({'did you mean ' + ', '.join(near) + '? ' if near else ''}"
                           f"valid: {', '.join(sorted(top))})")
     version = raw.get("version")
-    if version != CONFIG_VERSION:
+    if type(version) is not int or version != CONFIG_VERSION:  # `true` == 1 in Python, not in a schema
         errors.append(f"version: {version!r} is not supported (this trainfit reads version: {CONFIG_VERSION})")
     method = raw.get("method")
     try:
@@ -332,7 +333,8 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
             errs.append("model.shape: give layers, hidden and heads (or params: 8m)")
         if sh.params is not None:
             try:
-                parse_count(sh.params)
+                if not MIN_SHAPE_PARAMS <= parse_count(sh.params) <= MAX_SHAPE_PARAMS:
+                    errs.append(f"model.shape.params: must be from 1m to 10t, got {sh.params!r}")
             except ValueError as exc:
                 errs.append(f"model.shape.params: {exc}")
         if sh.hidden and sh.heads and sh.hidden % sh.heads:
@@ -362,12 +364,7 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
         errs.append("model.weights: 'hub' loads model.id from the Hugging Face Hub; give model.id")
     if cfg.method == "pretrain" and m.weights in ("local", "hub"):
         errs.append("model.weights: pretrain starts from random weights; use method sft to fine-tune local weights")
-    for key, v in (("micro_batch", t.micro_batch), ("grad_accum", t.grad_accum), ("seq_len", t.seq_len),
-                   ("num_gpus", t.num_gpus)):
-        if v < 1:
-            errs.append(f"training.{key}: must be >= 1, got {v}")
-    if not 0 <= t.zero_stage <= 3:
-        errs.append(f"training.zero_stage: must be 0..3, got {t.zero_stage}")
+    errs.extend(_bound_errors(cfg))
     if cfg.method == "qlora" and t.quant == "none":
         pass  # qlora defaults to nf4-dq at run time
     elif cfg.method != "qlora" and t.quant != "none":
@@ -376,31 +373,37 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
         errs.append("training.dpo_reference: 'lora-base' needs method dpo with training.lora set")
     if s.max_steps is None and s.epochs is None:
         errs.append("schedule: give max_steps or epochs")
-    if s.max_steps is not None and s.max_steps < 1:
-        errs.append(f"schedule.max_steps: must be >= 1, got {s.max_steps}")
     if cfg.data.streaming and s.max_steps is None:
         errs.append("schedule.max_steps: streaming data has no length, so give max_steps (not epochs)")
-    if s.lr <= 0:
-        errs.append(f"schedule.lr: must be > 0, got {s.lr}")
-    if cfg.checkpointing.every_steps < 1 or cfg.checkpointing.keep_last < 1:
-        errs.append("checkpointing: every_steps and keep_last must be >= 1")
-    if cfg.logging.every_steps < 1:
-        errs.append("logging.every_steps: must be >= 1")
+    return errs
+
+
+def _bound_errors(cfg: RunConfig) -> list[str]:
+    """Every number of the config against its range in trainfit.validate.BOUNDS (NaN and
+    infinity never pass)."""
+    from trainfit.validate import section_problems
+
+    errs = section_problems(cfg.training, "training")
+    if cfg.training.lora is not None:
+        errs += section_problems(cfg.training.lora, "training.lora",
+                                 {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout"})
+    if cfg.model.shape is not None:
+        errs += section_problems(cfg.model.shape, "model.shape")
+    for section, path in ((cfg.schedule, "schedule"), (cfg.checkpointing, "checkpointing"), (cfg.logging, "logging"),
+                          (cfg.tokenizer, "tokenizer"), (cfg.data, "data")):
+        errs += section_problems(section, path)
     return errs
 
 
 def load_run_config(path: str | Path) -> RunConfig:
     """Read and validate a run config file. BadInputError (exit 2) on any problem."""
-    import yaml
+    from trainfit.validate import parse_yaml, read_text_file
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise BadInputError(f"run config {path} does not exist",
                             hint="see examples/*.yaml and docs/run-config.md")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise BadInputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw = parse_yaml(read_text_file(path, "run config"), str(path))
     return parse_run_config(raw, base_dir=path.resolve().parent, source=str(path))
 
 

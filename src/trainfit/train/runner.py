@@ -10,14 +10,24 @@ Run directory:
     checkpoints/       checkpoint-<step> (complete, with manifest), at most keep_last of them
     metrics.jsonl      one line per logged step      summary.json  the result
     final/             the trained model (or adapter) and tokenizer
+    random-init/       (qlora with random weights) the initial weights, saved to be loaded quantized
+
+tokenizer/, final/ and random-init/ are written into a hidden temporary sibling and renamed into
+place (trainfit.files.atomic_dir), so each is complete or absent. A run that fails before its first
+checkpoint removes what it created (the whole run directory when it created it), so the same
+--out can be used again; a resume that cannot load its checkpoint changes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
+import sys
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +50,59 @@ class RunResult:
     summary: dict[str, Any]
     resumed_from: str | None = None
     step_seconds: list[float] = field(default_factory=list)
+
+
+# The libraries whose warnings `train` and `verify` hide (their FutureWarning / DeprecationWarning /
+# UserWarning noise is about their own internals or upcoming API changes, nothing a user of trainfit
+# can act on). Warnings raised from trainfit's own modules are not matched.
+LIBRARY_MODULES = (r"(transformers|torch|accelerate|peft|trl|datasets|tokenizers|huggingface_hub|safetensors|"
+                   r"bitsandbytes|deepspeed)(\.|$)")
+_LIBRARY_LOGGERS = ("accelerate", "peft", "trl", "datasets", "torch.distributed")
+
+
+@contextmanager
+def quiet_libraries():
+    """While the block runs: library FutureWarning / DeprecationWarning / UserWarning filtered out
+    (by the module that warns, so trainfit's own warnings still show), Transformers' logging and
+    the other libraries' loggers at ERROR. Leaves alone what the user asked for explicitly
+    (python -W / PYTHONWARNINGS, TRANSFORMERS_VERBOSITY)."""
+    import logging
+
+    with warnings.catch_warnings():
+        if not _user_set_warnings():
+            for category in (FutureWarning, DeprecationWarning, UserWarning):
+                warnings.filterwarnings("ignore", category=category, module=LIBRARY_MODULES)
+        restore = []
+        if "TRANSFORMERS_VERBOSITY" not in os.environ:
+            hf_logging = sys.modules.get("transformers.utils.logging")
+            if hf_logging is not None:
+                before = hf_logging.get_verbosity()
+                hf_logging.set_verbosity_error()
+                restore.append(lambda: hf_logging.set_verbosity(before))
+            else:  # not imported yet (importing it costs a second): it reads this when it is
+                os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+                restore.append(_unset_transformers_verbosity)
+            for name in _LIBRARY_LOGGERS:
+                logger = logging.getLogger(name)
+                level = logger.level
+                logger.setLevel(max(level, logging.ERROR))
+                restore.append(lambda logger=logger, level=level: logger.setLevel(level))
+        try:
+            yield
+        finally:
+            for undo in reversed(restore):
+                undo()
+
+
+def _unset_transformers_verbosity() -> None:
+    os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:  # imported inside the block, at ERROR: back to its default
+        hf_logging.set_verbosity_warning()
+
+
+def _user_set_warnings() -> bool:
+    return bool(sys.warnoptions)  # -W options and PYTHONWARNINGS both land here
 
 
 def world() -> tuple[int, int]:
@@ -102,21 +165,55 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log) -> ck
                             f"{cfg.config_hash()[:12]}); nothing was changed",
                             hint="use the config stored in the run dir (config.yaml) or another --out")
     best = ck.latest_complete(ckpt_dir, log=log)
-    infos, staging = ck.scan(ckpt_dir)
+    infos, staging = ck.scan(ckpt_dir, verify_hashes=False) if best is None else ([], [])
     if best is None and (infos or staging):
+        infos = [ck.inspect_checkpoint(i.path) for i in infos]  # with the hash check, for the message
         bad = "; ".join(f"{i.path.name}: {i.problem}" for i in infos) or "only interrupted writes"
         raise BadInputError(f"--resume: no complete checkpoint in {ckpt_dir} ({bad}); nothing was changed",
-                            hint="move the damaged checkpoint away to start the run again from step 0")
+                            hint="start over with another --out, or move the checkpoints directory away to "
+                                 "start this run again from step 0")
+    if best is not None:
+        damaged = ck.check_loadable(best.path)
+        if damaged:
+            name, why = damaged
+            raise BadInputError(f"--resume: {best.path.name} cannot be loaded: {name} is damaged ({why}); "
+                                "nothing was changed", hint=ck.checkpoint_hint(ckpt_dir, best.path))
     return best
 
 
 def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None) -> None:
-    from trainfit.files import write_atomic
+    """The config files (left as they are when already identical) and the checkpoints directory;
+    leftovers of interrupted atomic writes are removed. metrics.jsonl is trimmed separately
+    (trim_metrics), once a resumed checkpoint has loaded."""
+    from trainfit.files import clean_stale_dirs
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
-    write_atomic(run_dir / "config.yaml", dump_run_config(cfg))
-    write_atomic(run_dir / "config.sha256", cfg.config_hash() + "\n")
+    _write_if_changed(run_dir / "config.yaml", dump_run_config(cfg))
+    _write_if_changed(run_dir / "config.sha256", cfg.config_hash() + "\n")
+    clean_stale_dirs(run_dir, ATOMIC_DIRS)
+    ck.clean_leftovers(run_dir / "checkpoints")
+
+
+ATOMIC_DIRS = ("tokenizer", "final", "random-init")
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    from trainfit.files import write_atomic
+
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_atomic(path, text)
+
+
+def trim_metrics(run_dir: Path, resume_step: int | None) -> None:
+    """Keep the metrics of the trajectory the resumed checkpoint belongs to (steps after it are
+    re-run), and mark the resume / restart."""
+    from trainfit.files import write_atomic
+
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         # Keep the trajectory the checkpoint belongs to; steps after it are re-run.
@@ -142,7 +239,7 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
     from trainfit.train.data import check_columns, load_raw_dataset, text_iterator
     from trainfit.train.tokenizer import has_tokenizer_files, load_tokenizer, train_bpe_tokenizer
 
-    saved = run_dir / "tokenizer"
+    saved = run_dir / RUN_TOKENIZER_DIR
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path), f"local: {cfg.tokenizer.path}"
     if cfg.model.weights == "hub":
@@ -151,7 +248,7 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
         return load_tokenizer(cfg.model.path, "model.path"), f"local: {cfg.model.path}"
     with args.main_process_first(local=False, desc="tokenizer"):
         if has_tokenizer_files(saved):
-            return load_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
+            return _load_saved_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
         log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
         raw = load_raw_dataset(cfg)
         check_columns(cfg, raw)  # before spending time on the tokenizer
@@ -159,6 +256,22 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
                                   cfg.tokenizer.vocab_size, saved)
         return load_tokenizer(saved), "byte-level BPE trained on the corpus"
 
+
+
+RUN_TOKENIZER_DIR = "tokenizer"
+
+
+def _load_saved_tokenizer(saved: Path):
+    """The tokenizer this run trained and saved; a damaged one names itself and the way out (the
+    run's token ids depend on it, so it cannot silently be retrained under a resumed run)."""
+    from trainfit.train.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(saved, key="the run's tokenizer")
+    except BadInputError as exc:
+        detail = exc.message.split(f"{saved}: ", 1)[-1]
+        raise BadInputError(f"the tokenizer this run trained on its corpus ({saved}) is damaged: {detail}",
+                            hint=f"restore {saved} from a backup, or start the run again with another --out") from None
 
 def build_dataset(cfg: RunConfig, tokenizer, args):
     from trainfit.train.data import check_columns, load_raw_dataset, pack_for_pretraining, rename_for_trl
@@ -185,8 +298,9 @@ def _quantization(cfg: RunConfig):
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
-    """The model to train (PEFT-wrapped for lora/qlora), its reference for DPO, and the BuiltModel."""
+def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log, args=None):
+    """The model to train (PEFT-wrapped for lora/qlora), its reference for DPO, and the BuiltModel.
+    `args` (TrainingArguments) lets the main process write random-init/ before the others read it."""
     import copy
 
     import torch
@@ -197,9 +311,11 @@ def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
     qconf = _quantization(cfg)
     if qconf is not None and cfg.model.weights == "random":
         # bitsandbytes quantizes while loading: save the random init once, then load it quantized.
-        init_dir = run_dir / "random-init"
-        if not (init_dir / "config.json").is_file():
-            build_model(cfg, tokenizer).model.save_pretrained(str(init_dir))
+        if args is not None:
+            with args.main_process_first(local=False, desc="random init"):
+                init_dir = save_random_init(cfg, tokenizer, run_dir / "random-init")
+        else:
+            init_dir = save_random_init(cfg, tokenizer, run_dir / "random-init")
         from transformers import AutoModelForCausalLM
 
         built = build_model(cfg, tokenizer)
@@ -227,6 +343,37 @@ def make_model(cfg: RunConfig, tokenizer, run_dir: Path, log: Log):
         f"{sum(p.numel() for p in model.parameters()):,} parameters, "
         f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,} trainable")
     return model, ref, built
+
+
+def is_complete_model_dir(path: Path) -> bool:
+    """config.json and every weights file it needs (one file, or all shards of an index)."""
+    if not (path / "config.json").is_file():
+        return False
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (path / index).is_file():
+            try:
+                shards = set(json.loads((path / index).read_text(encoding="utf-8"))["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return False
+            return bool(shards) and all(isinstance(f, str) and (path / f).is_file() for f in shards)
+    return (path / "model.safetensors").is_file() or (path / "pytorch_model.bin").is_file()
+
+
+def save_random_init(cfg: RunConfig, tokenizer, init_dir: Path) -> Path:
+    """The run's random initial weights saved once (atomically: the directory appears complete or
+    not at all). An incomplete one, left by an older version, is written again: it is made from
+    the run's seed, so the content is the same."""
+    from trainfit.files import atomic_dir
+    from trainfit.train.model_build import build_model
+
+    if is_complete_model_dir(init_dir):
+        return init_dir
+    try:
+        with atomic_dir(init_dir, replace=init_dir.exists()) as tmp:
+            build_model(cfg, tokenizer).model.save_pretrained(str(tmp))
+    except FileExistsError:
+        pass  # another process of this run published the same (seeded) weights first
+    return init_dir
 
 
 def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, trainer_args: tuple[str, dict], callbacks: list,
@@ -268,10 +415,12 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
                  quiet: bool = False, log: Log | None = None, extra_callbacks: list | None = None,
                  write_summary: bool = True) -> RunResult:
     """Train; the Python twin of `trainfit train`. `stop_after` stops (with a checkpoint) after
-    that many optimizer steps without changing the schedule, so --resume continues the same run."""
+    that many optimizer steps without changing the schedule, so --resume continues the same run.
+
+    When it fails before writing a checkpoint, what it created in run_dir is removed again (the
+    whole directory when it created it), so the same run_dir can be used for the next try."""
     require_extra("torch", "train")
     require_extra("trl", "train")
-    from trainfit.train.callbacks import MetricsWriter, Progress, StepTimer, StopAt, device_memory
 
     rank, world_size = world()
     log = log or (lambda m: None)
@@ -281,6 +430,89 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     cfg = cfg.for_device(device)
     check_method_available(cfg, device)
     resume_from = prepare_run_dir(cfg, run_dir, resume, say)
+    finished = finished_summary(run_dir, resume_from)
+    if finished is not None:
+        say(f"{run_dir.name} already finished: step {finished['global_step']} of {finished['max_steps']}; "
+            "nothing to train")
+        return RunResult(run_dir, finished["global_step"], [], finished, resumed_from=resume_from.path.name)
+    undo = FailedStartCleanup(run_dir) if rank == 0 else None
+    try:
+        return _train(cfg, run_dir, device, resume_from, stop_after=stop_after, quiet=quiet, say=say,
+                      extra_callbacks=extra_callbacks, write_summary=write_summary)
+    except BaseException:
+        if undo is not None:
+            undo(say)
+        raise
+
+
+def finished_summary(run_dir: Path, resume_from: ck.CheckpointInfo | None) -> dict[str, Any] | None:
+    """The run's summary when the checkpoint to resume from is its last step (the Trainer would
+    otherwise run one step past the schedule's end); None when there is training left."""
+    if resume_from is None or not (run_dir / "summary.json").is_file():
+        return None
+    try:
+        state = json.loads((resume_from.path / "trainer_state.json").read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        done = state["global_step"] >= state["max_steps"] > 0 and summary["global_step"] == state["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the checkpoint check already passed; let the Trainer decide
+    return summary if done else None
+
+
+class FailedStartCleanup:
+    """Remembers what run_dir held before this invocation; called after a failure, removes what
+    the invocation created, unless it wrote a checkpoint (then everything stays, for --resume).
+    A directory it created is removed whole (and parent directories it created, when empty)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.created_dirs = []  # run_dir and the parents mkdir(parents=True) will create
+        p = run_dir
+        while not p.exists() and p != p.parent:
+            self.created_dirs.append(p)
+            p = p.parent
+        self.entries = set(os.listdir(run_dir)) if run_dir.is_dir() else set()
+        self.checkpoints = self._checkpoints()
+
+    def _checkpoints(self) -> set[str]:
+        ckpt_dir = self.run_dir / "checkpoints"
+        if not ckpt_dir.is_dir():
+            return set()
+        return {p.name for p in ckpt_dir.iterdir() if p.name.startswith("checkpoint-")}
+
+    def __call__(self, say: Log) -> None:
+        try:
+            if not self.run_dir.is_dir() or self._checkpoints() - self.checkpoints:
+                return  # nothing written, or a checkpoint worth resuming from
+            if self.created_dirs:
+                shutil.rmtree(self.run_dir)
+                for parent in self.created_dirs[1:]:
+                    try:
+                        parent.rmdir()
+                    except OSError:
+                        break
+                say(f"removed {self.run_dir} again (the run failed before its first checkpoint)")
+                return
+            new = sorted(set(os.listdir(self.run_dir)) - self.entries)
+            for name in new:
+                p = self.run_dir / name
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+            if new:
+                say(f"removed what this attempt created in {self.run_dir}: {', '.join(new)}")
+        except OSError as exc:  # never hide the failure that brought us here
+            say(f"could not clean up {self.run_dir}: {exc}")
+
+
+def _train(cfg: RunConfig, run_dir: Path, device: str, resume_from: ck.CheckpointInfo | None, *,
+           stop_after: int | None, quiet: bool, say: Log, extra_callbacks: list | None,
+           write_summary: bool) -> RunResult:
+    from trainfit.files import atomic_dir
+    from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, StepTimer, StopAt, device_memory
+
+    rank, world_size = world()
     ckpt_dir = run_dir / "checkpoints"
     arg_inputs = dict(device=device, output_dir=str(ckpt_dir), world_size=world_size,
                       transformers_major=transformers_major())
@@ -288,14 +520,15 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
 
     # initialises the process group under a launcher
     probe_args = TrainingArguments(**training_arguments(cfg, **arg_inputs))
+    resume_step = resume_from.step if resume_from else None
     if rank == 0:
-        write_run_files(cfg, run_dir, resume_from.step if resume_from else None)
+        write_run_files(cfg, run_dir, resume_step)
     probe_args.distributed_state.wait_for_everyone()
     if resume_from:
         say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
     tokenizer, tok_note = get_tokenizer(cfg, run_dir, probe_args, say)
     dataset = build_dataset(cfg, tokenizer, probe_args)
-    model, ref, built = make_model(cfg, tokenizer, run_dir, say)
+    model, ref, built = make_model(cfg, tokenizer, run_dir, say, probe_args)
     if built.weights.startswith("random"):
         say("weights: RANDOM initialisation (not a pretrained model)")
     timer = StepTimer()
@@ -303,13 +536,16 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
                            timer, world_size)
     interactive = not quiet and cfg.logging.progress != "lines" and (
         cfg.logging.progress == "bar" or os.isatty(2))
-    progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer)
+    progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer,
+                        stop_step=stop_after)
     if not interactive:
         # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    callbacks = [timer, StopAt(stop_after), writer, progress] + list(extra_callbacks or [])
+    # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded
+    trim = BeforeFirstStep((lambda: trim_metrics(run_dir, resume_step)) if rank == 0 else None)
+    callbacks = [trim, timer, StopAt(stop_after), writer, progress] + list(extra_callbacks or [])
     trainer = make_trainer(cfg, model, ref, tokenizer, dataset, trainer_config(cfg, **arg_inputs), callbacks, say,
                            ckpt_dir)
     from transformers.trainer_callback import PrinterCallback
@@ -321,9 +557,9 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     losses = [(r["step"], r["loss"]) for r in writer.records]
     summary: dict[str, Any] = {}
     if rank == 0:
-        final = run_dir / "final"
-        trainer.save_model(str(final))
-        tokenizer.save_pretrained(str(final))
+        with atomic_dir(run_dir / "final", replace=True) as final:
+            trainer.save_model(str(final))
+            tokenizer.save_pretrained(str(final))
         summary = build_summary(cfg, built, trainer, timer, writer, device, world_size, wall,
                                 resume_from, tok_note, device_memory())
         if write_summary:

@@ -36,9 +36,19 @@ def train_bpe_tokenizer(texts, vocab_size: int, out_dir: Path):
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
     fast.chat_template = CHAT_TEMPLATE
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out_dir))
+    save_tokenizer_atomic(fast, Path(out_dir))
     return fast
+
+
+def save_tokenizer_atomic(tokenizer, out_dir: Path) -> Path:
+    """Save into a temporary sibling and rename it into place (an existing out_dir, e.g. a
+    half-written one from before, is replaced): out_dir is either complete or absent."""
+    from trainfit.files import atomic_dir
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(out_dir, replace=True) as tmp:
+        tokenizer.save_pretrained(str(tmp))
+    return out_dir
 
 
 def load_tokenizer(path: str | Path, key: str = "tokenizer.path", *, hub: bool = False):

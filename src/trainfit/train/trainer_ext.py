@@ -2,7 +2,12 @@
 
 - writes checkpoints atomically (trainfit.train.checkpoints: staging dir, fsync, manifest,
   rename) and rotates only complete ones, instead of writing into checkpoint-N in place;
-- counts the tokens it trains on (for tokens/s) without a device sync per micro-batch.
+- counts the tokens it trains on (for tokens/s) without a device sync per micro-batch;
+- turns a failure to load the checkpoint it resumes from (model, optimizer, scheduler, scaler,
+  RNG state) into a BadInputError naming the checkpoint and the file, instead of a traceback
+  (runner.prepare_run_dir checks the files before anything starts; this is the backstop);
+- does not report a tied output embedding (`lm_head.weight`) as a missing key on resume: tied
+  weights are stored once, and that is expected.
 
 Everything else (optimizer, scheduler, RNG and data-position restore on resume, DDP/FSDP/
 DeepSpeed) is the library's own code path.
@@ -14,7 +19,10 @@ import secrets
 import shutil
 from pathlib import Path
 
+from trainfit.errors import BadInputError, TrainfitError
 from trainfit.train import checkpoints as ck
+
+_WEIGHTS = "the model weights (model*.safetensors / adapter_model.safetensors)"
 
 
 def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
@@ -52,6 +60,64 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
                     log(f"removed {old.name} (keep_last={keep_last})")
             self.accelerator.wait_for_everyone()
 
+        # -- resuming: a checkpoint that cannot be loaded is bad input, not a crash ---------
+        def _tf_loading(self, checkpoint, what: str, load):
+            try:
+                return load()
+            except (TrainfitError, MemoryError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                import torch
+
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    raise
+                path = Path(str(checkpoint))
+                raise BadInputError(
+                    f"--resume: cannot load {what} of {path.name}: {ck.describe_error(exc)}; the checkpoint is "
+                    f"damaged or was written by an incompatible version",
+                    hint=ck.checkpoint_hint(ckpt_dir, path)) from exc
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            _warn_version(Path(str(resume_from_checkpoint)), log)
+            return self._tf_loading(resume_from_checkpoint, _WEIGHTS,
+                                    lambda: super(TrainfitTrainer, self)._load_from_checkpoint(
+                                        resume_from_checkpoint, model))
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            if checkpoint is None:
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            return self._tf_loading(checkpoint, "optimizer.pt / scheduler.pt",
+                                    lambda: super(TrainfitTrainer, self)._load_optimizer_and_scheduler(checkpoint))
+
+        def _load_scaler(self, checkpoint):
+            if checkpoint is None:
+                return super()._load_scaler(checkpoint)
+            return self._tf_loading(checkpoint, "scaler.pt",
+                                    lambda: super(TrainfitTrainer, self)._load_scaler(checkpoint))
+
+        def _load_rng_state(self, checkpoint):
+            if checkpoint is None:
+                return super()._load_rng_state(checkpoint)
+            return self._tf_loading(checkpoint, "rng_state.pth",
+                                    lambda: super(TrainfitTrainer, self)._load_rng_state(checkpoint))
+
+        def _issue_warnings_after_load(self, load_result):
+            # A tied parameter (lm_head.weight sharing the input embedding) is saved once, so it
+            # is "missing" from every checkpoint of a tied model: expected, not worth a line.
+            # Other missing or unexpected keys are reported through trainfit's log, so they stay
+            # visible when the libraries' logging is quietened.
+            missing = list(getattr(load_result, "missing_keys", []))
+            ignored = getattr(self.model, "_keys_to_ignore_on_save", None)
+            if missing and ignored and set(missing) == set(ignored):
+                self.model.tie_weights()  # what the Trainer does in this case
+                missing = []
+            missing = expected_missing_removed(self.model, missing)
+            unexpected = list(getattr(load_result, "unexpected_keys", []))
+            if missing:
+                log(f"warning: keys missing from the checkpoint's model weights: {missing}")
+            if unexpected:
+                log(f"warning: unexpected keys in the checkpoint's model weights: {unexpected}")
+
         def training_step(self, model, inputs, *args, **kwargs):
             self._tf_count_tokens(inputs)
             return super().training_step(model, inputs, *args, **kwargs)
@@ -73,3 +139,30 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
 
     TrainfitTrainer.__name__ = f"Trainfit{base.__name__}"
     return TrainfitTrainer
+
+
+def expected_missing_removed(model, missing: list[str]) -> list[str]:
+    """`missing` without the keys of tied parameters whose tensor was loaded under another name
+    (a tied lm_head.weight shares the input embedding, and checkpoints store it once)."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    gone = set(missing)
+    tied_loaded = {n for names in groups.values() if len(names) > 1 and any(m not in gone for m in names)
+                   for n in names}
+    return [k for k in missing if k not in tied_loaded]
+
+
+def _warn_version(checkpoint: Path, log) -> None:
+    """Say when the checkpoint was written by another Transformers version (the Trainer's own
+    warning is hidden with the libraries' logging)."""
+    import json
+
+    import transformers
+
+    try:
+        written = json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("transformers_version")
+    except (OSError, ValueError, AttributeError):
+        return
+    if written and written != transformers.__version__:
+        log(f"note: {checkpoint.name} was written with Transformers {written}, this is {transformers.__version__}")

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from transformers import TrainerCallback
 
@@ -129,11 +127,14 @@ def verify_run(cfg: RunConfig, *, warmup: int = DEFAULT_WARMUP_STEPS, timed: int
     fingerprint = cal.machine_fingerprint(_profile_or_none())
     written = None
     if save and (mem_ratio or time_ratio):
-        written = str(cal.record_sample(fingerprint, key, {
+        # The load during the measurement is stored with the ratios; a busy machine's step time is
+        # flagged and never applied (train/calibration.py), and the report says why.
+        stored, load = cal.record_verify_sample(fingerprint, key, {
             "model": spec_id, "method": cfg.method, "memory_ratio": mem_ratio, "step_time_ratio": time_ratio,
-            "micro_batch": cfg.training.micro_batch, "seq_len": cfg.training.seq_len,
-            # Timings taken on a busy machine are noisy: keep the load next to the ratio.
-            "load_average_1m": os.getloadavg()[0]}, calibration_file))
+            "micro_batch": cfg.training.micro_batch, "seq_len": cfg.training.seq_len}, calibration_file)
+        written = str(stored)
+        if load.contended and time_ratio:
+            unavailable["step_time_calibration"] = load.reason
     elif save:
         unavailable["calibration"] = "nothing to calibrate: no prediction to compare with"
     return VerifyReport(

@@ -70,8 +70,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     capacity = None
     if hardware is not None:
         capacity = cpu_capacity(hardware) if device == "cpu" else gpu_capacity(hardware)
-        if device != "cpu" and capacity is None:
-            notes.append(f"the hardware has no {device} device: capacity unknown")
+        if capacity is None:
+            notes.append(unknown_capacity_note(hardware, device))
     devices = [DeviceMemory(label, int(peak), int(total), capacity, total_comps)]
     if states.cpu and device != "cpu":
         cpu_comps = [C("offload", int(states.cpu), states.cpu_what, True)]
@@ -89,6 +89,21 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if gpu_name:
         notes.append(f"capacity: {gpu_name}")
     return MemoryEstimate(model.id, st.total, trainable, devices, notes)
+
+
+def unknown_capacity_note(hardware, device: str) -> str:
+    """Why a device's capacity is unknown: an unknown size is "not known", never 0 GiB."""
+    if device == "cpu":
+        why = hardware.memory.unavailable.get("usable_bytes", "not reported")
+        return f"usable RAM unknown ({why}): no fit verdict"
+    if not hardware.gpus:
+        return f"the hardware has no {device} device: capacity unknown"
+    gpu = hardware.gpus[0]
+    if gpu.unified_memory or device == "mps":
+        why = hardware.memory.unavailable.get("total_bytes", "not reported")
+        return f"unified memory size of {gpu.name} unknown ({why}): no fit verdict"
+    why = gpu.unavailable.get("vram_total_bytes", "not reported")
+    return f"memory of {gpu.name} unknown ({why}): no fit verdict"
 
 
 def _with_lora(setup: TrainingSetup, lora: LoraSettings) -> TrainingSetup:

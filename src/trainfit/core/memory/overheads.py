@@ -13,8 +13,8 @@ see them; nvidia-smi and the OOM killer do. Figures are typical values, stated a
   training, 5 % for inference.
 * NCCL: per-peer channel buffers (NCCL_BUFFSIZE 4 MiB x channels x peers) and its own CUDA
   streams; ~ 300 MiB per GPU for a single-node job.
-* Apple MPS: Metal's recommendedMaxWorkingSetSize is about 2/3 of unified memory up to 36 GiB
-  and 3/4 above (Apple Metal feature set tables; PyTorch MPS high-watermark ratio docs).
+* Apple MPS: Metal's recommendedMaxWorkingSetSize, 2/3 of unified memory up to 36 GiB and 3/4
+  above (core.hardware_spec.metal_working_set_bytes, where the reported values are cited).
 * CPU: the PyTorch + transformers runtime itself (~ 600 MiB resident) and malloc fragmentation.
 """
 
@@ -67,12 +67,14 @@ def gpu_capacity(profile: HardwareProfile) -> int | None:
         return None
     gpu = profile.gpus[0]
     if gpu.unified_memory or profile.accelerator == "mps":
-        ram = profile.memory.total_bytes
-        share = 0.75 if ram > 36 * GIB else 2 / 3
-        return int(ram * share)
+        from trainfit.core.hardware_spec import metal_working_set_bytes
+
+        # one rule (and its sources) for every command; None when the RAM size is unknown
+        return metal_working_set_bytes(profile.memory.total_bytes or gpu.vram_total_bytes)
     totals = [g.vram_total_bytes for g in profile.gpus if g.vram_total_bytes]
     return min(totals) if totals else None
 
 
-def cpu_capacity(profile: HardwareProfile) -> int:
+def cpu_capacity(profile: HardwareProfile) -> int | None:
+    """Usable RAM, or None when the memory probe could not read it."""
     return profile.memory.usable_bytes

@@ -137,10 +137,20 @@ def check_request(req: PlanRequest) -> None:
         raise BadInputError("; ".join(problems))
 
 
+class MemoryUnknownError(UnavailableError):
+    """The profile could not read the device's memory: no memory budget to plan within."""
+
+
 def plan(req: PlanRequest) -> Plan:
     """Plan every requested mode."""
     check_request(req)
     rules = rules_for(req.hardware)
+    if _capacity(req, rules) is None and (req.hardware.gpus or rules.device == "cpu"):
+        from trainfit.core.memory.estimate import unknown_capacity_note
+
+        # Unknown is not unlimited: without a capacity every setting would "fit".
+        raise MemoryUnknownError(f"cannot plan: {unknown_capacity_note(req.hardware, rules.device)}",
+                                 hint="give the memory per device with --memory-budget (e.g. 20GiB)")
     if req.method == "qlora" and not rules.quantization:
         raise UnavailableError(f"--method qlora: {rules.reasons['quantization']}",
                                hint="plan --method lora (or auto) on this hardware")
@@ -326,7 +336,12 @@ def _capacity(req: PlanRequest, rules: DeviceRules) -> int | None:
 
 
 def _gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    return f"{n / GIB:.1f} GiB" if n != float("inf") else "no limit"
+
+
+def _cap_gib(cap: int | None) -> str:
+    """The device capacity, or why there is none: an unknown size is not 0 GiB."""
+    return _gib(cap) if cap is not None else "unknown memory (not read by the profile: not checked)"
 
 
 def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRules, result: SearchResult,
@@ -339,11 +354,11 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
            else f"fp32: the speed model finds 16-bit no faster here ({rules.label})"]
     method_label = result.tier or s.method
     if result.rejected:
-        out.append(f"{method_label}: tried first, within {_gib(limit)} ({t.memory_share:.0%} of {_gib(cap or 0)} "
+        out.append(f"{method_label}: tried first, within {_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} "
                    "usable): " + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
     else:
         out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].total_bytes)} of this mode's "
-                   f"{_gib(limit)} ({t.memory_share:.0%} of {_gib(cap or 0)} usable)")
+                   f"{_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} usable)")
     fitting = result.fitting
     order = ("the largest micro-batch that fits" if s.method == "inference" else
              f"the largest micro-batch within {LARGEST_BATCH_SLOWDOWN - 1:.0%} of the fastest" if t.largest_micro_batch
@@ -387,6 +402,14 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     return out
 
 
+def _power_cap_hint(device: str, watts: int) -> str:
+    """How the device's own tool caps its power (Apple has no per-GPU cap, only Low Power Mode)."""
+    return {"cuda": f"cap it with `sudo nvidia-smi -pl {watts}`",
+            "rocm": f"cap it with `sudo rocm-smi --setpoweroverdrive {watts}`",
+            "xpu": f"cap its power limit at {watts} W (xpu-smi config)",
+            "mps": "turn on Low Power Mode (`sudo pmset -a lowpowermode 1`)"}.get(device, f"cap it at {watts} W")
+
+
 def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingSetup, speed: SpeedEstimate,
               power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
               limit: float) -> list[str]:
@@ -406,7 +429,7 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
         if share > high + 0.05:
             cap = int(limit_w * high)
             out.append(f"expected GPU draw {power.gpu_watts_each:.0f} W = {share:.0%} of its {limit_w:.0f} W limit, "
-                       f"above {t.mode}'s {high:.0%}: cap it with `sudo nvidia-smi -pl {cap}` (slower)")
+                       f"above {t.mode}'s {high:.0%}: {_power_cap_hint(rules.device, cap)} (slower)")
     if t.mode == "extreme":
         out.append(f"extreme: {best.need_ratio * t.memory_share:.0%} of usable memory; a longer batch or a "
                    "memory spike can OOM. Watch temperatures and throttling (trainfit profile) on long runs")

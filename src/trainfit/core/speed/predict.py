@@ -94,7 +94,7 @@ def predict_step(
     model_flops = F.model_flops_per_token(spec, setup.seq_len) * tokens_per_step
     est = SpeedEstimate(
         model_id=spec.id,
-        device=_device_label(rates, n_dev),
+        device=_device_label(rates, n_dev, setup.device),
         compute_precision=used,
         micro_step_seconds=micro_s,
         step_seconds=step_s,
@@ -228,10 +228,16 @@ def _communication_seconds(
     return setup.grad_accum * max(per_micro - 0.85 * micro_s, 0.05 * per_micro)
 
 
-def _device_label(rates: DeviceRates, n: int) -> str:
+# The backend a GPU setup runs on, as the speed line names it: Apple -> "mps", Intel -> "xpu",
+# AMD -> "rocm" (PyTorch's ROCm builds still take the device string "cuda"; the label names the
+# stack, the run config keeps "cuda" for torch: export/plan_files.py).
+DEVICE_LABELS = {"cuda": "cuda", "rocm": "rocm", "mps": "mps", "xpu": "xpu"}
+
+
+def _device_label(rates: DeviceRates, n: int, device: str = "cuda") -> str:
     if rates.kind == "cpu":
         return f"cpu ({rates.name})"
-    return f"cuda x{n} ({rates.name})"
+    return f"{DEVICE_LABELS.get(device, 'cuda')} x{n} ({rates.name})"
 
 
 def with_workload(est: SpeedEstimate, setup: TrainingSetup, workload: Workload) -> SpeedEstimate:
@@ -293,7 +299,7 @@ def _predict_inference(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates
     produced = batch * gen if gen else prompt_tokens
     return SpeedEstimate(
         model_id=spec.id,
-        device=_device_label(rates, 1),
+        device=_device_label(rates, 1, setup.device),
         compute_precision=used,
         micro_step_seconds=total,
         step_seconds=total,

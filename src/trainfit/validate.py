@@ -1,0 +1,298 @@
+"""The one validation layer for what comes in at the edge: numbers (command-line flags and config
+keys), input files and output paths.
+
+Numbers have one table of bounds, `BOUNDS`, keyed by the knob's name as the run config spells it;
+command-line flags take `type=arg("name")` and config sections call `section_problems`. The bounds
+are far above any real run (a million GPUs, 16M-token sequences) and low enough that nothing
+loops, allocates or trains forever on a typo. NaN and infinity are never a valid value.
+
+Input files are read through `read_text_file`: a directory, a binary file, a huge file or one
+that is not UTF-8 is a BadInputError that names the file and says what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.errors import BadInputError
+
+# Configs, price lists, profiles and calibration files are small; 64 MiB is far above any.
+MAX_TEXT_FILE_BYTES = 64 << 20
+_SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_MULT = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A closed range [low, high] (open at `low` when low_open: 'greater than low')."""
+
+    low: float
+    high: float
+    integer: bool = True
+    low_open: bool = False
+    # Integers may be written as sizes: 8m, 1.5b (token and example counts).
+    sizes: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.low_open:
+            return f"{kind} greater than {_fmt(self.low)} and at most {_fmt(self.high)}"
+        return f"{kind} from {_fmt(self.low)} to {_fmt(self.high)}"
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not valid here, or None when it is."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be {self.describe()}, got {_show(value)}"
+        if self.integer and not isinstance(value, int):
+            return f"must be {self.describe()}, got {_show(value)}"
+        if not math.isfinite(value):
+            return f"must be {self.describe()}, got {value}"
+        too_low = value <= self.low if self.low_open else value < self.low
+        if too_low or value > self.high:
+            return f"must be {self.describe()}, got {_show(value)}"
+        return None
+
+    def parse(self, text: str) -> int | float:
+        """A command-line value; ValueError with the valid range when it is not one."""
+        text = text.strip()
+        if not text.isascii():  # int() reads '١' and '１' as digits; a typo more likely than intent
+            raise ValueError(f"must be {self.describe()} in ASCII digits, got {_show(text)}")
+        try:
+            value: int | float = int(text) if self.integer else float(text)
+        except ValueError:
+            value = _size(text) if self.sizes else None  # type: ignore[assignment]
+            if value is None:
+                raise ValueError(f"must be {self.describe()}, got {_show(text)}") from None
+        why = self.problem(value)
+        if why:
+            raise ValueError(why)
+        return value
+
+
+def _size(text: str) -> int | None:
+    m = _SIZE.match(text)
+    if not m:
+        return None
+    value = float(m.group(1).replace("_", "")) * _MULT[m.group(2).lower()]
+    return int(round(value)) if math.isfinite(value) else None
+
+
+def _fmt(x: float) -> str:
+    if x == int(x) and abs(x) < 1e16:
+        return f"{int(x):,}"
+    return f"{x:g}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(high: float, low: float = 1, **kw: Any) -> Bound:
+    return Bound(low, high, integer=True, **kw)
+
+
+def _number(low: float, high: float, **kw: Any) -> Bound:
+    return Bound(low, high, integer=False, **kw)
+
+
+_MILLION = 10**6
+# Named by the run config's key where there is one; command-line flags map onto these names.
+BOUNDS: dict[str, Bound] = {
+    # training knobs
+    "micro_batch": _count(1 << 20),
+    "grad_accum": _count(1 << 20),
+    "seq_len": _count(1 << 24),
+    "num_gpus": _count(1 << 20),
+    "zero_stage": _count(3, 0),
+    "generate_tokens": _count(1 << 24, 0),
+    "lora_rank": _count(1 << 16),
+    "lora_alpha": _number(0, 1 << 20, low_open=True),
+    "lora_dropout": _number(0, 0.99),
+    "dpo_beta": _number(0, 1000, low_open=True),
+    # schedule
+    "max_steps": _count(10**9),
+    "epochs": _number(0, _MILLION, low_open=True),
+    "lr": _number(0, 10, low_open=True),
+    "warmup_steps": _count(10**9, 0),
+    "weight_decay": _number(0, 100),
+    "max_grad_norm": _number(0, 1e9),  # 0 turns clipping off
+    "seed": _count(2**32 - 1, 0),
+    "every_steps": _count(10**9),
+    "keep_last": _count(10_000),
+    # data, tokenizer, model shape
+    "max_samples": _count(10**13),
+    "vocab_size": _count(1 << 24, 2),
+    "train_max_bytes": _count(1 << 40),
+    "layers": _count(100_000),
+    "hidden": _count(1 << 20),
+    "heads": _count(1 << 16),
+    "kv_heads": _count(1 << 16),
+    "intermediate": _count(1 << 22),
+    "max_position_embeddings": _count(1 << 24),
+    "vocab": _count(1 << 24, 2),
+    # workload and money
+    "dataset_tokens": _count(10**15, sizes=True),
+    "examples": _count(10**13, sizes=True),
+    "global_batch": _count(1 << 24),
+    "target_batch": _count(1 << 24),
+    "price_per_kwh": _number(0, 100),
+    "usd_per_hour": _number(0, _MILLION),
+    "budget_usd": _number(0, 1e12, low_open=True),
+    "max_hours": _number(0, _MILLION, low_open=True),
+    "setup_minutes": _number(0, _MILLION),
+    "memory_share": _number(0, 1, low_open=True),
+    "tokens_per_param": _number(0, _MILLION, low_open=True),
+    "psu_watts": _number(0, _MILLION, low_open=True),
+    "top": _count(_MILLION, 0),
+    # measurement
+    "timed_steps": _count(100_000),
+    "warmup_timed_steps": _count(100_000, 0),
+}
+
+
+def arg(name: str):
+    """An argparse `type=` for the bound `name`: '--gpus 0' is a one-line error with exit 2."""
+    bound = BOUNDS[name]
+
+    def parse(text: str) -> int | float:
+        try:
+            return bound.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def check(name: str, value: Any, where: str) -> Any:
+    """`value` when it is within BOUNDS[name]; BadInputError naming `where` otherwise."""
+    why = BOUNDS[name].problem(value)
+    if why:
+        raise BadInputError(f"{where}: {why}")
+    return value
+
+
+def section_problems(section: Any, path: str, names: dict[str, str] | None = None) -> list[str]:
+    """One message per field of a config dataclass that is outside its bound ('schedule.lr: must
+    be ...'). `names` maps field names onto BOUNDS keys where they differ; None values (unset
+    optional keys) are not checked."""
+    import dataclasses
+
+    errors = []
+    for f in dataclasses.fields(section):
+        key = (names or {}).get(f.name, f.name)
+        value = getattr(section, f.name)
+        if key in BOUNDS and value is not None:
+            why = BOUNDS[key].problem(value)
+            if why:
+                errors.append(f"{path}.{f.name}: {why}")
+    return errors
+
+
+def read_text_file(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_TEXT_FILE_BYTES) -> str:
+    """The text of a user's input file; BadInputError saying what is wrong with it otherwise."""
+    p = Path(path)
+    label = f"{what} {p}"
+    if not str(path).strip():
+        raise BadInputError(f"{what}: empty path")
+    try:
+        if p.is_dir():
+            raise BadInputError(f"{label} is a directory, not a file")
+        if not p.exists():
+            raise BadInputError(f"{label} does not exist")
+        if not p.is_file():
+            raise BadInputError(f"{label} is not a regular file")
+        with p.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise BadInputError(f"{label} cannot be read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise BadInputError(f"{label} is larger than {max_bytes >> 20} MiB; a {what} is a small text file")
+    if b"\0" in data:
+        raise BadInputError(f"{label} is a binary file, not text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadInputError(f"{label} is not UTF-8 text (invalid byte at offset {exc.start})") from None
+
+
+def output_file(path: str | os.PathLike, flag: str) -> Path:
+    """A file path the command may write: not empty, not a directory or a device, in an existing
+    directory that can be written."""
+    text = str(path)
+    if not text.strip():
+        raise BadInputError(f"{flag}: empty path (give a file name)")
+    p = Path(text).expanduser()
+    if p.is_dir():
+        raise BadInputError(f"{flag}: {p} is a directory; give a file name inside it")
+    if p.exists() and not p.is_file():
+        raise BadInputError(f"{flag}: {p} is not a regular file")
+    _writable_dir(p.parent if str(p.parent) else Path("."), flag)
+    return p
+
+
+def output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """A directory the command may create or fill: not empty, not a file, its nearest existing
+    ancestor a directory that can be written."""
+    text = str(path)
+    if not text.strip():
+        raise BadInputError(f"{flag}: empty path (give a directory)")
+    p = Path(text).expanduser()
+    if p.exists() and not p.is_dir():
+        raise BadInputError(f"{flag}: {p} is a file, not a directory")
+    existing = p
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise BadInputError(f"{flag}: {existing} is a file, so {p} cannot be a directory")
+    _writable_dir(existing, flag)
+    return p
+
+
+def _writable_dir(directory: Path, flag: str) -> None:
+    if not directory.is_dir():
+        raise BadInputError(f"{flag}: directory {directory} does not exist")
+    # Kernel filesystems (/proc, /sys) accept no new files even for root.
+    if not os.access(directory, os.W_OK | os.X_OK) or _is_pseudo_fs(directory):
+        raise BadInputError(f"{flag}: cannot write in {directory}")
+
+
+def _is_pseudo_fs(directory: Path) -> bool:
+    resolved = directory.resolve()
+    return any(resolved == Path(root) or Path(root) in resolved.parents for root in ("/proc", "/sys"))
+
+
+def parse_json(text: str | bytes, origin: str) -> Any:
+    """JSON from a user's file; BadInputError with the line and column when it is not JSON, or
+    nested deeper than the parser's recursion limit."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"{origin}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except UnicodeDecodeError:
+        raise BadInputError(f"{origin}: not UTF-8 text") from None
+    except RecursionError:
+        raise BadInputError(f"{origin}: nested too deeply to be a real file") from None
+
+
+def parse_yaml(text: str, origin: str) -> Any:
+    """YAML (safe subset) from a user's file; BadInputError with the parser's first line otherwise."""
+    from trainfit import yaml_io
+
+    try:
+        return yaml_io.load_yaml(text)
+    except yaml_io.YAMLError as exc:
+        raise BadInputError(f"{origin}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise BadInputError(f"{origin}: nested too deeply to be a real file") from None

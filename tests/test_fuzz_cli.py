@@ -1,0 +1,290 @@
+"""Fuzz every subcommand with malformed values, files and configs (a seeded generator, so a
+failure reproduces), and hold each run to the CLI's contract:
+
+* the exit code is 0, 2, 3 or 4 (never 1: that is an unhandled error);
+* no traceback reaches the user;
+* nothing is left behind in the working directory (the inputs are all invalid, so no command
+  may write anything);
+* every run finishes within CASE_SECONDS.
+
+Runs in-process (`trainfit.cli.main.main`), so several hundred cases take about a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import signal
+import struct
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainfit.cli.main import main
+
+SEED = 20261123
+CASES = 1200
+CASE_SECONDS = 20
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+BAD_NUMBERS = ["0", "-1", "-0.5", "nan", "NaN", "inf", "-inf", "1e999", "-1e999", "99999999999999999999999",
+               "1e30", "", " ", "abc", "1.5.2", "0x10", "１", "1e", "--", "٣", "2**10", "1/2"]
+BAD_WORDS = ["", " ", "../../etc/passwd", "\u202e", "a" * 500, "nul\x01char", "--", "-x", "💥", "%s%n", "None"]
+BAD_MODELS = ["", " ", "shape:", "shape:0", "shape:1e999", "shape:99999999999999999t", "shape:-5m",
+              "shape:layers=-1,hidden=64,heads=4", "shape:layers=2,hidden=1000,heads=7",
+              "shape:layers=2,hidden=99999999999999,heads=1", "shape:layers=90000,hidden=1000000,heads=1000",
+              "shape:layers=2,hidden=64,heads=4,kv_heads=3", "shape:layers=x", "shape:foo=1", "1e999b", "0m",
+              "a/b/c/d", "./missing-dir", "owner/", "/", "~nouser/x", "qwen9.9-99b"]
+BAD_HARDWARE = ["", " ", "-3x rtx-4090", "0x a100-80gb", "99x h100-sxm", "17x h100-sxm", "cpu-0gb", "cpu-999999gb",
+                "rtx", "x", "1x", "2x m2-16gb", "nan x h100", "1.5x a100-80gb", "h100-sxm x 2"]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> dict[str, Path]:
+    """Input files that are each wrong in a different way."""
+    d = tmp_path_factory.mktemp("fuzz-inputs")
+    rng = random.Random(SEED)
+    files: dict[str, Path] = {}
+
+    def put(name: str, data: bytes | str) -> None:
+        p = d / name
+        p.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+        files[name] = p
+
+    put("binary.yaml", bytes(rng.randrange(256) for _ in range(2048)))
+    put("nul.yaml", b"version: 1\x00\x00\x00")
+    put("latin1.yaml", "name: caf\u00e9".encode("latin-1"))
+    put("empty.yaml", "")
+    put("list.yaml", "- 1\n- 2\n")
+    put("scalar.yaml", "42\n")
+    put("broken.yaml", "version: [1\nmethod: {")
+    put("deep.yaml", "[" * 5000 + "]" * 5000)
+    put("anchors.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8)))
+    put("nan.json", '{"cpu": NaN, "gpus": [1e999]}')
+    put("prices.csv", "id,usd_per_hour,gpu,gpu_count\nx,inf,h100-sxm,1e999\n")
+    put("prices.yaml", "flavors:\n  - {id: x, usd_per_hour: .nan, gpu: h100-sxm, gpu_count: -3}\n")
+    put("profile.json", json.dumps({"schema": 99, "gpus": "many"}))
+    (d / "a-directory.yaml").mkdir()
+    files["a-directory.yaml"] = d / "a-directory.yaml"
+    files["missing.yaml"] = d / "missing.yaml"
+    files["proc"] = Path("/proc/version")
+    files.update(_bad_model_dirs(d))
+    return files
+
+
+def _safetensors(header: dict, data_bytes: int) -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * data_bytes
+
+
+def _bad_model_dirs(d: Path) -> dict[str, Path]:
+    """Model directories whose config.json or safetensors files are wrong."""
+    good = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 128, "vocab_size": 256}
+    configs = {
+        "model-heads": {**good, "hidden_size": 1000, "num_attention_heads": 7},
+        "model-huge": {**good, "hidden_size": 1 << 20, "num_hidden_layers": 100_000, "vocab_size": 1 << 24},
+        "model-types": {**good, "hidden_size": "64", "num_hidden_layers": 2.5},
+        "model-remote": {"model_type": "my_arch", "auto_map": {"AutoModel": "x.Y"}},
+    }
+    out = {}
+    for name, cfg in configs.items():
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(json.dumps(cfg))
+        out[name] = d / name
+    weights = {
+        "model-traversal": None,
+        "model-truncated": _safetensors({"w": {"dtype": "F32", "shape": [64, 64], "data_offsets": [0, 16384]}}, 10),
+        "model-badshape": _safetensors({"w": {"dtype": "F32", "shape": ["64", -1], "data_offsets": [0, 0]}}, 0),
+        "model-badlen": struct.pack("<Q", 1 << 60) + b"{}",
+    }
+    for name, blob in weights.items():
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(json.dumps(good))
+        if blob is None:
+            (d / name / "model.safetensors.index.json").write_text(
+                json.dumps({"weight_map": {"w": "../../../../etc/passwd"}}))
+        else:
+            (d / name / "model.safetensors").write_bytes(blob)
+        out[name] = d / name
+    return out
+
+
+def _mutated_config(rng: random.Random, d: Path, n: int) -> Path:
+    """An example run config with one number, list or section made invalid."""
+    example = rng.choice(sorted(EXAMPLES.glob("*.yaml")))
+    cfg = yaml.safe_load(example.read_text())
+    section = rng.choice(["training", "schedule", "checkpointing", "logging", "tokenizer", "model", "data", None])
+    bad_value = rng.choice([float("nan"), float("inf"), -1, 0, 10**30, -(10**30), "abc", [1, 2], {"x": 1}, None,
+                            True, 1e-320])
+    if section is None:
+        cfg[rng.choice(["version", "method", "model", "data"])] = bad_value if bad_value is not None else []
+    elif section == "model":
+        cfg["model"] = {"shape": {"layers": bad_value, "hidden": 64, "heads": 4}}
+    elif section == "data":
+        cfg["data"] = {"paths": rng.choice([[], ["builtin:nope"], ["/proc/missing-file"], [bad_value]])}
+    else:
+        numeric = {"training": ["micro_batch", "grad_accum", "seq_len", "num_gpus", "zero_stage"],
+                   "schedule": ["max_steps", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "seed", "epochs"],
+                   "checkpointing": ["every_steps", "keep_last"], "logging": ["every_steps"],
+                   "tokenizer": ["vocab_size", "train_max_bytes"]}[section]
+        key = rng.choice(numeric)
+        # Only values no key of this kind accepts (0 is valid for some, so it is not used here).
+        value = rng.choice([float("nan"), float("inf"), -1, 10**30, "abc", [1], {"x": 1}])
+        cfg.setdefault(section, {})[key] = value
+    path = d / f"mutated-{n}.yaml"
+    path.write_text(yaml.safe_dump(cfg))  # NaN and infinity as .nan / .inf, as a user would type them
+    return path
+
+
+def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
+    rng = random.Random(SEED)
+    f = {k: str(v) for k, v in files.items()}
+    input_files = [f[k] for k in ("binary.yaml", "nul.yaml", "latin1.yaml", "empty.yaml", "list.yaml", "scalar.yaml",
+                                  "broken.yaml", "deep.yaml", "anchors.yaml", "nan.json", "a-directory.yaml",
+                                  "missing.yaml", "proc", "profile.json")]
+    model_dirs = [v for k, v in f.items() if k.startswith("model-")]
+    out_files = ["", " ", f["a-directory.yaml"], "/proc/version", "/proc/new-file", str(d / "no-such-dir" / "x.json"),
+                 "/", f["binary.yaml"] + "/x"]
+    out_dirs = ["", " ", f["binary.yaml"], "/proc/new-dir", f["binary.yaml"] + "/sub", "/proc/version"]
+    numbers = lambda: rng.choice(BAD_NUMBERS)  # noqa: E731
+    base = {
+        "estimate": ["estimate", "llama-3.2-1b", "--hardware", "rtx-4090"],
+        "cloud": ["cloud", "llama-3.2-1b", "--examples", "1000"],
+        "plan": ["plan", "llama-3.2-1b", "--hardware", "rtx-4090", "--mode", "balanced"],
+        "analyze": ["analyze", "--hardware", "cpu", "--profile-only"],
+        "profile": ["profile", "--quick"],
+        "models": ["models"],
+        "gpus": ["gpus"],
+    }
+    flags = {
+        "estimate": {"--micro-batch": numbers, "--seq-len": numbers, "--grad-accum": numbers, "--lora-r": numbers,
+                     "--lora-alpha": numbers, "--lora-dropout": numbers, "--zero": numbers, "--gpus": numbers,
+                     "--generate": numbers, "--dataset-tokens": numbers, "--examples": numbers,
+                     "--epochs": numbers, "--price-per-kwh": numbers, "--vocab": numbers,
+                     "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
+                     "--method": lambda: rng.choice(BAD_WORDS), "--optimizer": lambda: rng.choice(BAD_WORDS),
+                     "--lora-targets": lambda: rng.choice(["", ",", " , ", "\u202e"])},
+        "cloud": {"--dataset-tokens": numbers, "--examples": numbers, "--seq-len": numbers, "--epochs": numbers,
+                  "--budget": numbers, "--max-hours": numbers, "--global-batch": numbers,
+                  "--setup-minutes": numbers, "--top": numbers,
+                  "--prices": lambda: rng.choice(input_files + [f["prices.csv"], f["prices.yaml"]]),
+                  "--flavor": lambda: rng.choice(BAD_WORDS[1:])},
+        "plan": {"--seq-len": numbers, "--target-batch": numbers, "--examples": numbers, "--dataset-tokens": numbers,
+                 "--epochs": numbers, "--memory-share": numbers, "--tokens-per-param": numbers, "--vocab": numbers,
+                 "--usd-per-hour": numbers, "--budget": numbers, "--price-per-kwh": numbers,
+                 "--time-budget": lambda: rng.choice(["0h", "-1h", "nanh", "1e999h", "h", "5 parsecs", ""]),
+                 "--memory-budget": lambda: rng.choice(["0GiB", "-3GiB", "nanGiB", "1e999TiB", "GiB", "3 apples", ""]),
+                 "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
+                 "--out": lambda: rng.choice(out_dirs), "--method": lambda: rng.choice(BAD_WORDS),
+                 "--data": lambda: rng.choice(["", " ", str(d / "no-such-data"), "builtin:nope"]),
+                 "--mode": lambda: rng.choice(BAD_WORDS)},
+        "analyze": {"--psu-watts": numbers, "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files)},
+        "profile": {"--psu-watts": numbers, "--out": lambda: rng.choice(out_files)},
+        "models": {"--family": lambda: rng.choice(BAD_WORDS[1:])},
+        "gpus": {"--vendor": lambda: rng.choice(BAD_WORDS), "--sort": lambda: rng.choice(BAD_WORDS)},
+    }
+    cases: list[list[str]] = []
+    n_config = 0
+    while len(cases) < CASES:
+        roll = rng.random()
+        if roll < 0.12:  # a positional model reference
+            cmd = rng.choice(["estimate", "cloud", "plan"])
+            ref = rng.choice(BAD_MODELS + model_dirs)
+            cases.append([cmd, ref] + base[cmd][2:])
+        elif roll < 0.17:
+            cases.append(["models", "show", rng.choice(BAD_MODELS + model_dirs)])
+        elif roll < 0.30:  # run configs: malformed files and configs with one bad key
+            cmd = rng.choice(["train", "verify"])
+            if rng.random() < 0.4:
+                config = rng.choice(input_files)
+            else:
+                n_config += 1
+                config = str(_mutated_config(rng, d, n_config))
+            extra = rng.choice([[], ["--json"], ["--max-steps", numbers()] if cmd == "train" else ["--steps", numbers()]])
+            cases.append([cmd, config, *extra] + (["--out", str(d / f"run-{len(cases)}")] if cmd == "train" else []))
+        elif roll < 0.33:
+            cmd = rng.choice(["train", "verify"])
+            cases.append([cmd, str(EXAMPLES / "pretrain.yaml")] + (["--max-steps", numbers()] if cmd == "train"
+                                                                    else ["--steps", numbers()]))
+        else:
+            cmd = rng.choice(list(flags))
+            chosen = rng.sample(sorted(flags[cmd]), k=min(len(flags[cmd]), rng.choice([1, 1, 2])))
+            argv = list(base[cmd])
+            for flag in chosen:
+                argv += [flag, flags[cmd][flag]()]
+            if rng.random() < 0.3 and cmd not in ("models", "gpus"):
+                argv.append("--json")
+            cases.append(argv)
+    return cases
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _run(argv: list[str]) -> tuple[int, str, float]:
+    def on_alarm(signum, frame):
+        raise _Timeout()
+
+    err = io.StringIO()
+    started = time.perf_counter()
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(CASE_SECONDS)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse errors and --help
+                code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return code, err.getvalue(), time.perf_counter() - started
+
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_every_command_refuses_malformed_input_cleanly(bad_files, tmp_path, monkeypatch):
+    inputs = bad_files["binary.yaml"].parent
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    # Anything a command would store for the user goes here, not into the real home.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port: never the real Hub
+    cases = _cases(bad_files, inputs)
+    before_inputs = _listing(inputs)
+    failures = []
+    for argv in cases:
+        try:
+            code, stderr, seconds = _run(argv)
+        except _Timeout:
+            failures.append(f"{argv}: still running after {CASE_SECONDS} s")
+            continue
+        except Exception as exc:  # noqa: BLE001 - the point: nothing may escape main()
+            failures.append(f"{argv}: {type(exc).__name__}: {exc}")
+            continue
+        if code not in (0, 2, 3, 4):
+            failures.append(f"{argv}: exit {code}: {stderr[-300:]}")
+        if "Traceback" in stderr:
+            failures.append(f"{argv}: traceback in stderr: {stderr[-300:]}")
+        left = _listing(work) | (_listing(inputs) - before_inputs)
+        if left:
+            failures.append(f"{argv}: left behind {sorted(left)[:5]}")
+            for name in sorted(left, reverse=True):  # keep later cases independent
+                p = work / name if (work / name).exists() else inputs / name
+                p.rmdir() if p.is_dir() else p.unlink()
+    assert not failures, f"{len(failures)} of {len(cases)} cases broke the contract:\n" + "\n".join(failures[:25])
