@@ -10,9 +10,10 @@ Targets (issue "Speed of the commands"): estimate, models show, gpus, profile an
 Each command runs as a subprocess with this interpreter: one warm-up run, then `--runs` timed runs
 (the median is the figure; min and max are kept). The runs see the package as an installed one
 does: bytecode cached (in a temporary PYTHONPYCACHEPREFIX, so nothing is written into the source
-tree, and PYTHONDONTWRITEBYTECODE is dropped) and the catalog cache filled (a temporary
-XDG_CACHE_HOME, see trainfit/yaml_io.py). Three more runs per command start with an empty catalog
-cache, the first run after an install or a catalog change (the "cold" column). The baseline,
+tree, and PYTHONDONTWRITEBYTECODE is dropped) and trainfit's cache filled (a temporary
+XDG_CACHE_HOME: parsed catalogs, trainfit/yaml_io.py, and the disk speed measured within the day,
+hardware/storage.py). Three more runs per command start with an empty cache: the first run after
+an install or a catalog change, which also measures the disk (the "cold" column). The baseline,
 `python -c "import trainfit"`, runs interleaved with the commands so that both see the same load;
 the ratio is command / baseline. Timings depend on load: the script waits (up to --wait seconds)
 for the 1-minute load average to fall under --max-load and records the load before and after.
@@ -50,6 +51,13 @@ COMMANDS = [
     ("analyze --profile-only", ["analyze", "--profile-only"], None, (0,)),
 ]
 BASELINE = ["-c", "import trainfit"]
+NOTES = [
+    "Reading the diagnostic rows: `profile` = `profile --quick` + the storage probe, whose 64 MiB write, "
+    "fsync and read (hardware/storage.py) runs in the cold column only: a filesystem's speed measured within "
+    "the day is reused, with the time it was measured. `analyze` = `analyze --profile-only` + the planner's "
+    "search (pretraining on this machine: three modes, the model size bisected along the ladder, core/plan). "
+    "`gpus` spends most of its time rendering the rich table (one cell per GPU and column).",
+]
 
 
 def _env(pycache: str, xdg_cache: str, src: str | None) -> dict[str, str]:
@@ -134,14 +142,14 @@ def _markdown(doc: dict, command: str) -> str:
              f"Median of {doc['runs']} runs after a warm-up, process start included; bytecode and catalog cache warm. "
              f"Baseline `{doc['baseline']['command']}`: {doc['baseline']['median_s'] * 1000:.0f} ms (median of "
              f"{doc['baseline']['runs']}, interleaved with the commands). Cold: median of 3 runs with an empty "
-             "catalog cache (the first run after an install or a catalog edit).", "",
+             "cache (the first run after an install or a catalog edit; it also measures the disk).", "",
              "| command | median s | min s | max s | x import | cold s | target s | |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in doc["commands"]:
         target, verdict = ("-", "(diagnostic)") if r["target_s"] is None else (
             f"< {r['target_s']:g}", "pass" if r["pass"] else "FAIL")
         lines.append(f"| `{' '.join(r['argv'])}` | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | "
                      f"{r['ratio_to_import']:.1f} | {r['cold_cache_median_s']:.3f} | {target} | {verdict} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *NOTES]) + "\n"
 
 
 def main() -> int:

@@ -15,8 +15,10 @@ those write their results under /tmp rather than bench/results.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 FIRST = ["cli_latency", "estimate_speed", "plan_speed", "cloud_speed", "profile_bench",
          "memory_accuracy", "step_time_accuracy", "plan_quality", "trainer_overhead"]
 QUICK = {
-    "cli_latency": ["--runs", "3", "--wait", "60"],
+    "cli_latency": ["--runs", "3", "--wait", "60", "--out", os.path.join(tempfile.gettempdir(), "cli_latency_quick")],
     "memory_accuracy": ["--quick"],
     "step_time_accuracy": ["--quick"],
     "plan_quality": ["--quick"],

@@ -6,7 +6,6 @@ dependency unavailable. Library code raises these; only the CLI prints them and 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 EXIT_OK = 0
@@ -51,6 +50,8 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """Up to n choices that look like `word` (case-insensitive), for 'did you mean' hints."""
     choices = list(choices)
     lowered = {c.lower(): c for c in choices}
+    import difflib
+
     found = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.5)
     # Substring matches help with short aliases ("qwen2.5-7b" inside a hub id).
     for c in choices:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import shutil
 import stat
 import tempfile
@@ -129,7 +128,7 @@ def remove_tree_atomic(path: str | os.PathLike) -> None:
     a hidden trash name first (atomic), fsync the parent, then delete. A crash during the delete
     leaves only `.<name>.trash-*`, which clean_stale_dirs removes."""
     path = Path(path)
-    trash = path.with_name(f".{path.name}{TRASH_MARK}{secrets.token_hex(4)}")
+    trash = path.with_name(f".{path.name}{TRASH_MARK}{os.urandom(4).hex()}")
     os.replace(path, trash)
     fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
@@ -181,7 +180,7 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
         if path.exists() or path.is_symlink():
             if not replace:
                 raise FileExistsError(f"{path} exists")
-            old = path.with_name(f".{path.name}{TRASH_MARK}{secrets.token_hex(4)}")
+            old = path.with_name(f".{path.name}{TRASH_MARK}{os.urandom(4).hex()}")
             os.replace(path, old)
         try:
             os.replace(tmp, path)

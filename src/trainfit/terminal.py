@@ -13,4 +13,6 @@ def console(stderr: bool = False):
     stream = sys.stderr if stderr else sys.stdout
     # Piped output (logs, CI) gets a fixed 120 columns rather than rich's 80, so tables stay readable.
     width = None if stream.isatty() or os.environ.get("COLUMNS") else 120
-    return Console(stderr=stderr, highlight=False, width=width)
+    # emoji=False: the output spells emoji as characters, never as :codes: (and rich then skips
+    # loading its emoji table)
+    return Console(stderr=stderr, highlight=False, emoji=False, width=width)

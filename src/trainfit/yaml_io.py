@@ -6,7 +6,7 @@ same data. Errors are `yaml.YAMLError` either way (also reachable as `yaml_io.YA
 imports PyYAML only when it is looked up, e.g. by an `except` clause that an error reached).
 
 `load_yaml_cached(text, name)` also keeps the parsed data, in `marshal` form, in the user's cache
-directory ($XDG_CACHE_HOME/trainfit/yaml, default ~/.cache/trainfit/yaml), keyed by the sha256
+directory (the "yaml" folder of trainfit.user_cache: ~/.cache/trainfit/yaml by default), keyed by the sha256
 of the text: a later process reads it back without importing PyYAML or parsing. Any problem with
 the cache (unwritable directory, a truncated or foreign file) means parsing the text as if there
 were no cache. It is meant for the catalogs shipped in trainfit/data, parsed by every command.
@@ -49,11 +49,10 @@ def load_yaml(text: str, *, loader: type | None = None) -> Any:
 
 
 def cache_dir() -> str:
-    """Where parsed YAML is kept (created on first write)."""
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base or not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "trainfit", "yaml")
+    """Where parsed YAML is kept (created on first write): the "yaml" folder of trainfit's cache."""
+    from trainfit.user_cache import user_cache_dir
+
+    return str(user_cache_dir("yaml"))
 
 
 def _digest(text: str) -> str:

@@ -49,6 +49,7 @@ def _clear_catalog_caches() -> None:
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
     """A private XDG cache dir, and the catalogs' in-process caches emptied around the test."""
+    monkeypatch.delenv("TRAINFIT_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     _clear_catalog_caches()
     yield tmp_path / "xdg" / "trainfit" / "yaml"
@@ -166,7 +167,10 @@ def test_an_unwritable_cache_dir_means_parsing(tmp_path, monkeypatch):
 
 
 def test_cache_dir_follows_xdg_and_ignores_a_relative_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRAINFIT_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert yaml_io.cache_dir() == os.path.join(str(tmp_path), "trainfit", "yaml")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")
     assert yaml_io.cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "trainfit", "yaml")
+    monkeypatch.setenv("TRAINFIT_CACHE_DIR", str(tmp_path / "own"))
+    assert yaml_io.cache_dir() == os.path.join(str(tmp_path), "own", "yaml")

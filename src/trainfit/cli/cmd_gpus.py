@@ -6,8 +6,7 @@ import argparse
 import typing
 
 from trainfit.core.gpu_catalog import all_gpus
-from trainfit.core.gpu_spec import GpuSpec
-from trainfit.core.profile import Vendor
+from trainfit.core.gpu_spec import GpuSpec, Vendor
 
 HELP = "list the GPU catalog: memory, dense peak TFLOPS, bandwidth, power, interconnect"
 
@@ -76,23 +75,37 @@ def run(args: argparse.Namespace) -> int:
                           "sparsity), fp16/bf16 with fp32 accumulate; bandwidth in GB/s (10^9 B/s); sources: "
                           "data/gpus.yaml",
                   caption_justify="left")
-    table.add_column("id", no_wrap=True)
-    table.add_column("name")  # the one column allowed to wrap in a narrow terminal
-    table.add_column("class", no_wrap=True)
-    table.add_column("arch", no_wrap=True)
-    for col in ("VRAM GiB", "driver MiB", "BW GB/s", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "TDP W"):
-        table.add_column(col, justify="right", no_wrap=True, min_width=max(5, len(col)))
-    table.add_column("link", no_wrap=True)
-    for g in gpus:
-        tf = g.peak_tflops
-        link = g.interconnect or "-"
-        if g.interconnect_gbps and not link.startswith("pcie"):
-            link += f" {g.interconnect_gbps:.0f} GB/s"
-        vram = f"{g.vram_bytes / GIB:.0f}" + (" (unified)" if g.unified_memory else "")
-        driver = f"{g.driver_total_bytes >> 20}" if g.driver_total_bytes else "-"
-        table.add_row(g.id, g.name, g.gpu_class, g.architecture, vram, driver,
-                      _fmt(g.memory_bandwidth_gbps), *(_fmt(tf.get(p)) for p in
-                      ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")),
-                      _fmt(g.tdp_watts), link)
+    rows = [_row(g) for g in gpus]
+    # Piped output has room for every column: widths from the data spare rich measuring each of
+    # the ~1,700 cells (a third of the command's time). A terminal lets rich fit the columns.
+    fixed = not out.is_terminal
+    widths = [max(len(col), 5 if col not in _LEFT else 0, *(len(r[i]) for r in rows)) for i, col in enumerate(_COLUMNS)]
+    if fixed:
+        out.width = max(out.width, sum(widths) + 3 * len(widths) + 1)  # cells, padding and borders
+    for i, col in enumerate(_COLUMNS):
+        width = widths[i] if fixed else None
+        if col in _LEFT:
+            # "name" is the one column allowed to wrap in a narrow terminal
+            table.add_column(col, no_wrap=col != "name", width=width)
+        else:
+            table.add_column(col, justify="right", no_wrap=True, min_width=max(5, len(col)), width=width)
+    for r in rows:
+        table.add_row(*r)
     out.print(table)
     return 0
+
+
+_COLUMNS = ("id", "name", "class", "arch", "VRAM GiB", "driver MiB", "BW GB/s", "fp32", "tf32", "bf16", "fp16",
+            "fp8", "int8", "TDP W", "link")
+_LEFT = ("id", "name", "class", "arch", "link")
+
+
+def _row(g: GpuSpec) -> tuple[str, ...]:
+    tf = g.peak_tflops
+    link = g.interconnect or "-"
+    if g.interconnect_gbps and not link.startswith("pcie"):
+        link += f" {g.interconnect_gbps:.0f} GB/s"
+    vram = f"{g.vram_bytes / GIB:.0f}" + (" (unified)" if g.unified_memory else "")
+    driver = f"{g.driver_total_bytes >> 20}" if g.driver_total_bytes else "-"
+    return (g.id, g.name, g.gpu_class, g.architecture, vram, driver, _fmt(g.memory_bandwidth_gbps),
+            *(_fmt(tf.get(p)) for p in ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")), _fmt(g.tdp_watts), link)

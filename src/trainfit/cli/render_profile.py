@@ -88,6 +88,8 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
     for s in p.storage:
         speed = (f", {s.read_mbps:.0f} MB/s read, {s.write_mbps:.0f} MB/s write"
                  if s.read_mbps is not None and s.write_mbps is not None else "")
+        if speed and s.measured_at:
+            speed += f" (measured {s.measured_at[:16].replace('T', ' ')} UTC)"
         rows.append((f"Disk ({s.role})", f"{s.path}: {s.kind} ({s.device or '?'}), {gib(s.free_bytes)} free of "
                                          f"{gib(s.total_bytes)}{speed}"))
     net = p.network

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from trainfit import yaml_io
-from trainfit.core.gpu_spec import GpuClass, GpuSpec
-from trainfit.core.profile import Precision, Vendor
+from trainfit.core.gpu_spec import GpuClass, GpuSpec, Precision, Vendor
 from trainfit.errors import BadInputError, close_matches
 
 GIB = 1024**3

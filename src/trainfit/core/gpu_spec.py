@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainfit.core.profile import Precision, Vendor
+# GPU vendors and number formats (the hardware profile uses the same names).
+Vendor = Literal["nvidia", "amd", "intel", "apple"]
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
 
 GpuClass = Literal["consumer", "laptop", "workstation", "datacenter", "apple", "integrated"]
 

@@ -55,12 +55,10 @@ def parse_ref(ref: str) -> tuple[str, str | None] | None:
 
 
 def cache_dir() -> Path:
-    """trainfit's cache directory: $TRAINFIT_CACHE_DIR, else $XDG_CACHE_HOME/trainfit (an absolute
-    path, as the XDG spec asks), else ~/.cache/trainfit. Hub entries live in its "hub" folder."""
-    if os.environ.get("TRAINFIT_CACHE_DIR"):
-        return Path(os.path.expanduser(os.environ["TRAINFIT_CACHE_DIR"]))
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    return Path(base if os.path.isabs(base) else os.path.join(os.path.expanduser("~"), ".cache")) / "trainfit"
+    """trainfit's cache directory (trainfit.user_cache); Hub entries live in its "hub" folder."""
+    from trainfit.user_cache import user_cache_dir
+
+    return user_cache_dir()
 
 
 def load_hub_model(repo_id: str, revision: str | None = None, *,

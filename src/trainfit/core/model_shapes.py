@@ -67,8 +67,10 @@ def _aspect(n_params: int) -> float:
 
 def shape_from_dims(layers: int, hidden: int, heads: int, vocab: int = 32000, *, kv_heads: int | None = None,
                     intermediate: int | None = None, max_positions: int = 2048, tie_embeddings: bool = False,
-                    head_dim: int | None = None) -> ModelSpec:
-    """A Llama-style ModelSpec with the given dimensions (SwiGLU width 8/3 x hidden by default)."""
+                    head_dim: int | None = None, check_count: bool = True) -> ModelSpec:
+    """A Llama-style ModelSpec with the given dimensions (SwiGLU width 8/3 x hidden by default).
+    `check_count=False` skips the parameter-count plausibility check (for shapes built from a bounded
+    budget, where it cannot fail)."""
     # (key as the user wrote it, its validate.BOUNDS entry, value)
     for key, bound, value in (("layers", "layers", layers), ("hidden", "hidden", hidden), ("heads", "heads", heads),
                               ("vocab", "vocab", vocab), ("max_positions", "max_position_embeddings", max_positions),
@@ -90,7 +92,8 @@ def shape_from_dims(layers: int, hidden: int, heads: int, vocab: int = 32000, *,
         norm="rmsnorm", qkv_bias=False, o_bias=False, mlp_bias=False, lm_head_bias=False,
         stored_dtype="bfloat16", source="shape",
     )
-    check_plausible(spec, "shape")
+    if check_count:
+        check_plausible(spec, "shape")
     return spec
 
 
@@ -131,7 +134,7 @@ def _widths(layers: int, vocab: int, max_positions: int, tie: bool, target: int)
         heads = hidden // head_dim
         kv = (8 if heads % 8 == 0 else 4) if big and heads >= 16 else heads
         spec = shape_from_dims(layers, hidden, heads, vocab, kv_heads=kv,
-                               max_positions=max_positions, tie_embeddings=tie)
+                               max_positions=max_positions, tie_embeddings=tie, check_count=False)
         yield spec
         if count_params(spec).total > target * 1.5:
             return

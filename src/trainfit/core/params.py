@@ -12,7 +12,7 @@ and LoRA counts against `peft.get_peft_model(...)` trainable parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from trainfit.core.model_spec import ModelSpec
 from trainfit.errors import BadInputError
@@ -111,6 +111,27 @@ def _check_arch(spec: ModelSpec) -> None:
         )
 
 
+def _per_spec(fn):
+    """Remember fn(spec) for the spec object itself: the planner asks for the same shapes a
+    thousand times, and a ModelSpec (frozen, but holding lists) cannot be a dict key. The cache
+    keeps the spec alive, so its id is never reused while the entry stands."""
+    results: dict[int, tuple[ModelSpec, Any]] = {}
+
+    def cached(spec: ModelSpec):
+        hit = results.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        if len(results) >= 4096:
+            results.clear()
+        value = fn(spec)
+        results[id(spec)] = (spec, value)
+        return value
+
+    cached.__doc__, cached.__name__, cached.__wrapped__ = fn.__doc__, fn.__name__, fn  # type: ignore[attr-defined]
+    return cached
+
+
+@_per_spec
 def _block(spec: ModelSpec) -> _Block:
     """The decoder block of `spec`, named as in transformers' modeling_<arch>.py."""
     _check_arch(spec)
@@ -225,14 +246,15 @@ def vision_params(spec: ModelSpec) -> int:
     return patch + norms + sum(layer.params for layer in _vision_linears(spec))
 
 
-def linear_layers(spec: ModelSpec) -> list[LinearLayer]:
+@_per_spec
+def linear_layers(spec: ModelSpec) -> tuple[LinearLayer, ...]:
     """Every linear module (and fused expert slice) of the model, with its whole-model count."""
     b = _block(spec)
     n = spec.num_layers
     out = [_scaled(layer, n) for layer in b.attention + b.mlp + b.experts]
     # The lm_head exists as a module even when its weight is tied to the embeddings.
     out.append(_lin("lm_head", "lm_head", spec.hidden_size, spec.vocab_size, spec.lm_head_bias, 1, "lm_head"))
-    return out + _vision_linears(spec)
+    return tuple(out + _vision_linears(spec))
 
 
 def _scaled(layer: LinearLayer, layers: int) -> LinearLayer:
@@ -240,6 +262,7 @@ def _scaled(layer: LinearLayer, layers: int) -> LinearLayer:
                        layer.count * layers, layer.bias, layer.vision, layer.kind)
 
 
+@_per_spec
 def count_params(spec: ModelSpec) -> ParamBreakdown:
     """Exact parameter count of `spec` as transformers builds it (tied weights counted once)."""
     b = _block(spec)

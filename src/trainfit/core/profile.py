@@ -16,13 +16,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trainfit.core.gpu_spec import Precision, Vendor  # noqa: F401 - re-exported: the profile's vocabulary
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 
 SCHEMA_VERSION = 1
 _GIB = 1 << 30
 
-Vendor = Literal["nvidia", "amd", "intel", "apple"]
-Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "fp4"]
 DiskKind = Literal["nvme", "ssd", "hdd", "network", "ram", "unknown"]
 SwapKind = Literal["nvme", "ssd", "hdd", "zram", "network", "none", "unknown"]
 CoolingVerdict = Literal["adequate", "marginal", "inadequate", "unknown"]
@@ -153,6 +152,7 @@ class StorageInfo:
     read_mbps: float | None  # measured sequential, MB/s
     write_mbps: float | None
     unavailable: dict[str, str] = field(default_factory=dict)
+    measured_at: str | None = None  # when read/write were measured (UTC, ISO 8601); may be earlier than the profile
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 from typing import Any
 
 from trainfit.hardware.sources import Commands, Fs, PlatformFacts, Sources
 from trainfit.hardware.storage import measure_disk
 
 
+# Where a Linux machine shows an NVIDIA driver: the loaded kernel module (/proc/driver/nvidia,
+# also mounted into GPU containers), its control device, or WSL 2's GPU paravirtualisation device.
+_NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
 def _import_nvml() -> Any:
+    if platform.system() == "Linux" and not any(os.path.exists(p) for p in _NVIDIA_DRIVER_PATHS):
+        # No driver, so no NVIDIA GPU: importing pynvml and loading NVML would only cost time.
+        raise FileNotFoundError(f"no NVIDIA driver ({', '.join(_NVIDIA_DRIVER_PATHS)} absent)")
     import pynvml  # nvidia-ml-py; loads libnvidia-ml lazily in nvmlInit
 
     return pynvml
@@ -33,7 +40,7 @@ def live_sources() -> Sources:
             system=platform.system(),
             release=platform.release(),
             machine=platform.machine(),
-            hostname=socket.gethostname(),
+            hostname=platform.node(),  # uname nodename: what socket.gethostname() gives on Unix
             python_version=platform.python_version(),
         ),
         env=dict(os.environ),

@@ -282,6 +282,8 @@ def probe_nvidia_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
     """All NVIDIA GPUs (MIG slices as separate entries) or ([], {"nvidia": reason})."""
     try:
         nv = src.nvml()
+    except FileNotFoundError as exc:  # no driver on this machine (hardware.live)
+        return [], {"nvidia": str(exc)}
     except (ImportError, OSError) as exc:
         return [], {"nvidia": f"nvidia-ml-py not importable ({exc})"}
     try:

@@ -64,7 +64,7 @@ def build_profile(*, benchmark: bool = False, psu_watts: float | None = None, qu
         **{name: (lambda fn=fn: fn(src)) for name, fn in _GPU_PROBES.items()},
     }
     if not quick:
-        probes["storage"] = lambda: storage.probe_storage(src)
+        probes["storage"] = lambda: storage.probe_storage(src, reuse=not benchmark)
         probes["power"] = lambda: power.read_power(src)
         probes["network"] = lambda: network.probe_network(src, bandwidth_url)
     results = run_probes(probes, {k: limits[k] for k in probes})

@@ -5,10 +5,17 @@ write + fsync + read of a temporary file. The kernel's rotational flag is a hint
 disks default to rotational=1 behind RAID/HBA controllers and most virtual disks (virtio
 "vd*") report whatever the host chose (Red Hat KB "How does the kernel determine if a SCSI
 disk is HDD or SSD"), so for those the measured speed decides and the reason says so.
+
+A filesystem's measured speed is kept for a day in trainfit's cache (keyed by its mount point,
+device and type), so `profile` run again does not write 64 MiB each time; the profile gives the
+time of the measurement (`measured_at`). `profile --benchmark` always measures again.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import os
 import posixpath
 import tempfile
@@ -21,6 +28,8 @@ DEFAULT_TEST_BYTES = 64 << 20  # 64 MiB: about 0.1-0.5 s on an SSD, keeps `profi
 _NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph", "glusterfs",
                "lustre", "gpfs", "beegfs", "afs", "sshfs"}
 _CHUNK_BYTES = 4 << 20
+# A disk's sequential speed changes with its hardware, not from hour to hour.
+DISK_MEASUREMENT_MAX_AGE_SECONDS = 24 * 3600
 
 
 def cache_dir(src: Sources) -> str:
@@ -150,9 +159,10 @@ def measure_disk(path: str, size_bytes: int) -> tuple[float, float]:
     return size_bytes / read_s / 1e6, size_bytes / write_s / 1e6
 
 
-def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES) -> list[StorageInfo]:
-    """Work dir and cache dir; one measurement per distinct mount (they often share one)."""
-    measured: dict[str, tuple[float | None, float | None, str | None]] = {}
+def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES, *, reuse: bool = True) -> list[StorageInfo]:
+    """Work dir and cache dir; one measurement per distinct mount (they often share one).
+    `reuse`: take a measurement of the same filesystem from the last day (live machine only)."""
+    measured: dict[str, tuple[float | None, float | None, str | None, str | None]] = {}
     out = []
     for role, path in (("work", src.cwd), ("cache", cache_dir(src))):
         reasons: dict[str, str] = {}
@@ -187,16 +197,55 @@ def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES) -> list[St
             why = f"block device not read on {src.platform.system}"
         key = mount[0] if mount else here  # one measurement per filesystem
         if key not in measured:
-            measured[key] = _measure(src, here, test_bytes)
-        read_mbps, write_mbps, fail = measured[key]
+            identity = f"{key}|{device}|{mount[1] if mount else ''}|{test_bytes}"
+            measured[key] = _measure_or_reuse(src, here, test_bytes, identity if reuse else None)
+        read_mbps, write_mbps, fail, measured_at = measured[key]
         if fail:
-            reasons["read_mbps"] = reasons["write_mbps"] = fail
+            reasons["read_mbps"] = reasons["write_mbps"] = reasons["measured_at"] = fail
         if device is None:
             reasons["device"] = why
         kind, why = _kind_from_speed(kind, why, read_mbps)
         out.append(StorageInfo(role, path, device, kind, why, total, free, read_mbps, write_mbps,
-                               reasons))
+                               reasons, measured_at=measured_at))
     return out
+
+
+def _measure_or_reuse(src: Sources, path: str, size: int, identity: str | None):
+    """(read, write, failure, measured_at): from the cache when `identity` was measured within
+    DISK_MEASUREMENT_MAX_AGE_SECONDS on this machine, else measured now (and cached)."""
+    cache = _cache_file(identity) if identity is not None and src.name == "live" and size > 0 else None
+    if cache is not None:
+        try:
+            entry = json.loads(cache.read_text(encoding="utf-8"))
+            age = time.time() - float(entry["measured_at_epoch"])
+            if 0 <= age <= DISK_MEASUREMENT_MAX_AGE_SECONDS:
+                return float(entry["read_mbps"]), float(entry["write_mbps"]), None, _iso(entry["measured_at_epoch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no entry, or a damaged one: measure
+    now = time.time()
+    read_mbps, write_mbps, fail = _measure(src, path, size)
+    if fail is not None:
+        return read_mbps, write_mbps, fail, None
+    if cache is not None:
+        try:
+            from trainfit.files import write_atomic
+
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(cache, json.dumps({"identity": identity, "read_mbps": read_mbps, "write_mbps": write_mbps,
+                                            "measured_at_epoch": now}))
+        except Exception:  # noqa: BLE001 - a cache that cannot be written is only slower
+            pass
+    return read_mbps, write_mbps, None, _iso(now)
+
+
+def _cache_file(identity: str):
+    from trainfit.user_cache import user_cache_dir
+
+    return user_cache_dir("disk", hashlib.sha256(identity.encode()).hexdigest()[:24] + ".json")
+
+
+def _iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(float(epoch), datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _measure(src: Sources, path: str, size: int) -> tuple[float | None, float | None, str | None]:
@@ -212,7 +261,7 @@ def _measure(src: Sources, path: str, size: int) -> tuple[float | None, float | 
 
 
 def storage_unavailable(src: Sources, reason: str) -> list[StorageInfo]:
-    fields = ("device", "total_bytes", "free_bytes", "read_mbps", "write_mbps")
+    fields = ("device", "total_bytes", "free_bytes", "read_mbps", "write_mbps", "measured_at")
     return [StorageInfo(role, path, None, "unknown", reason, None, None, None, None,
                         {f: reason for f in fields})
             for role, path in (("work", src.cwd), ("cache", cache_dir(src)))]

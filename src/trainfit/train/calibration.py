@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +125,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _median(values: list[float]) -> float | None:
     vals = [v for v in values if isinstance(v, (int, float)) and v > 0]
+    import statistics
+
     return statistics.median(vals) if vals else None
 
 

@@ -456,19 +456,7 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
     lo, hi = t.params_range
     # One position table for every mode (RoPE shapes do not grow with it), so shapes are shared.
     max_pos = max(req.seq_len or 0, *DEFAULTS["extreme"].seq_lens)
-    tried: list[tuple[int, ModelSpec, SearchResult, float | None, int]] = []
-    for n in PRETRAIN_LADDER:
-        spec = shape_for_params(_count(n).lower(), req.vocab_size, max_pos)
-        tokens = int(t.tokens_per_param * n)
-        result = _search_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
-        if result.best is None:
-            break  # larger shapes need more memory still
-        hours = _hours(result.best, tokens)
-        tried.append((n, spec, result, hours, tokens))
-        if n >= lo and hours is not None and hours > t.hours_max:
-            break  # larger shapes only take longer
-        if n >= hi and hours is not None and hours <= t.hours_max:
-            break  # the top of the mode's range trains in time: nothing larger is wanted
+    tried = _walk_ladder(req, t, rules, max_pos)
     if not tried:
         spec = shape_for_params(_count(PRETRAIN_LADDER[0]).lower(), req.vocab_size, max_pos)
         return _plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
@@ -512,6 +500,59 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
                    f"C = 6ND = {6 * n * tokens:.2e} FLOPs")
     return _plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec, result, tokens, info,
                        reasons, warnings)
+
+
+LadderEntry = tuple  # (params, spec, SearchResult, hours | None, tokens)
+
+
+def _walk_ladder(req: PlanRequest, t: ModeTargets, rules: DeviceRules, max_pos: int) -> list[LadderEntry]:
+    """The ladder sizes searched for this mode, smallest first (those that fit the memory).
+
+    Fitting the memory and training within the mode's hours both only get harder as the size
+    grows, so the largest size that does both is found by bisection (a few searches instead of
+    one per rung): first inside the mode's range, else below it. The smallest size of the range
+    is always searched (its hours explain a smaller plan), and so is the largest that fits when
+    nothing in the range does."""
+    entries: dict[int, LadderEntry | None] = {}
+
+    def entry(i: int) -> LadderEntry | None:
+        if i not in entries:
+            n = PRETRAIN_LADDER[i]
+            spec = shape_for_params(_count(n).lower(), req.vocab_size, max_pos)
+            tokens = int(t.tokens_per_param * n)
+            result = _search_model(dataclasses.replace(req, method="pretrain"), t, rules, spec)
+            entries[i] = None if result.best is None else (n, spec, result, _hours(result.best, tokens), tokens)
+        return entries[i]
+
+    def fits(i: int) -> bool:
+        return entry(i) is not None
+
+    def in_time(i: int) -> bool:
+        e = entry(i)
+        return e is not None and e[3] is not None and e[3] <= t.hours_max
+
+    def largest(test, first: int, last: int) -> int | None:
+        """The largest index in [first, last] passing `test` (true up to some index, then false)."""
+        found = None
+        while first <= last:
+            mid = (first + last) // 2
+            if test(mid):
+                found, first = mid, mid + 1
+            else:
+                last = mid - 1
+        return found
+
+    top = len(PRETRAIN_LADDER) - 1
+    start = next((i for i, n in enumerate(PRETRAIN_LADDER) if n >= t.params_range[0]), top)
+    end = max((i for i, n in enumerate(PRETRAIN_LADDER) if n <= t.params_range[1]), default=start)
+    if in_time(start):
+        largest(in_time, start, max(start, end))
+    else:
+        below = largest(in_time, 0, start - 1)
+        fits(0)  # the smallest size is the plan when none trains in time
+        if not fits(start):
+            largest(fits, below if below is not None else 0, start - 1)
+    return [e for _, e in sorted(entries.items()) if e is not None]
 
 
 def _hours(best: Candidate, tokens: int) -> float | None:
