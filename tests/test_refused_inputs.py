@@ -62,6 +62,8 @@ def _safetensors(header: dict, data_bytes: int) -> bytes:
     (["plan", "llama-3.2-1b", "--hardware", "rtx-4090", "--epochs", "inf"], "--epochs: must be a number"),
     (["plan", "llama-3.2-1b", "--hardware", "rtx-4090", "--out", ""], "--out: empty path"),
     (["profile", "--quick", "--out", ""], "--out: empty path"),
+    (["train", str(EXAMPLES / "pretrain.yaml"), "--out", ""], "--out: empty path"),
+    (["train", str(EXAMPLES / "pretrain.yaml"), "--max-steps", "0"], "--max-steps: must be an integer from 1"),
     (["profile", "--quick", "--out", "/proc/version"], "cannot write in /proc"),
     (["estimate", "llama-3.2-1b", "--hardware", "rtx-4090", "--seq-len", "١٢"], "ASCII digits"),
     (["estimate", "llama-3.2-1b", "--hardware", "rtx-4090", "--method", "lora", "--lora-targets", ","], "names no module"),

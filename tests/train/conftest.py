@@ -46,6 +46,18 @@ def make_config(tmp: Path, method: str = "pretrain", name: str = "run.yaml", **o
     return path
 
 
+def loss_trajectory(run_dir: Path) -> dict[int, float]:
+    """step -> loss of every logged step in the run's metrics.jsonl."""
+    import json
+
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under root (to prove nothing was touched)."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()

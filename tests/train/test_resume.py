@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -12,16 +11,7 @@ from trainfit.train import checkpoints as ck
 from trainfit.train.run_config import load_run_config
 from trainfit.train.runner import run_training
 
-from .conftest import make_config, tree_digest
-
-
-def _trajectory(run_dir):
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
+from .conftest import loss_trajectory, make_config, tree_digest
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +36,7 @@ def test_resume_matches_uninterrupted_run_bit_for_bit(tmp_path, reference):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-6"]
     resumed = run_training(cfg, run_dir, resume=True, quiet=True)
     assert resumed.resumed_from.endswith("checkpoint-6")
-    assert _trajectory(run_dir) == dict(full.losses)  # exact float equality on CPU
+    assert loss_trajectory(run_dir) == dict(full.losses)  # exact float equality on CPU
     # keep_last=2: only the two newest complete checkpoints stay
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-12", "checkpoint-8"]
     assert all(ck.inspect_checkpoint(p).complete for p in (run_dir / "checkpoints").iterdir())
@@ -66,7 +56,7 @@ def test_corrupt_latest_is_skipped_and_kept(tmp_path, reference):
     assert any("kept as checkpoint-8.corrupt-1" in m for m in messages)
     aside = run_dir / "checkpoints" / "checkpoint-8.corrupt-1"
     assert tree_digest(aside) == before
-    assert _trajectory(run_dir) == dict(full.losses)
+    assert loss_trajectory(run_dir) == dict(full.losses)
 
 
 def test_interrupted_write_is_ignored(tmp_path, reference):

@@ -23,16 +23,7 @@ from trainfit.train import checkpoints as ck
 from trainfit.train.run_config import load_run_config
 from trainfit.train.runner import run_training
 
-from .conftest import REPO, make_config, tree_digest
-
-
-def _trajectory(run_dir: Path) -> dict[int, float]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
+from .conftest import REPO, loss_trajectory, make_config, tree_digest
 
 
 @pytest.fixture
@@ -169,7 +160,7 @@ def test_run_leaves_no_hidden_leftovers_and_normal_modes(stopped, tmp_path, umas
     config, _, full = stopped
     run_dir = _copy(stopped, tmp_path)
     result = run_training(load_run_config(config), run_dir, resume=True, quiet=True)
-    assert result.global_step == 12 and _trajectory(run_dir) == full
+    assert result.global_step == 12 and loss_trajectory(run_dir) == full
     assert not [p for p in run_dir.rglob(".*")]  # final/ replaced atomically, no temp or trash
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "final" / "tokenizer.json").is_file()
     for name in ("summary.json", "metrics.jsonl"):
@@ -237,7 +228,7 @@ def test_kill_9_during_rotation_then_exact_resume(stopped, tmp_path):
     resumed = run_training(load_run_config(config), run_dir, resume=True, quiet=True, log=messages.append)
     assert resumed.resumed_from.endswith("checkpoint-8")
     assert not any("trash" in m for m in messages)  # never reported as a checkpoint
-    assert _trajectory(run_dir) == full
+    assert loss_trajectory(run_dir) == full
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-12"]
 
 
