@@ -5,8 +5,6 @@ Only the main process writes or prints; every process times its own steps.
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import sys
 import time
@@ -14,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+
+from trainfit.train.events import append_record
 
 
 def peak_rss_bytes() -> int:
@@ -104,11 +104,7 @@ class MetricsWriter(TrainerCallback):
                 rec[k.replace("/", "_")] = float(logs[k])
         self._last_t, self._last_tokens, self._last_step = now, tokens, state.global_step
         self.records.append(rec)
-        if self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+        append_record(self.path, rec)
 
 
 class BeforeFirstStep(TrainerCallback):
