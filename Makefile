@@ -16,7 +16,7 @@ $(VENV)/.core: pyproject.toml constraints.txt
 
 $(VENV)/.train: $(VENV)/.core
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[train,test]'
+	$(PIP) -e '.[train,report,test]'
 	touch $@
 
 analyze: $(VENV)/.core

@@ -76,6 +76,7 @@ def bad_files(tmp_path_factory) -> dict[str, Path]:
     files["missing.yaml"] = d / "missing.yaml"
     files["proc"] = Path("/proc/version")
     files.update(_bad_model_dirs(d))
+    files.update(_bad_run_dirs(d))
     return files
 
 
@@ -113,6 +114,23 @@ def _bad_model_dirs(d: Path) -> dict[str, Path]:
                 json.dumps({"weight_map": {"w": "../../../../etc/passwd"}}))
         else:
             (d / name / "model.safetensors").write_bytes(blob)
+        out[name] = d / name
+    return out
+
+
+def _bad_run_dirs(d: Path) -> dict[str, Path]:
+    """Run directories for `report`: broken metrics, an empty one, and a valid one (given only with
+    a bad --out, so that nothing is written)."""
+    step = json.dumps({"step": 1, "loss": 5.0, "time": 1.7e9})
+    metrics = {"run-broken": f"{step}\n{{\"step\": 2, \"loss\": \n{step}\n", "run-types": '{"step": "x"}\n',
+               "run-sample": '{"event": "sample", "time": "now", "gpus": 3}\n', "run-valid": f"{step}\n",
+               "run-empty": None}
+    out = {}
+    for name, text in metrics.items():
+        (d / name).mkdir()
+        if text is not None:
+            (d / name / "config.yaml").write_text("version: 1\n")
+            (d / name / "metrics.jsonl").write_text(text)
         out[name] = d / name
     return out
 
@@ -214,6 +232,11 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
             cmd = rng.choice(["train", "verify"])
             cases.append([cmd, str(EXAMPLES / "pretrain.yaml")] + (["--max-steps", numbers()] if cmd == "train"
                                                                     else ["--steps", numbers()]))
+        elif roll < 0.36:  # report: a bad run directory, or a valid one with a bad --out
+            run_dir = rng.choice([f[k] for k in ("run-broken", "run-types", "run-sample", "run-empty", "run-valid",
+                                                 "binary.yaml", "missing.yaml", "a-directory.yaml")] + ["", "/proc"])
+            out = ["--out", rng.choice(out_dirs)] if run_dir == f["run-valid"] or rng.random() < 0.3 else []
+            cases.append(["report", run_dir, *out, *rng.choice([[], ["--json"], ["--force"]])])
         else:
             cmd = rng.choice(list(flags))
             chosen = rng.sample(sorted(flags[cmd]), k=min(len(flags[cmd]), rng.choice([1, 1, 2])))

@@ -154,6 +154,8 @@ BOUNDS: dict[str, Bound] = {
     # measurement
     "timed_steps": _count(100_000),
     "warmup_timed_steps": _count(100_000, 0),
+    # monitoring
+    "interval_seconds": _number(0.05, 3600),
 }
 
 

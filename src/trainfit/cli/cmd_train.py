@@ -86,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
         step = summary["measured"]["step_seconds_median"]
         say(f"done: step {summary['global_step']}/{summary['max_steps']}, {loss}"
             + (f", {step:.3f} s/step" if step else "") + f"; weights: {summary['weights']}")
+        recoveries = [r for r in summary.get("recoveries") or [] if r.get("kind") != "device_replan"]
+        if recoveries:
+            t = summary.get("training", {})
+            kinds = ", ".join(sorted({r.get("kind", "?") for r in recoveries}))
+            say(f"recovered {len(recoveries)} time(s) ({kinds}); global batch {summary['global_batch']} kept, a step "
+                f"is now micro-batch {t.get('micro_batch')} x accumulation {t.get('grad_accum')}"
+                + (", gradient checkpointing" if t.get("grad_checkpointing", "none") != "none" else "")
+                + f", precision {t.get('precision')} (RUN_DIR/adjustments.json; events in metrics.jsonl)")
     return 0
 
 

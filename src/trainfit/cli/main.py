@@ -29,6 +29,7 @@ COMMANDS = {
     "cloud": "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fit, time and cost",
     "train": "run a training from a run config (pretrain, sft, lora, qlora, dpo); resumable",
     "verify": "run a few real steps of a run config and compare memory and speed with the predictions",
+    "report": "report on a run directory: summary, plots (memory, loss, speed, thermals, events), one HTML page",
     "models": "list the model catalog, or show one model (catalog id, local dir, config.json, shape)",
     "gpus": "list the GPU catalog: memory, dense peak TFLOPS, bandwidth, power, interconnect",
 }

@@ -4,7 +4,7 @@ A checkpoint is written into a staging directory (`.staging-checkpoint-<step>-<t
 file is fsynced, a manifest (`trainfit-manifest.json`: name, size and SHA-256 of every file) is
 written and fsynced last, then the directory is renamed to `checkpoint-<step>` and the parent
 directory is fsynced. A crash at any moment leaves either a staging directory (never mistaken
-for a checkpoint) or a complete one.
+for a checkpoint; clean_leftovers removes it when the run starts again) or a complete one.
 
 On resume a `checkpoint-<step>` counts only when its manifest matches the files byte for byte;
 anything else is reported and skipped, and never deleted or overwritten: when a new checkpoint
@@ -203,13 +203,16 @@ def checkpoint_hint(ckpt_dir: Path, bad: Path) -> str:
 
 
 def clean_leftovers(ckpt_dir: Path) -> list[Path]:
-    """Remove what interrupted deletes left (`.checkpoint-<step>.trash-*`) and empty staging
-    roots (a crash after publishing, before the empty root was removed). Staging directories
-    with content are kept: they are reported, never deleted. Main process only."""
+    """Remove what interrupted writes and deletes left: `.checkpoint-<step>.trash-*` (a rotation
+    killed mid-delete) and `.staging-checkpoint-*` directories, empty (a crash after publishing,
+    before the empty root was removed) or not (a checkpoint write killed before it was published:
+    never a checkpoint, since only the rename publishes one, and as large as one). Called by the
+    main process before training starts (no write of this run in progress) and after each
+    rotation (its own staging directory already published and removed)."""
     removed = clean_stale_dirs(ckpt_dir, lambda owner: bool(_NAME.match(owner)))
     if ckpt_dir.is_dir():
         for p in ckpt_dir.iterdir():
-            if p.name.startswith(".staging-") and p.is_dir() and not any(p.rglob("*")):
+            if p.name.startswith(".staging-") and p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
@@ -232,7 +235,7 @@ def latest_complete(ckpt_dir: Path, log=print) -> CheckpointInfo | None:
     """The newest complete checkpoint; every skipped partial/corrupt one is reported via log."""
     infos, staging = scan(ckpt_dir)
     for s in staging:
-        log(f"skipping {s.name}: an interrupted checkpoint write (left in place)")
+        log(f"skipping {s.name}: an interrupted checkpoint write (removed when training starts)")
     best = None
     for info in infos:
         if info.complete:

@@ -128,6 +128,22 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class SafetyConfig:
+    # thresholds of the thermal / power / checkpoint-cadence policies (core.plan.modes.SAFETY)
+    mode: Literal["conservative", "balanced", "extreme"] = "balanced"
+
+
+@dataclass(frozen=True)
+class MonitoringConfig:
+    """The live monitor (train/monitor.py): machine samples in metrics.jsonl, dashboard, leak warning."""
+
+    enabled: bool = True
+    interval_seconds: float = 1.0  # one machine sample per interval
+    dashboard: Literal["auto", "on", "off"] = "auto"  # auto: on a terminal only
+    leak_warning: bool = True  # warn when memory at step ends keeps rising at the same batch shape
+
+
+@dataclass(frozen=True)
 class RunConfig:
     version: int
     method: Method  # one of TRAIN_METHODS; "sft" is read as "full"
@@ -140,6 +156,8 @@ class RunConfig:
     checkpointing: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
     source: str = ""  # file the config was read from (not part of the hash)
 
     @property
@@ -187,21 +205,32 @@ class RunConfig:
                                   has_lora=uses_lora(self.method, self.training.lora))
         return dataclasses.replace(self, training=dataclasses.replace(self.training, precision=precision))
 
-    def config_hash(self) -> str:
+    def config_hash(self, processes: int | None = None) -> str:
         """Hash of everything that changes the maths of the run.
 
-        Logging and keep_last do not change a single loss, so a resumed run may change them.
+        Logging and keep_last do not change a single loss, so a resumed run may change them. The
+        batch counts as the global batch, micro_batch x grad_accum x processes (`processes`; default
+        training.num_gpus), not how it is split: OOM recovery (train/recovery.py) changes the split and
+        the run still resumes. Gradient checkpointing and the device say how a step is computed and
+        where, not what it computes, so they are left out too.
         """
         data = self.to_dict()
         data.pop("logging", None)
         data["checkpointing"].pop("keep_last", None)
+        data.pop("safety", None)  # pauses and extra checkpoints do not change a loss either
+        data.pop("monitoring", None)  # watching a run does not change it
+        t = data["training"]
+        n = processes if processes is not None else self.training.num_gpus
+        t["global_batch"] = t.pop("micro_batch") * t.pop("grad_accum") * n
+        for key in ("num_gpus", "grad_checkpointing", "device"):
+            t.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 _SECTIONS: dict[str, type] = {
     "model": ModelConfig, "tokenizer": TokenizerConfig, "data": DataConfig, "training": TrainingConfig,
     "schedule": ScheduleConfig, "checkpointing": CheckpointConfig, "logging": LoggingConfig,
-    "distributed": DistributedConfig,
+    "distributed": DistributedConfig, "safety": SafetyConfig, "monitoring": MonitoringConfig,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 
@@ -390,7 +419,7 @@ def _bound_errors(cfg: RunConfig) -> list[str]:
     if cfg.model.shape is not None:
         errs += section_problems(cfg.model.shape, "model.shape")
     for section, path in ((cfg.schedule, "schedule"), (cfg.checkpointing, "checkpointing"), (cfg.logging, "logging"),
-                          (cfg.tokenizer, "tokenizer"), (cfg.data, "data")):
+                          (cfg.tokenizer, "tokenizer"), (cfg.data, "data"), (cfg.monitoring, "monitoring")):
         errs += section_problems(section, path)
     return errs
 

@@ -6,6 +6,7 @@ checkpoints, metrics, progress and predicted-vs-measured figures.
 
 Run directory:
     config.yaml        the resolved config        config.sha256   its hash (see RunConfig.config_hash)
+    adjustments.json   (after an automatic recovery) the split / precision in force and their history
     tokenizer/         the tokenizer used (trained here when none was given)
     checkpoints/       checkpoint-<step> (complete, with manifest), at most keep_last of them
     metrics.jsonl      one line per logged step      summary.json  the result
@@ -16,6 +17,12 @@ tokenizer/, final/ and random-init/ are written into a hidden temporary sibling 
 place (trainfit.files.atomic_dir), so each is complete or absent. A run that fails before its first
 checkpoint removes what it created (the whole run directory when it created it), so the same
 --out can be used again; a resume that cannot load its checkpoint changes nothing.
+
+Recovery (trainfit.train.recovery): an out-of-memory error, memory pressure, a streak of non-finite
+losses or a failed device do not end the run; it goes on with the same global batch, data order,
+step count and schedule (a smaller micro-batch with more accumulation, another precision, a fresh
+process on the remaining devices). Each train() call of the loop in `_train` is one attempt; the
+callbacks see on_train_begin .. on_train_end once per attempt (also when an attempt failed).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainfit.errors import BadInputError, UnavailableError, require_extra
+from trainfit.errors import BadInputError, DoesNotFitError, TrainfitError, UnavailableError, require_extra
 from trainfit.export.engine import sharding_engine
 from trainfit.export.training_args import CONFIG_MODULES, NEEDS_BITSANDBYTES, trainer_config, training_arguments
 from trainfit.export.versions import transformers_major
@@ -145,8 +152,12 @@ def check_method_available(cfg: RunConfig, device: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # run directory
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log) -> ck.CheckpointInfo | None:
-    """Check the run dir against the config (read-only). Returns the checkpoint to resume from."""
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log, *, processes: int | None = None,
+                    legacy: RunConfig | None = None) -> ck.CheckpointInfo | None:
+    """Check the run dir against the config (read-only). Returns the checkpoint to resume from.
+
+    processes: the process count the run's global batch was planned for (RunConfig.config_hash);
+    legacy: the config with its precision resolved, whose hash an older trainfit stored."""
     digest_file = run_dir / "config.sha256"
     ckpt_dir = run_dir / "checkpoints"
     if run_dir.exists() and not run_dir.is_dir():
@@ -160,9 +171,12 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log) -> ck
             log(f"nothing to resume in {run_dir}: starting a new run")
         return None
     stored = digest_file.read_text().strip() if digest_file.is_file() else "(none)"
-    if stored != cfg.config_hash():
+    expected = cfg.config_hash(processes)
+    if stored != expected and (legacy is None or stored != legacy_config_hash(legacy)):
         raise BadInputError(f"--resume: {run_dir} belongs to a different config (hash {stored[:12]}, this config "
-                            f"{cfg.config_hash()[:12]}); nothing was changed",
+                            f"{expected[:12]}; the global batch micro_batch x grad_accum x processes counts, "
+                            f"here {cfg.training.micro_batch * cfg.training.grad_accum * (processes or 1)}); "
+                            "nothing was changed",
                             hint="use the config stored in the run dir (config.yaml) or another --out")
     best = ck.latest_complete(ckpt_dir, log=log)
     infos, staging = ck.scan(ckpt_dir, verify_hashes=False) if best is None else ([], [])
@@ -181,16 +195,29 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, log: Log) -> ck
     return best
 
 
-def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None) -> None:
+def legacy_config_hash(cfg: RunConfig) -> str:
+    """The hash trainfit stored before the global batch replaced its split in RunConfig.config_hash
+    (every training key, precision resolved): such a run directory still resumes."""
+    import hashlib
+
+    data = cfg.to_dict()
+    for key in ("logging", "safety", "monitoring"):
+        data.pop(key, None)
+    data["checkpointing"].pop("keep_last", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None, *, processes: int | None = None) -> None:
     """The config files (left as they are when already identical) and the checkpoints directory;
     leftovers of interrupted atomic writes are removed. metrics.jsonl is trimmed separately
-    (trim_metrics), once a resumed checkpoint has loaded."""
+    (trim_metrics), once a resumed checkpoint has loaded. `cfg` is the config as the user wrote it
+    (precision "auto" stays auto: it is resolved for the device each start lands on)."""
     from trainfit.files import clean_stale_dirs
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     _write_if_changed(run_dir / "config.yaml", dump_run_config(cfg))
-    _write_if_changed(run_dir / "config.sha256", cfg.config_hash() + "\n")
+    _write_if_changed(run_dir / "config.sha256", cfg.config_hash(processes) + "\n")
     clean_stale_dirs(run_dir, ATOMIC_DIRS)
     ck.clean_leftovers(run_dir / "checkpoints")
 
@@ -210,8 +237,9 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def trim_metrics(run_dir: Path, resume_step: int | None) -> None:
-    """Keep the metrics of the trajectory the resumed checkpoint belongs to (steps after it are
-    re-run), and mark the resume / restart."""
+    """Keep the metrics of the trajectory the resumed checkpoint belongs to (logged steps after it
+    are re-run), and mark the resume / restart. Event records stay: they are the run's history (e.g.
+    the recovery that led to this resume)."""
     from trainfit.files import write_atomic
 
     metrics = run_dir / "metrics.jsonl"
@@ -224,7 +252,8 @@ def trim_metrics(run_dir: Path, resume_step: int | None) -> None:
             except ValueError:
                 dropped += 1  # a line cut short by a crash
                 continue
-            if resume_step is not None and rec.get("step", 0) <= resume_step:
+            if (resume_step is not None and (rec.get("step") or 0) <= resume_step) or (
+                    isinstance(rec, dict) and "event" in rec and rec.get("event") != "sample"):
                 keep.append(line)
             else:
                 dropped += 1
@@ -413,23 +442,42 @@ def median_after_warmup(values: list[float], warmup: int = 2) -> float | None:
 
 def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
                  quiet: bool = False, log: Log | None = None, extra_callbacks: list | None = None,
-                 write_summary: bool = True) -> RunResult:
+                 write_summary: bool = True, recover: bool = True) -> RunResult:
     """Train; the Python twin of `trainfit train`. `stop_after` stops (with a checkpoint) after
     that many optimizer steps without changing the schedule, so --resume continues the same run.
+    `recover` (default on): recover from out-of-memory errors, non-finite losses and device
+    failures (trainfit.train.recovery); off: such a failure ends the run as it is.
 
     When it fails before writing a checkpoint, what it created in run_dir is removed again (the
     whole directory when it created it), so the same run_dir can be used for the next try."""
     require_extra("torch", "train")
     require_extra("trl", "train")
+    from trainfit.train import recovery
 
     rank, world_size = world()
     log = log or (lambda m: None)
     say = log if rank == 0 else (lambda m: None)
     run_dir = Path(run_dir).resolve()
-    device = resolve_device(cfg)
-    cfg = cfg.for_device(device)
+    user_cfg = cfg
+    requests = _recovery_requests(run_dir, user_cfg) if recover else []
+    if requests and not resume and recovery.restart_pending(run_dir, requests[0]["config_hash"]):
+        say(f"continuing {run_dir.name} after a restart one of its processes asked for "
+            f"({requests[0].get('reason', 'recovery')})")
+        resume = True
+    if not resume:
+        requests = []
+    adj = recovery.load_adjustments(run_dir) if resume and recover else recovery.Adjustments()
+    processes = adj.processes or (requests[0].get("processes") if requests else None) or world_size
+    replan = bool(adj.replan) or any(r.get("kind") == "device_lost" for r in requests)
+    # after a device failure the run lands wherever it can: an explicit device: cuda may be gone
+    device = resolve_device(_with_device(user_cfg, "auto") if replan else user_cfg)
+    resolved = user_cfg.for_device(device)
+    cfg = recovery.apply_adjustments(resolved, adj, world_size)
+    precision_note = None
+    if replan:
+        cfg, precision_note = _precision_for_device(cfg, device)
     check_method_available(cfg, device)
-    resume_from = prepare_run_dir(cfg, run_dir, resume, say)
+    resume_from = prepare_run_dir(user_cfg, run_dir, resume, say, processes=processes, legacy=resolved)
     finished = finished_summary(run_dir, resume_from)
     if finished is not None:
         say(f"{run_dir.name} already finished: step {finished['global_step']} of {finished['max_steps']}; "
@@ -437,12 +485,47 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
         return RunResult(run_dir, finished["global_step"], [], finished, resumed_from=resume_from.path.name)
     undo = FailedStartCleanup(run_dir) if rank == 0 else None
     try:
-        return _train(cfg, run_dir, device, resume_from, stop_after=stop_after, quiet=quiet, say=say,
-                      extra_callbacks=extra_callbacks, write_summary=write_summary)
+        return _train(user_cfg, cfg, run_dir, device, resume_from, adj=adj, requests=requests, processes=processes,
+                      precision_note=precision_note, stop_after=stop_after, quiet=quiet, say=say, log=log,
+                      extra_callbacks=extra_callbacks, write_summary=write_summary, recover=recover)
     except BaseException:
         if undo is not None:
             undo(say)
         raise
+
+
+def _with_device(cfg: RunConfig, device: str) -> RunConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, device=device))
+
+
+def _recovery_requests(run_dir: Path, user_cfg: RunConfig) -> list[dict[str, Any]]:
+    """Requests failed ranks of this run (this config) recorded for the next start."""
+    from trainfit.train import recovery
+
+    out = []
+    for req in recovery.read_requests(run_dir):
+        n = req.get("processes")
+        if isinstance(n, int) and n >= 1 and req.get("config_hash") == user_cfg.config_hash(n):
+            out.append(req)
+    return out
+
+
+def _precision_for_device(cfg: RunConfig, device: str) -> tuple[RunConfig, str | None]:
+    """After a device failure: the config's precision, or the next one down (fp16 -> bf16 -> fp32)
+    the device the run landed on trains in."""
+    import dataclasses
+
+    from trainfit.train import recovery
+
+    precision = cfg.training.precision
+    supported = recovery._supported_precisions(device)
+    if (supported is None or precision in supported) and not (device == "cpu" and precision.startswith("fp16")):
+        return cfg, None
+    new = recovery.next_precision(precision, supported) or "fp32"
+    note = f"precision {precision} -> {new} ({device} does not train in {precision})"
+    return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, precision=new)), note
 
 
 def finished_summary(run_dir: Path, resume_from: ck.CheckpointInfo | None) -> dict[str, Any] | None:
@@ -484,6 +567,10 @@ class FailedStartCleanup:
         try:
             if not self.run_dir.is_dir() or self._checkpoints() - self.checkpoints:
                 return  # nothing written, or a checkpoint worth resuming from
+            from trainfit.train.recovery import read_requests
+
+            if read_requests(self.run_dir):
+                return  # a rank asked for a restart with another split: the restart needs the run
             if self.created_dirs:
                 shutil.rmtree(self.run_dir)
                 for parent in self.created_dirs[1:]:
@@ -506,10 +593,11 @@ class FailedStartCleanup:
             say(f"could not clean up {self.run_dir}: {exc}")
 
 
-def _train(cfg: RunConfig, run_dir: Path, device: str, resume_from: ck.CheckpointInfo | None, *,
-           stop_after: int | None, quiet: bool, say: Log, extra_callbacks: list | None,
-           write_summary: bool) -> RunResult:
+def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resume_from: ck.CheckpointInfo | None, *,
+           adj, requests: list, processes: int, precision_note: str | None, stop_after: int | None, quiet: bool,
+           say: Log, log: Log, extra_callbacks: list | None, write_summary: bool, recover: bool) -> RunResult:
     from trainfit.files import atomic_dir
+    from trainfit.train import faults, recovery
     from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, StepTimer, StopAt, device_memory
 
     rank, world_size = world()
@@ -518,61 +606,192 @@ def _train(cfg: RunConfig, run_dir: Path, device: str, resume_from: ck.Checkpoin
                       transformers_major=transformers_major())
     from transformers import TrainingArguments
 
+    if world_size > 1 and sharding_engine(cfg) is None and device in ("cuda", "cpu"):
+        backend = cfg.distributed.backend if cfg.distributed.backend != "auto" else (
+            "nccl" if device == "cuda" else "gloo")
+        recovery.init_restarted_process_group(backend)  # after a torchrun restart only
     # initialises the process group under a launcher
     probe_args = TrainingArguments(**training_arguments(cfg, **arg_inputs))
     resume_step = resume_from.step if resume_from else None
     if rank == 0:
-        write_run_files(cfg, run_dir, resume_step)
+        write_run_files(user_cfg, run_dir, resume_step, processes=processes)
     probe_args.distributed_state.wait_for_everyone()
-    if resume_from:
-        say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
-    tokenizer, tok_note = get_tokenizer(cfg, run_dir, probe_args, say)
-    dataset = build_dataset(cfg, tokenizer, probe_args)
-    model, ref, built = make_model(cfg, tokenizer, run_dir, say, probe_args)
-    if built.weights.startswith("random"):
-        say("weights: RANDOM initialisation (not a pretrained model)")
-    timer = StepTimer()
-    writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
-                           timer, world_size)
-    interactive = not quiet and cfg.logging.progress != "lines" and (
-        cfg.logging.progress == "bar" or os.isatty(2))
-    progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer,
-                        stop_step=stop_after)
-    if not interactive:
-        # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
-        from transformers.utils import logging as hf_logging
+    session = recovery.RecoverySession(run_dir, user_cfg, device=device, rank=rank, world_size=world_size, say=say,
+                                       log=log, config_hash=user_cfg.config_hash(processes), stop_after=stop_after,
+                                       enabled=recover)
+    try:
+        cfg = session.start(cfg, adj, requests, probe_args.distributed_state)
+        if resume_from:
+            say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
+        tokenizer, tok_note = get_tokenizer(cfg, run_dir, probe_args, say)
+        dataset = build_dataset(cfg, tokenizer, probe_args)
+        timer = StepTimer()
+        writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
+                               timer, world_size)
+        interactive = not quiet and cfg.logging.progress != "lines" and (
+            cfg.logging.progress == "bar" or os.isatty(2))
+        progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer,
+                            stop_step=stop_after)
+        if not interactive:
+            # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded
-    trim = BeforeFirstStep((lambda: trim_metrics(run_dir, resume_step)) if rank == 0 else None)
-    callbacks = [trim, timer, StopAt(stop_after), writer, progress] + list(extra_callbacks or [])
-    trainer = make_trainer(cfg, model, ref, tokenizer, dataset, trainer_config(cfg, **arg_inputs), callbacks, say,
-                           ckpt_dir)
+            hf_logging.disable_progress_bar()
+        from trainfit.train.monitor import build_monitor
+
+        # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
+        # process only; the predicted peak is filled in once the model is built).
+        monitor = build_monitor(run_dir, settings=cfg.monitoring, total_steps=stop_after, interactive=interactive,
+                                tokens_fn=lambda: trainer.tokens_seen(), progress=progress,
+                                shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say)
+        # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded
+        trim = BeforeFirstStep((lambda: trim_metrics(run_dir, resume_step)) if rank == 0 else None)
+        fault_plan = faults.from_env()
+        injected = [faults.FaultInjector(fault_plan, rank, log)] if fault_plan is not None else []
+        # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
+        # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
+        from trainfit.train.safety import safety_callbacks
+
+        # Thermal / battery pauses, checkpoint cadence and clean stops on SIGINT / SIGTERM, reading
+        # the monitor's latest sample (core/plan/modes.py: thresholds of the config's safety.mode).
+        safety = safety_callbacks(cfg.safety.mode, monitor.monitor.latest_sample, run_dir=run_dir,
+                                  interactive=interactive, log=say, device=device, world_size=world_size, rank=rank)
+        callbacks = [trim, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
+            injected + safety + [session.callback]
+        checkpoint = str(resume_from.path) if resume_from else None
+        started = time.perf_counter()
+        while True:
+            model, ref, built = _build(cfg, tokenizer, dataset, run_dir, say, probe_args, callbacks, ckpt_dir,
+                                       arg_inputs, recover, replan=lambda c, spec: session.replan_for_device(
+                                           c, spec, device, precision_note) if session.adj.replan else c)
+            cfg, trainer = built.cfg, built.trainer
+            if monitor.monitor.predicted_peak_bytes is None:
+                monitor.monitor.predicted_peak_bytes = _predicted_total_bytes(built, cfg, device, world_size)
+            if built.weights.startswith("random") and session.attempts == 0:
+                say("weights: RANDOM initialisation (not a pretrained model)")
+            session.attach(trainer, cfg)
+            failure = None
+            try:
+                trainer.train(resume_from_checkpoint=checkpoint)
+            except BaseException as exc:
+                failure = session.classify(exc)
+                if failure is None:
+                    if world_size > 1 and recover and isinstance(exc, Exception) and recovery.read_requests(run_dir):
+                        # a collective broke because another rank stopped to ask for a restart
+                        raise TrainfitError(f"rank {rank} stopped: another rank asked every rank to restart with a "
+                                            f"new split ({type(exc).__name__}: {str(exc)[:120]})") from None
+                    raise
+            # (the exception and the frames it held, activations included, are released here)
+            nxt = session.after_attempt(trainer, failure)
+            if nxt is None:
+                break
+            _release(trainer)
+            del trainer, model, ref, built
+            recovery.free_device_memory()
+            if isinstance(nxt, recovery.Relaunch):
+                summary = session.relaunch(nxt, stop_after=stop_after, quiet=quiet, faults_plan=fault_plan)
+                return RunResult(run_dir, summary["global_step"], _logged_losses(run_dir), summary,
+                                 str(resume_from.path) if resume_from else None, list(timer.step_seconds))
+            cfg, checkpoint = nxt.cfg, nxt.checkpoint
+        wall = time.perf_counter() - started
+        losses = sorted({r["step"]: r["loss"] for r in writer.records}.items())  # steps trained again: the last
+        summary: dict[str, Any] = {}
+        if rank == 0:
+            with atomic_dir(run_dir / "final", replace=True) as final:
+                trainer.save_model(str(final))
+                tokenizer.save_pretrained(str(final))
+            summary = build_summary(cfg, built, trainer, timer, writer, device, world_size, wall,
+                                    resume_from, tok_note, device_memory(), session)
+            if write_summary:
+                from trainfit.files import write_atomic
+
+                write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        trainer.accelerator.wait_for_everyone()
+        return RunResult(run_dir, trainer.state.global_step, losses, summary,
+                         str(resume_from.path) if resume_from else None, list(timer.step_seconds))
+    finally:
+        session.close()
+
+
+@dataclass
+class _Built:
+    """One attempt's config in force, Trainer and model description."""
+
+    cfg: RunConfig
+    trainer: Any
+    spec: Any
+    spec_note: str
+    weights: str
+
+
+def _build(cfg: RunConfig, tokenizer, dataset, run_dir: Path, say: Log, probe_args, callbacks: list, ckpt_dir: Path,
+           arg_inputs: dict, recover: bool, replan: Callable[[RunConfig, Any], RunConfig] = lambda c, spec: c):
+    """The model (and DPO reference) and the Trainer of one attempt; `replan` may change the split
+    once the model's description is known (after a device failure). Out of memory here (before a
+    step ran) is not something a smaller micro-batch fixes: DoesNotFitError."""
+    from trainfit.train.oom import classify
+
+    try:
+        model, ref, built = make_model(cfg, tokenizer, run_dir, say, probe_args)
+        cfg = replan(cfg, built.spec)
+        trainer = make_trainer(cfg, model, ref, tokenizer, dataset, trainer_config(cfg, **arg_inputs), callbacks,
+                               say, ckpt_dir)
+    except BaseException as exc:
+        failure = classify(exc) if recover else None
+        if failure is None or failure.kind != "oom":
+            raise
+        raise DoesNotFitError(f"the model does not fit in memory before training starts: {failure.describe()}",
+                              hint="use a smaller model, LoRA/QLoRA, or a device with more memory; `trainfit plan` "
+                                   "finds a setting that fits") from None
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints log dicts on stdout; ours go to stderr
-    started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume_from.path) if resume_from else None)
-    wall = time.perf_counter() - started
-    losses = [(r["step"], r["loss"]) for r in writer.records]
-    summary: dict[str, Any] = {}
-    if rank == 0:
-        with atomic_dir(run_dir / "final", replace=True) as final:
-            trainer.save_model(str(final))
-            tokenizer.save_pretrained(str(final))
-        summary = build_summary(cfg, built, trainer, timer, writer, device, world_size, wall,
-                                resume_from, tok_note, device_memory())
-        if write_summary:
-            from trainfit.files import write_atomic
+    return model, ref, _Built(cfg, trainer, built.spec, built.spec_note, built.weights)
 
-            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    trainer.accelerator.wait_for_everyone()
-    return RunResult(run_dir, trainer.state.global_step, losses, summary,
-                     str(resume_from.path) if resume_from else None, list(timer.step_seconds))
+
+def _release(trainer) -> None:
+    """Drop what an abandoned attempt's Trainer holds (model wrappers, optimizer state) so that the
+    next attempt starts with the device's memory free."""
+    try:
+        trainer.accelerator.free_memory()
+    except Exception:  # noqa: BLE001  (a failed device: nothing to free there)
+        pass
+    for name in ("model_wrapped", "optimizer", "lr_scheduler", "deepspeed"):
+        if hasattr(trainer, name):
+            try:
+                setattr(trainer, name, None)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _logged_losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) of the logged steps in metrics.jsonl (the last record of a step counts)."""
+    out: dict[int, float] = {}
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "event" not in rec and "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return sorted(out.items())
+
+
+def _predicted_total_bytes(built, cfg: RunConfig, device: str, world_size: int) -> int | None:
+    """The memory model's total for this run (what the dashboard draws its memory curve against);
+    None when the model cannot predict it (a prediction never stops a run)."""
+    from trainfit.train.predictions import predict
+
+    try:
+        return predict(built.spec, cfg.to_setup(device, num_gpus=world_size if device == "cuda" else 1),
+                       built.spec_note).total_bytes
+    except Exception:  # noqa: BLE001 - the summary reports why, when it predicts again
+        return None
 
 
 def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, resume_from, tok_note,
-                  memory) -> dict[str, Any]:
+                  memory, session=None) -> dict[str, Any]:
     from trainfit.train.predictions import predict
 
     model = trainer.model
@@ -587,6 +806,11 @@ def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, 
         "params_total": sum(p.numel() for p in model.parameters()),
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "global_batch": cfg.training.micro_batch * cfg.training.grad_accum * world_size,
+        # how a step was computed at the end (a recovery may have split the micro-batch or changed the
+        # precision; RUN_DIR/adjustments.json) and what recovered
+        "training": {"micro_batch": cfg.training.micro_batch, "grad_accum": cfg.training.grad_accum,
+                     "grad_checkpointing": cfg.training.grad_checkpointing, "precision": cfg.training.precision},
+        "recoveries": list(session.adj.history) if session is not None else [],
         "global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
         "resumed_from": resume_from.path.name if resume_from else None,
         "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,

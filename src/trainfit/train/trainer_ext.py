@@ -7,7 +7,12 @@
   RNG state) into a BadInputError naming the checkpoint and the file, instead of a traceback
   (runner.prepare_run_dir checks the files before anything starts; this is the backstop);
 - does not report a tied output embedding (`lm_head.weight`) as a missing key on resume: tied
-  weights are stored once, and that is expected.
+  weights are stored once, and that is expected;
+- notes, per optimizer step, whether any micro-batch's loss was not finite (a tensor flag, read
+  once per step by trainfit.train.recovery), and lets recovery block checkpoints of a state it is
+  about to abandon (`_tf_block_saves`) or force the one it needs (`_tf_force_save`);
+- resumes a checkpoint written with an fp16 GradScaler in a precision that has none (a precision
+  fallback) without the scaler state.
 
 Everything else (optimizer, scheduler, RNG and data-position restore on resume, DDP/FSDP/
 DeepSpeed) is the library's own code path.
@@ -30,6 +35,8 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
 
     class TrainfitTrainer(base):  # type: ignore[misc, valid-type]
         _tf_stage_root: str | None = None
+        _tf_block_saves: bool = False  # recovery: the state is about to be abandoned
+        _tf_force_save: bool = False  # recovery: this save is the one it continues from
 
         def _get_output_dir(self, trial):
             return self._tf_stage_root if self._tf_stage_root else super()._get_output_dir(trial)
@@ -37,6 +44,9 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
         def _save_checkpoint(self, model, trial):
             from accelerate.utils import broadcast_object_list
 
+            if self._tf_block_saves and not self._tf_force_save:
+                log(f"not checkpointing step {self.state.global_step}: recovery continues from an earlier step")
+                return
             step = self.state.global_step
             token = [secrets.token_hex(4) if self.is_world_process_zero() else None]
             if self.args.world_size > 1:
@@ -48,6 +58,10 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
             self._tf_stage_root = str(stage_root)
             try:
                 super()._save_checkpoint(model, trial)
+            except BaseException:
+                if self.args.world_size <= 1:  # our own half-written staging dir: never a checkpoint
+                    shutil.rmtree(stage_root, ignore_errors=True)
+                raise
             finally:
                 self._tf_stage_root = None
             self.accelerator.wait_for_everyone()
@@ -90,8 +104,8 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
                                     lambda: super(TrainfitTrainer, self)._load_optimizer_and_scheduler(checkpoint))
 
         def _load_scaler(self, checkpoint):
-            if checkpoint is None:
-                return super()._load_scaler(checkpoint)
+            if checkpoint is None or getattr(self.accelerator, "scaler", None) is None:
+                return None  # no GradScaler in this precision (e.g. after a fallback from fp16)
             return self._tf_loading(checkpoint, "scaler.pt",
                                     lambda: super(TrainfitTrainer, self)._load_scaler(checkpoint))
 
@@ -120,7 +134,18 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
 
         def training_step(self, model, inputs, *args, **kwargs):
             self._tf_count_tokens(inputs)
-            return super().training_step(model, inputs, *args, **kwargs)
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            if hasattr(loss, "isfinite"):  # a device-side flag: no sync per micro-batch
+                bad = ~loss.detach().isfinite().all()
+                flag = getattr(self, "_tf_nonfinite", None)
+                self._tf_nonfinite = bad if flag is None else flag | bad
+            return loss
+
+        def _tf_take_nonfinite(self) -> bool:
+            """Whether a micro-batch of this optimizer step had a non-finite loss (and reset)."""
+            flag = getattr(self, "_tf_nonfinite", None)
+            self._tf_nonfinite = None
+            return bool(flag.item()) if flag is not None else False
 
         def _tf_count_tokens(self, inputs) -> None:
             # Sum attention masks (real tokens, not padding); kept as a tensor: no device sync.

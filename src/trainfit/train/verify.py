@@ -111,8 +111,9 @@ def verify_run(cfg: RunConfig, *, warmup: int = DEFAULT_WARMUP_STEPS, timed: int
     device = resolve_device(cfg)
     probe = _MemoryProbe(warmup + timed + 1, device)
     with tempfile.TemporaryDirectory(prefix="trainfit-verify-") as tmp:
+        # recover=False: an OOM here is a finding about this setting, not something to shrink away
         result = run_training(probe_cfg, Path(tmp) / "run", quiet=True, log=log, extra_callbacks=[probe],
-                              write_summary=False)
+                              write_summary=False, recover=False)
     step_times = result.step_seconds[warmup:warmup + timed]
     measured_step = statistics.median(step_times) if step_times else None
     summary = result.summary

@@ -190,3 +190,17 @@ def unsupported(rules: DeviceRules, setup) -> str | None:
     if setup.zero_stage > rules.max_zero_stage and not (setup.offload != "none" and rules.gpus >= 1):
         return f"ZeRO-{setup.zero_stage} needs several GPUs"
     return None
+
+
+def power_cap_hint(device: str, watts: int | None) -> str:
+    """How the device's own tool caps its power (Apple has no per-GPU cap, only Low Power Mode).
+    Used by the planner's warnings and by the thermal / battery policies of `trainfit train`."""
+    if device == "mps":
+        return "turn on Low Power Mode (`sudo pmset -a lowpowermode 1`)"
+    if watts is None:
+        return {"cuda": "cap its power with `sudo nvidia-smi -pl WATTS`",
+                "rocm": "cap its power with `sudo rocm-smi --setpoweroverdrive WATTS`",
+                "xpu": "cap its power limit (xpu-smi config)"}.get(device, "cap its power limit")
+    return {"cuda": f"cap it with `sudo nvidia-smi -pl {watts}`",
+            "rocm": f"cap it with `sudo rocm-smi --setpoweroverdrive {watts}`",
+            "xpu": f"cap its power limit at {watts} W (xpu-smi config)"}.get(device, f"cap it at {watts} W")

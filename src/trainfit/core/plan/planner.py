@@ -19,7 +19,7 @@ from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.plan import space, variants
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
-from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
+from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
 from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
@@ -402,14 +402,6 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     return out
 
 
-def _power_cap_hint(device: str, watts: int) -> str:
-    """How the device's own tool caps its power (Apple has no per-GPU cap, only Low Power Mode)."""
-    return {"cuda": f"cap it with `sudo nvidia-smi -pl {watts}`",
-            "rocm": f"cap it with `sudo rocm-smi --setpoweroverdrive {watts}`",
-            "xpu": f"cap its power limit at {watts} W (xpu-smi config)",
-            "mps": "turn on Low Power Mode (`sudo pmset -a lowpowermode 1`)"}.get(device, f"cap it at {watts} W")
-
-
 def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingSetup, speed: SpeedEstimate,
               power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
               limit: float) -> list[str]:
@@ -429,7 +421,7 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
         if share > high + 0.05:
             cap = int(limit_w * high)
             out.append(f"expected GPU draw {power.gpu_watts_each:.0f} W = {share:.0%} of its {limit_w:.0f} W limit, "
-                       f"above {t.mode}'s {high:.0%}: {_power_cap_hint(rules.device, cap)} (slower)")
+                       f"above {t.mode}'s {high:.0%}: {power_cap_hint(rules.device, cap)} (slower)")
     if t.mode == "extreme":
         out.append(f"extreme: {best.need_ratio * t.memory_share:.0%} of usable memory; a longer batch or a "
                    "memory spike can OOM. Watch temperatures and throttling (trainfit profile) on long runs")

@@ -1,0 +1,888 @@
+"""The live monitor: machine samples while training runs, training speed, ETA, memory-leak warning.
+
+A `Monitor` owns a daemon thread that takes one `Sample` (hardware/sampling.py) every
+`interval_seconds`, appends its record to metrics.jsonl (`{"event": "sample", "step": N, ...}`,
+through train/events.append_record, which every writer of that file uses), keeps a bounded
+history and hands each sample to its subscribers (the safety policies subscribe; a subscriber that
+raises becomes one `monitor_subscriber_error` event and keeps receiving samples).
+
+The training loop feeds it numbers only: `monitor.step(...)` once per optimizer step (loss,
+tokens, samples; the step time is measured between calls) and `monitor.update(...)` for logged
+metrics. Everything slow (sampling, writing, the leak fit, the dashboard) happens in other
+threads; the per-step hook costs a few microseconds (bench/monitor_overhead.py).
+
+Memory leak: once a second the thread asks for one memory reading at the next step end (torch's
+CUDA allocator when this process has initialised CUDA, else the process RSS). Readings
+at the same batch shape, after a warm-up, are fitted (Theil-Sen slope, Kendall's tau for
+consistency, see LeakDetector); a consistent rise with enough total growth gives one
+`memory_leak` event naming the growth per step and per hour, repeated only when the rate changes
+materially.
+
+Three ways in:
+* any Transformers Trainer: `Trainer(..., callbacks=[MonitorCallback(metrics_path=...)])`;
+* any PyTorch loop: `with monitor_training("run/metrics.jsonl", total_steps=N) as mon: ... mon.step(loss=...)`;
+* `trainfit train`: the runner adds `build_monitor(...)` to its callbacks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainfit.hardware.sample_types import Sample
+from trainfit.train.events import append_record, event
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+GIB = 1 << 30
+DEFAULT_INTERVAL_SECONDS = 1.0
+RECENT_STEPS = 20  # step times the ETA and the speed figures take the median of
+
+
+# ---- memory-leak detection (pure) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LeakFinding:
+    """A consistent rise of the memory read at step ends, at one batch shape."""
+
+    bytes_per_step: float  # Theil-Sen slope over the window
+    bytes_per_hour: float | None  # at the current step time (None when it is unknown)
+    seconds_per_step: float | None
+    growth_bytes: int  # since the first readings after the warm-up
+    since_step: int
+    current_bytes: int
+    window_readings: int
+    window_steps: int  # steps the window spans
+    consistency: float  # Kendall's tau of the window: 1 = every later reading higher
+    memory_kind: str  # "cuda_allocated" or "process_rss"
+    shape: Any
+    steps_to_full: float | None  # at this rate, steps until the free memory is used up
+
+    def reason(self) -> str:
+        what = {"cuda_allocated": "GPU memory allocated by torch",
+                "process_rss": "process memory (RSS)"}.get(self.memory_kind, self.memory_kind)
+        at = f" at the same batch shape ({_shape_text(self.shape)})" if self.shape is not None else ""
+        text = (f"{what} read at step ends rises {_mib(self.bytes_per_step)} per step{at}, "
+                f"consistently over the last {self.window_readings} readings ({self.window_steps} steps)")
+        if self.bytes_per_hour is not None and self.seconds_per_step:
+            text += f": about {_size(self.bytes_per_hour)} per hour at {self.seconds_per_step:.3g} s per step"
+        text += f"; +{_size(self.growth_bytes)} since step {self.since_step}, now {_size(self.current_bytes)}"
+        if self.steps_to_full is not None:
+            text += f"; the free memory runs out in about {self.steps_to_full:,.0f} steps at this rate"
+            if self.seconds_per_step:
+                text += f" (~{_duration(self.steps_to_full * self.seconds_per_step)})"
+        return text + (". A leak: tensors kept across steps (e.g. a loss appended to a list without .item()), "
+                       "a growing cache, or a fragmenting allocator.")
+
+    def details(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shape"] = list(self.shape) if isinstance(self.shape, tuple) else self.shape
+        d["mib_per_step"] = round(self.bytes_per_step / MIB, 3)
+        d["mib_per_hour"] = round(self.bytes_per_hour / MIB, 1) if self.bytes_per_hour is not None else None
+        return d
+
+
+def theil_sen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
+    """(median of the pairwise slopes, Kendall's tau) of (x, y) points. The slope ignores up to
+    29 % of wild readings; tau is (rising pairs - falling pairs) / pairs, 1 for a strict rise."""
+    slopes: list[float] = []
+    rising = falling = 0
+    n = len(points)
+    for i in range(n):
+        xi, yi = points[i]
+        for j in range(i + 1, n):
+            xj, yj = points[j]
+            if xj == xi:
+                continue
+            slopes.append((yj - yi) / (xj - xi))
+            if yj > yi:
+                rising += 1
+            elif yj < yi:
+                falling += 1
+    if not slopes:
+        return None, 0.0
+    return statistics.median(slopes), (rising - falling) / len(slopes)
+
+
+class LeakDetector:
+    """Memory read at step ends, one series per key (batch shape, memory kind).
+
+    A series reports a leak when, after `warmup_steps` steps and with at least `min_points`
+    readings in its window of the last `window` readings:
+    * the rise is consistent: Kendall's tau >= `min_consistency` and a positive Theil-Sen slope;
+    * it is large: the level (median of the last 5 readings) is above the baseline (median of
+      the first 5 after the warm-up) by at least max(`min_growth_bytes`, `min_growth_fraction`
+      x baseline);
+    * it is still happening: the current slope, over the steps since the baseline, accounts for at
+      least half of that growth (a jump early on followed by a flat line is not a leak);
+    * its rate has settled: the slope of the window's second half is within 15 % of the window's.
+    It is reported again only when the rate changes by more than `rate_change` (50 %).
+    """
+
+    def __init__(self, *, warmup_steps: int = 10, window: int = 50, min_points: int = 30,
+                 min_growth_bytes: int = 64 * MIB, min_growth_fraction: float = 0.02,
+                 min_consistency: float = 0.6, rate_change: float = 0.5) -> None:
+        self.warmup_steps = warmup_steps
+        self.window = window
+        self.min_points = min(min_points, window)
+        self.min_growth_bytes = min_growth_bytes
+        self.min_growth_fraction = min_growth_fraction
+        self.min_consistency = min_consistency
+        self.rate_change = rate_change
+        self._series: dict[Any, dict[str, Any]] = {}
+        self._dirty: set[Any] = set()
+
+    def add(self, step: int, value_bytes: int, key: Any = None) -> None:
+        s = self._series.get(key)
+        if s is None:
+            s = self._series[key] = {"first_step": step, "baseline": [], "reported": None,
+                                     "window": collections.deque(maxlen=self.window)}
+        if step < s["first_step"] + self.warmup_steps:
+            return
+        if len(s["baseline"]) < 5:
+            s["baseline"].append((step, value_bytes))
+        s["window"].append((step, value_bytes))
+        self._dirty.add(key)
+
+    @property
+    def pending(self) -> bool:
+        """Readings arrived since the last check."""
+        return bool(self._dirty)
+
+    def check(self, *, seconds_per_step: float | None = None,
+              headroom_bytes: Callable[[str], int | None] | None = None) -> list[LeakFinding]:
+        """Findings to report now (new leaks, or a leak whose rate changed materially) for the
+        series that got readings since the last check."""
+        out = []
+        for key in list(self._dirty):
+            self._dirty.discard(key)
+            f = self._check_series(key, seconds_per_step, headroom_bytes)
+            if f is not None:
+                out.append(f)
+        return out
+
+    def _check_series(self, key: Any, seconds_per_step: float | None,
+                      headroom_bytes: Callable[[str], int | None] | None) -> LeakFinding | None:
+        s = self._series[key]
+        window = list(s["window"])
+        if len(window) < self.min_points:
+            return None
+        slope, tau = theil_sen(window)
+        if slope is None or slope <= 0 or tau < self.min_consistency:
+            return None
+        base_step = s["baseline"][0][0]
+        baseline = statistics.median(v for _, v in s["baseline"])
+        level = statistics.median(v for _, v in window[-5:])
+        growth = level - baseline
+        if growth < max(self.min_growth_bytes, self.min_growth_fraction * baseline):
+            return None
+        last_step = window[-1][0]
+        if slope * (last_step - base_step) < growth / 2:
+            return None
+        recent, _ = theil_sen(window[len(window) // 2:])
+        if recent is None or abs(recent / slope - 1) > 0.15:
+            return None  # the rate is changing: report it once it has settled
+        reported = s["reported"]
+        if reported is not None and abs(slope / reported - 1) <= self.rate_change:
+            return None
+        s["reported"] = slope
+        kind = key[1] if isinstance(key, tuple) and len(key) == 2 else "memory"
+        shape = key[0] if isinstance(key, tuple) and len(key) == 2 else None
+        free = headroom_bytes(kind) if headroom_bytes else None
+        per_hour = slope * 3600 / seconds_per_step if seconds_per_step else None
+        return LeakFinding(
+            bytes_per_step=slope, bytes_per_hour=per_hour, seconds_per_step=seconds_per_step,
+            growth_bytes=int(growth), since_step=base_step, current_bytes=int(window[-1][1]),
+            window_readings=len(window), window_steps=last_step - window[0][0], consistency=round(tau, 3),
+            memory_kind=kind, shape=shape, steps_to_full=(free / slope if free is not None and free > 0 else None))
+
+
+# ---- the monitor ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepPoint:
+    """What the training loop reported for one optimizer step."""
+
+    step: int
+    time: float  # time.perf_counter() at the step's end
+    step_seconds: float | None  # since the previous step's end (data loading and logging included)
+    tokens: float | None
+    samples: float | None
+    tokens_seen: float | None
+
+
+class Monitor:
+    """Samples the machine in a thread and follows the training (see the module doc).
+
+    metrics_path: metrics.jsonl to append to (None: keep everything in memory only).
+    sampler: a Sampler-like object (`sample()`, `close()`), or a function that makes one (called
+    in the monitor's thread); default: hardware.sampling.Sampler() of this machine.
+    total_steps: the step training ends at (for the ETA); can be set later.
+    predicted_peak_bytes: the memory model's prediction, shown by the dashboard.
+    leak_warning: run the leak detector (`leak_detector` to tune it).
+    on_event: called with every event record the monitor writes (e.g. to print warnings).
+    """
+
+    def __init__(self, metrics_path: str | os.PathLike | None = None, *,
+                 interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
+                 sampler: Any = None, predicted_peak_bytes: int | None = None, leak_warning: bool = True,
+                 leak_detector: LeakDetector | None = None, history_samples: int = 3600,
+                 history_steps: int = 10_000, on_event: Callable[[dict[str, Any]], None] | None = None,
+                 leak_read_seconds: float | None = None, leak_check_seconds: float = 5.0) -> None:
+        if not interval_seconds > 0:
+            raise ValueError(f"interval_seconds must be positive, got {interval_seconds!r}")
+        self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        self.interval_seconds = float(interval_seconds)
+        self.total_steps = total_steps
+        self.predicted_peak_bytes = predicted_peak_bytes
+        self._sampler_spec = sampler
+        self.leak_detector = (leak_detector or LeakDetector()) if leak_warning else None
+        # one memory reading at a step end per leak_read_seconds (the thread asks for it), one fit
+        # per leak_check_seconds: the leak detector costs the training one psutil / allocator read
+        # a second, and the thread a fraction of a millisecond every few seconds
+        self.leak_read_seconds = max(self.interval_seconds, 1.0) if leak_read_seconds is None else leak_read_seconds
+        self.leak_check_seconds = leak_check_seconds
+        self._last_read_request = self._last_fit = float("-inf")
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
+        self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self._readings: collections.deque[tuple[int, int, Any]] = collections.deque()  # leak readings to fit
+        # (step, loss): floats, and tensors the monitor thread reads (a .item() there blocks that
+        # thread, never the training loop)
+        self._losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=history_steps)
+        self._pending_losses: collections.deque[tuple[int, Any]] = collections.deque(maxlen=1024)
+        self._subscribers: list[Callable[[Sample], Any]] = []
+        self._failed_subscribers: dict[int, int] = {}  # id(fn) -> failures
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._want_memory = False
+        self._proc: Any = None
+        self._step = 0
+        self._first_step: int | None = None
+        self._last_step_t: float | None = None
+        self._tokens_seen: float | None = None
+        self._samples_seen = 0.0
+        self._train_seconds = 0.0  # sum of the step times: the clock the rates are measured on
+        self._marks: collections.deque[tuple[float, float | None, float]] = collections.deque(maxlen=256)
+        self._metrics: dict[str, Any] = {}  # latest logged metrics (loss, learning_rate, ...)
+        self._started_at: float | None = None
+        self._errors_seen: set[str] = set()
+        self.write_error: str | None = None
+        self.sample_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        self.thread_cpu_seconds: float | None = None  # CPU time the monitor thread used (after stop)
+        self.setup_cpu_seconds: float | None = None  # of which: making the sampler (NVML init, ...)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def start(self) -> "Monitor":
+        if self._thread is not None:
+            return self
+        self._stop.clear()
+        self._started_at = self._last_step_t = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="trainfit-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_seconds: float | None = None) -> None:
+        """Stop the thread (a sample in progress finishes), fit the last readings, close the sampler."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join(timeout_seconds if timeout_seconds is not None else max(5.0, 2 * self.interval_seconds))
+        if thread.is_alive():  # a sampler stuck in a driver call: the daemon thread dies with the process
+            self.emit("monitor_error", "the monitor thread did not stop in time (a hardware read hangs?)")
+        self._read_losses()
+        self._check_leaks()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> "Monitor":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- subscribers ------------------------------------------------------------------------------
+    def subscribe(self, fn: Callable[[Sample], Any]) -> Callable[[Sample], Any]:
+        """Call fn(sample) in the monitor thread after every sample (usable as a decorator)."""
+        with self._lock:
+            self._subscribers.append(fn)
+        return fn
+
+    def unsubscribe(self, fn: Callable[[Sample], Any]) -> None:
+        with self._lock:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+
+    # -- the training loop's side (cheap) ---------------------------------------------------------
+    def step(self, step: int | None = None, *, loss: Any = None, tokens: float | None = None,
+             samples: float | None = None, tokens_seen: float | None = None, step_seconds: float | None = None,
+             memory_bytes: int | None = None, shape: Any = None) -> None:
+        """One optimizer step ended. `step`: its number (default: the previous + 1); `tokens` /
+        `samples`: trained in this step (or `tokens_seen`: the running total); `loss`: a float or
+        a tensor (kept detached, read later); `step_seconds`: default, the time since the previous
+        call; `memory_bytes`: a memory reading for the leak detector (default: read here when the
+        monitor thread asked for one, at most once per leak_read_seconds); `shape`: the batch
+        shape, e.g. (micro_batch, seq_len): leak readings are compared within one shape."""
+        now = time.perf_counter()
+        step = self._step + 1 if step is None else int(step)
+        if step_seconds is None and self._last_step_t is not None:
+            step_seconds = now - self._last_step_t
+        self._last_step_t = now
+        if loss is not None and hasattr(loss, "detach"):
+            loss = loss.detach()  # no graph kept alive, no device sync here
+        if tokens_seen is None and tokens is not None:
+            tokens_seen = (self._tokens_seen or 0.0) + tokens
+        if tokens_seen is not None:
+            self._tokens_seen = float(tokens_seen)
+        if samples is not None:
+            self._samples_seen += samples
+        kind = None
+        if memory_bytes is None and self._want_memory and self.leak_detector is not None:
+            self._want_memory = False
+            memory_bytes, kind = self._read_memory()
+        point = StepPoint(step, now, step_seconds, tokens, samples, self._tokens_seen)
+        with self._lock:
+            if self._first_step is None:
+                self._first_step = step
+            self._step = step
+            self._steps.append(point)
+            self._train_seconds += step_seconds or 0.0
+            self._marks.append((self._train_seconds, self._tokens_seen, self._samples_seen))
+            if loss is not None:
+                self._metrics["loss"] = loss
+                self._metrics["loss_step"] = step
+                if isinstance(loss, (int, float)):
+                    self._losses.append((step, float(loss)))
+                else:
+                    self._pending_losses.append((step, loss))
+            if memory_bytes is not None and self.leak_detector is not None:
+                self._readings.append((step, int(memory_bytes), (shape, kind or "memory")))
+
+    def update(self, step: int | None = None, *, tokens_seen: float | None = None, **metrics: Any) -> None:
+        """Logged metrics (loss, learning_rate, ...) or the running token count, without a step."""
+        with self._lock:
+            if tokens_seen is not None:
+                self._tokens_seen = float(tokens_seen)
+                self._marks.append((self._train_seconds, self._tokens_seen, self._samples_seen))
+            for k, v in metrics.items():
+                self._metrics[k] = v.detach() if hasattr(v, "detach") else v
+            if "loss" in metrics:
+                at = step if step is not None else self._step
+                self._metrics["loss_step"] = at
+                self._pending_losses.append((at, self._metrics["loss"]))
+
+    def _read_memory(self) -> tuple[int | None, str]:
+        """(bytes, kind): torch's CUDA allocator when this process uses CUDA, else the RSS."""
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_initialized():
+                return int(torch.cuda.memory_allocated()), "cuda_allocated"
+        except Exception:
+            pass
+        try:
+            if self._proc is None:
+                import psutil
+
+                self._proc = psutil.Process()
+            return int(self._proc.memory_info().rss), "process_rss"
+        except Exception:
+            return None, "process_rss"
+
+    # -- events -----------------------------------------------------------------------------------
+    def emit(self, kind: str, reason: str, **details: Any) -> dict[str, Any]:
+        """Write one event record (metrics.jsonl, the dashboard's list, on_event)."""
+        rec = event(kind, self._step, reason, **details)
+        with self._lock:
+            self._events.append(rec)
+        self._write(rec)
+        if self._on_event is not None:
+            try:
+                self._on_event(rec)
+            except Exception:  # printing a warning must never stop the monitor
+                log.exception("monitor on_event failed")
+        return rec
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        if self.metrics_path is None or self.write_error is not None:
+            return
+        try:
+            append_record(self.metrics_path, rec)
+        except OSError as exc:  # disk full, run dir removed: keep monitoring in memory
+            self.write_error = f"cannot append to {self.metrics_path}: {exc}"
+            log.warning("trainfit monitor: %s; samples are no longer written", self.write_error)
+
+    # -- the thread -------------------------------------------------------------------------------
+    def _make_sampler(self) -> Any:
+        spec = self._sampler_spec
+        if spec is None:
+            from trainfit.hardware.sampling import Sampler
+
+            return Sampler()
+        if callable(spec) and not hasattr(spec, "sample"):
+            return spec()
+        return spec
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            sampler = self._make_sampler()
+        except Exception as exc:
+            self.emit("monitor_error", f"the machine cannot be sampled: {type(exc).__name__}: {exc}; "
+                      "training goes on without samples")
+            sampler = None
+        self.setup_cpu_seconds = time.thread_time() - cpu0
+        next_t = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._tick(sampler)
+                next_t += self.interval_seconds
+                delay = next_t - time.monotonic()
+                if delay < 0:  # a slow sample: skip the missed ticks rather than bunch them
+                    next_t, delay = time.monotonic(), 0.0
+                self._stop.wait(delay)
+        finally:
+            if sampler is not None:
+                try:
+                    sampler.close()
+                except Exception:
+                    pass
+            self.thread_cpu_seconds = time.thread_time() - cpu0
+
+    def _tick(self, sampler: Any) -> None:
+        now = time.monotonic()
+        if self.leak_detector is not None and now - self._last_read_request >= self.leak_read_seconds:
+            self._want_memory = True  # one memory reading at the next step end
+            self._last_read_request = now
+        if sampler is not None:
+            t0 = time.perf_counter()
+            try:
+                sample = sampler.sample()
+            except Exception as exc:  # the sampler guards every read; this is a bug, reported once
+                self._error_once(f"sampling {type(exc).__name__}",
+                                 f"sampling failed: {type(exc).__name__}: {exc}; further failures of this kind "
+                                 "are not logged")
+                sample = None
+            self.sample_seconds.append(time.perf_counter() - t0)
+            if sample is not None:
+                with self._lock:
+                    self._samples.append(sample)
+                    subscribers = list(self._subscribers)
+                self._write({**sample.to_record(), "step": self._step})
+                for fn in subscribers:
+                    self._notify(fn, sample)
+        self._read_losses()
+        self._check_leaks(force=False)
+
+    def _read_losses(self) -> None:
+        while self._pending_losses:
+            step, loss = self._pending_losses.popleft()
+            value = _as_float(loss)
+            if value is not None:
+                with self._lock:
+                    self._losses.append((step, value))
+
+    def _notify(self, fn: Callable[[Sample], Any], sample: Sample) -> None:
+        try:
+            fn(sample)
+        except Exception as exc:
+            n = self._failed_subscribers.get(id(fn), 0)
+            self._failed_subscribers[id(fn)] = n + 1
+            if n == 0:
+                name = getattr(fn, "__qualname__", None) or type(fn).__name__
+                self.emit("monitor_subscriber_error",
+                          f"monitor subscriber {name} raised {type(exc).__name__}: {exc}; it keeps receiving "
+                          f"samples and further errors from it are counted, not logged",
+                          subscriber=name, error=f"{type(exc).__name__}: {exc}")
+
+    def _error_once(self, key: str, reason: str) -> None:
+        if key not in self._errors_seen:
+            self._errors_seen.add(key)
+            self.emit("monitor_error", reason)
+
+    def _check_leaks(self, force: bool = True) -> None:
+        det = self.leak_detector
+        if det is None:
+            return
+        while self._readings:
+            step, value, key = self._readings.popleft()
+            det.add(step, value, key)
+        now = time.monotonic()
+        if not det.pending or not force and now - self._last_fit < self.leak_check_seconds:
+            return
+        self._last_fit = now
+        try:
+            findings = det.check(seconds_per_step=self.seconds_per_step(), headroom_bytes=self._headroom)
+        except Exception as exc:
+            self._error_once(f"leak {type(exc).__name__}", f"leak check failed: {type(exc).__name__}: {exc}")
+            return
+        for f in findings:
+            self.emit("memory_leak", f.reason(), **f.details())
+
+    def _headroom(self, kind: str) -> int | None:
+        s = self.latest_sample
+        if s is None:
+            return None
+        if kind == "cuda_allocated":
+            gpus = [g for g in s.gpus if g.allocated_bytes is not None and g.memory_total_bytes is not None
+                    and g.memory_used_bytes is not None]
+            if gpus:
+                g = max(gpus, key=lambda g: g.allocated_bytes or 0)
+                return g.memory_total_bytes - g.memory_used_bytes  # type: ignore[operator]
+            return None
+        h = s.host
+        if h.ram_total_bytes is not None and h.ram_used_bytes is not None:
+            return h.ram_total_bytes - h.ram_used_bytes
+        return None
+
+    # -- views (any thread) -----------------------------------------------------------------------
+    def samples(self) -> list[Sample]:
+        with self._lock:
+            return list(self._samples)
+
+    @property
+    def latest_sample(self) -> Sample | None:
+        with self._lock:
+            return self._samples[-1] if self._samples else None
+
+    def steps(self) -> list[StepPoint]:
+        with self._lock:
+            return list(self._steps)
+
+    def losses(self) -> list[tuple[int, float]]:
+        """(step, loss) of the steps that reported one (tensors appear once the thread read them)."""
+        with self._lock:
+            return list(self._losses)
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def current_step(self) -> int:
+        return self._step
+
+    def seconds_per_step(self) -> float | None:
+        """Median wall seconds per step over the last RECENT_STEPS steps."""
+        with self._lock:
+            recent = [p.step_seconds for p in list(self._steps)[-RECENT_STEPS:] if p.step_seconds is not None]
+        return statistics.median(recent) if recent else None
+
+    def eta_seconds(self) -> float | None:
+        """Steps left to total_steps x the recent median step time (None while either is unknown)."""
+        per = self.seconds_per_step()
+        if self.total_steps is None or per is None:
+            return None
+        return max(self.total_steps - self._step, 0) * per
+
+    def rates(self) -> dict[str, float | None]:
+        """tokens/s and samples/s over the last ~RECENT_STEPS steps (their step times)."""
+        with self._lock:
+            marks = list(self._marks)
+        out: dict[str, float | None] = {"tokens_per_second": None, "samples_per_second": None}
+        if len(marks) < 2:
+            return out
+        first = marks[max(0, len(marks) - 1 - RECENT_STEPS)]
+        last = marks[-1]
+        dt = last[0] - first[0]
+        if dt <= 0:
+            return out
+        if first[1] is not None and last[1] is not None:
+            out["tokens_per_second"] = (last[1] - first[1]) / dt
+        if last[2] > first[2]:
+            out["samples_per_second"] = (last[2] - first[2]) / dt
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """One snapshot for displays: step, total, ETA, speed, loss, tokens seen, elapsed."""
+        with self._lock:
+            metrics = dict(self._metrics)
+        loss = _as_float(metrics.get("loss"))
+        return {
+            "step": self._step, "total_steps": self.total_steps, "eta_seconds": self.eta_seconds(),
+            "seconds_per_step": self.seconds_per_step(), **self.rates(), "loss": loss,
+            "loss_step": metrics.get("loss_step"), "learning_rate": _as_float(metrics.get("learning_rate")),
+            "tokens_seen": self._tokens_seen,
+            "elapsed_seconds": time.perf_counter() - self._started_at if self._started_at is not None else None,
+        }
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except Exception:
+        return None
+
+
+# ---- Transformers Trainer ---------------------------------------------------------------------
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def warn_on_leak(say: Callable[[str], None] = _say) -> Callable[[dict[str, Any]], None]:
+    """An on_event handler that prints memory_leak events as warnings."""
+    def on_event(rec: dict[str, Any]) -> None:
+        if rec.get("event") == "memory_leak":
+            say(f"warning: possible memory leak: {rec['reason']}")
+    return on_event
+
+
+class _MonitorCallbackLogic:
+    """Runs a Monitor for any Transformers Trainer (main process only).
+
+    the first on_step_begin starts the sampling thread (and the dashboard when asked), on_step_end feeds the
+    step (samples = per-device batch x accumulation x processes; tokens from the Trainer's
+    num_input_tokens_seen when it counts them), on_log feeds the logged loss and, with `tokens_fn`
+    (the running token count, called at logging steps only), the token rate; on_train_end stops both.
+
+    total_steps: where this training stops when earlier than the Trainer's max_steps (e.g. a
+    --max-steps stop); the ETA counts to min(total_steps, max_steps).
+    dashboard: False, True, or a function monitor -> object with start() / stop().
+    shape: the batch shape for the leak detector, e.g. (micro_batch, seq_len).
+    progress: a trainfit Progress callback whose rich bar the dashboard should share (rich draws
+    two live displays on one console as one).
+    """
+
+    def __init__(self, metrics_path: str | os.PathLike | None = None, *, monitor: Monitor | None = None,
+                 interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
+                 dashboard: Any = False, tokens_fn: Callable[[], float] | None = None, shape: Any = None,
+                 progress: Any = None, say: Callable[[str], None] | None = _say, enabled: bool = True,
+                 **monitor_kwargs: Any) -> None:
+        self.enabled = enabled
+        on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
+        self.monitor = monitor if monitor is not None else Monitor(
+            metrics_path, interval_seconds=interval_seconds, total_steps=total_steps, on_event=on_event,
+            **monitor_kwargs)
+        self.stop_step = total_steps
+        self.dashboard = dashboard
+        self.tokens_fn = tokens_fn
+        self.shape = shape
+        self.progress = progress
+        self._dash: Any = None
+        self._samples_per_step: float | None = None
+        self._active = False
+        self._started = False  # once per training attempt (on_train_end resets it)
+
+    def on_step_begin(self, args, state, control, **kw):
+        # Started with the first step, not at train begin: a resumed checkpoint (weights, optimizer,
+        # RNG states) is loaded by then, so a resume that fails while loading writes nothing.
+        if not self._active and not self._started:
+            self._started = True
+            self._begin(args, state)
+
+    def _begin(self, args, state) -> None:
+        if not self.enabled or not state.is_world_process_zero or self._active:
+            return
+        if state.max_steps and state.max_steps > 0:
+            self.monitor.total_steps = (min(self.stop_step, state.max_steps) if self.stop_step is not None
+                                        else state.max_steps)
+        self._samples_per_step = float(args.per_device_train_batch_size * args.gradient_accumulation_steps
+                                       * max(args.world_size, 1))
+        self.monitor._step = state.global_step  # a resumed run counts on from its checkpoint
+        self.monitor.start()
+        self._active = True
+        # a training that raises never reaches on_train_end: stop the display and the thread at exit
+        atexit.register(self.close)
+        if self.dashboard:
+            self._start_dashboard()
+
+    def _start_dashboard(self) -> None:
+        try:
+            if callable(self.dashboard) and not isinstance(self.dashboard, bool):
+                self._dash = self.dashboard(self.monitor)
+            else:
+                from trainfit.train.dashboard import Dashboard
+
+                bar = getattr(self.progress, "_bar", None)  # share the progress bar's console
+                self._dash = Dashboard(self.monitor, console=getattr(bar, "console", None))
+            self._dash.start()
+        except Exception as exc:  # a display problem must not stop the training
+            self._dash = None
+            self.monitor.emit("monitor_error", f"the dashboard could not start: {type(exc).__name__}: {exc}")
+
+    def on_step_end(self, args, state, control, **kw):
+        if not self._active:
+            return
+        seen = getattr(state, "num_input_tokens_seen", 0) or None
+        self.monitor.step(state.global_step, samples=self._samples_per_step, tokens_seen=seen, shape=self.shape)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not self._active or not logs:
+            return
+        metrics = {k: logs[k] for k in ("loss", "learning_rate", "grad_norm") if logs.get(k) is not None}
+        tokens = None
+        if self.tokens_fn is not None:
+            try:
+                tokens = float(self.tokens_fn())
+            except Exception:
+                tokens = None
+        if metrics or tokens is not None:
+            self.monitor.update(state.global_step, tokens_seen=tokens, **metrics)
+
+    def on_train_end(self, args, state, control, **kw):
+        self.close()
+        self._started = False
+
+    def close(self) -> None:
+        """Stop the dashboard and the monitor (also safe when training failed half-way)."""
+        if not self._active:
+            return
+        self._active = False
+        atexit.unregister(self.close)
+        if self._dash is not None:
+            try:
+                self._dash.stop()
+            except Exception:
+                pass
+            self._dash = None
+        self.monitor.stop()
+
+
+_CALLBACK_CLASS: type | None = None
+
+
+def monitor_callback_class() -> type:
+    """MonitorCallback: built on first use, so that importing this module (e.g. for
+    monitor_training around a plain PyTorch loop) does not import transformers (seconds)."""
+    global _CALLBACK_CLASS
+    if _CALLBACK_CLASS is None:
+        from transformers import TrainerCallback
+
+        _CALLBACK_CLASS = type("MonitorCallback", (_MonitorCallbackLogic, TrainerCallback),
+                               {"__module__": __name__, "__doc__": _MonitorCallbackLogic.__doc__})
+    return _CALLBACK_CLASS
+
+
+def __getattr__(name: str) -> Any:  # `from trainfit.train.monitor import MonitorCallback`
+    if name == "MonitorCallback":
+        return monitor_callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---- any PyTorch loop -------------------------------------------------------------------------
+
+@contextmanager
+def monitor_training(metrics_path: str | os.PathLike | None = None, *,
+                     interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
+                     dashboard: bool | str = False, predicted_peak_bytes: int | None = None,
+                     say: Callable[[str], None] | None = _say, **monitor_kwargs: Any) -> Iterator[Monitor]:
+    """Monitor a hand-written training loop:
+
+        with monitor_training("run/metrics.jsonl", total_steps=1000) as mon:
+            for batch in data:
+                loss = train_step(batch)
+                mon.step(loss=loss, tokens=batch.numel(), samples=len(batch))
+
+    dashboard: True / "on" shows it, "auto" when stderr is a terminal, False / "off" never.
+    """
+    on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
+    mon = Monitor(metrics_path, interval_seconds=interval_seconds, total_steps=total_steps,
+                  predicted_peak_bytes=predicted_peak_bytes, on_event=on_event, **monitor_kwargs)
+    mon.start()
+    dash = None
+    if dashboard_wanted(dashboard, interactive=_stderr_is_tty()):
+        from trainfit.train.dashboard import Dashboard
+
+        try:
+            dash = Dashboard(mon)
+            dash.start()
+        except Exception as exc:
+            dash = None
+            mon.emit("monitor_error", f"the dashboard could not start: {type(exc).__name__}: {exc}")
+    try:
+        yield mon
+    finally:
+        if dash is not None:
+            dash.stop()
+        mon.stop()
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def dashboard_wanted(setting: bool | str, *, interactive: bool) -> bool:
+    """auto: on a terminal only; on / True: always; off / False: never."""
+    if isinstance(setting, bool):
+        return setting
+    return setting == "on" or (setting == "auto" and interactive)
+
+
+# ---- trainfit train ---------------------------------------------------------------------------
+
+def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | None = None,
+                  total_steps: int | None = None, interval_seconds: float | None = None,
+                  interactive: bool = False, settings: Any = None, tokens_fn: Callable[[], float] | None = None,
+                  progress: Any = None, shape: Any = None,
+                  say: Callable[[str], None] | None = _say) -> Any:
+    """The MonitorCallback (a transformers TrainerCallback) `trainfit train` adds to its Trainer.
+
+    settings: the run config's `monitoring:` section (RunConfig.monitoring); interval_seconds,
+    when given, overrides its interval. total_steps: the --max-steps stop (None: the schedule's
+    end). interactive: the runner's terminal decision (the dashboard's `auto`). tokens_fn: the
+    running token count (called at logging steps). progress: the Progress callback (the dashboard
+    shares its rich console). Samples go to RUN_DIR/metrics.jsonl.
+    """
+    enabled = getattr(settings, "enabled", True)
+    interval = interval_seconds if interval_seconds is not None else getattr(
+        settings, "interval_seconds", DEFAULT_INTERVAL_SECONDS)
+    dash = dashboard_wanted(getattr(settings, "dashboard", "auto"), interactive=interactive)
+    return monitor_callback_class()(
+        Path(run_dir) / "metrics.jsonl", interval_seconds=interval, total_steps=total_steps, dashboard=dash,
+        tokens_fn=tokens_fn, shape=shape, progress=progress, say=say, enabled=enabled,
+        predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True))
+
+
+# ---- text helpers (also used by the dashboard) ------------------------------------------------
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.3g} MiB" if abs(n) >= MIB / 10 else f"{n / 1024:.3g} KiB"
+
+
+def _size(n: float) -> str:
+    """Binary units, named as such (GiB = 2^30 bytes)."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if abs(n) >= MIB:
+        return f"{n / MIB:.0f} MiB"
+    return f"{n / 1024:.0f} KiB"
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400 * 2:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s / 86400:.1f} days"
+
+
+def _shape_text(shape: Any) -> str:
+    if isinstance(shape, (tuple, list)):
+        return " x ".join(str(x) for x in shape)
+    return str(shape)
