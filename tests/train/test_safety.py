@@ -379,34 +379,34 @@ def test_signal_during_a_pause_ends_it_and_stops_after_a_checkpoint(tmp_path):
 
 
 ENTRY = textwrap.dedent("""
-    # `trainfit train` with the safety callbacks injected (until the runner wires them), plus a
-    # callback that holds step 3 until a signal arrives, so that the signal lands mid-run.
-    import sys, time
+    # `trainfit train` (whose runner adds the safety callbacks) plus a callback that holds step 3
+    # until the signal arrives, so that the signal lands mid-run.
+    import signal, sys, time
     from transformers import TrainerCallback
     import trainfit.train.runner as runner
     from trainfit.cli.main import main
-    from trainfit.train.safety import context_of, safety_callbacks
 
     ready, argv = sys.argv[1], sys.argv[2:]
     real = runner.run_training
 
-    class Hold(TrainerCallback):
-        def __init__(self, ctx):
-            self.ctx = ctx
+    def received():
+        # the SignalPolicy the runner installed: its handler is a bound method of the policy
+        ctx = getattr(getattr(signal.getsignal(signal.SIGINT), "__self__", None), "ctx", None)
+        return ctx is not None and ctx.signal_received is not None
 
+    class Hold(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 3:
                 open(ready, "w").close()
                 start = time.monotonic()
-                while self.ctx.signal_received is None and time.monotonic() - start < 60:
+                while not received() and time.monotonic() - start < 60:
                     time.sleep(0.01)
 
-    def with_safety(cfg, run_dir, **kw):
-        cbs = safety_callbacks(None, None, run_dir=run_dir, interactive=False, log=kw.get("log"))
-        kw["extra_callbacks"] = [Hold(context_of(cbs))] + cbs
+    def with_hold(cfg, run_dir, **kw):
+        kw["extra_callbacks"] = [Hold()]
         return real(cfg, run_dir, **kw)
 
-    runner.run_training = with_safety
+    runner.run_training = with_hold
     sys.exit(main(argv))
 """)
 
