@@ -41,7 +41,10 @@ BAD_MODELS = ["", " ", "shape:", "shape:0", "shape:1e999", "shape:99999999999999
               "shape:layers=2,hidden=64,heads=4,kv_heads=3", "shape:layers=x", "shape:foo=1", "1e999b", "0m",
               "a/b/c/d", "./missing-dir", "owner/", "/", "~nouser/x", "qwen9.9-99b"]
 BAD_HARDWARE = ["", " ", "-3x rtx-4090", "0x a100-80gb", "99x h100-sxm", "17x h100-sxm", "cpu-0gb", "cpu-999999gb",
-                "rtx", "x", "1x", "2x m2-16gb", "nan x h100", "1.5x a100-80gb", "h100-sxm x 2"]
+                "rtx", "x", "1x", "2x m2-16gb", "nan x h100", "1.5x a100-80gb", "h100-sxm x 2",
+                "0 nodes x 8x h100-sxm", "2 nodes x cpu", "99999 nodes x 8x h100-sxm", "2 nodes x",
+                "2 nodes x 8x h100-sxm over nope", "2x 2x 2x a100-80gb", "rtx-4090 over ib-ndr", "a.json,b.json",
+                "2 nodes x m2-16gb"]
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +206,10 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
                  "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
                  "--out": lambda: rng.choice(out_dirs), "--method": lambda: rng.choice(BAD_WORDS),
                  "--data": lambda: rng.choice(["", " ", str(d / "no-such-data"), "builtin:nope"]),
-                 "--mode": lambda: rng.choice(BAD_WORDS)},
+                 "--mode": lambda: rng.choice(BAD_WORDS),
+                 "--pipeline": lambda: rng.choice(BAD_WORDS + ["sft+", "dpo+sft", "sft+dpo+sft", "+"]),
+                 "--pairs": numbers, "--dataset": lambda: rng.choice(BAD_WORDS + ["a/b/c", "owner/x:", "owner/x:a:b"]),
+                 "--flavor": lambda: rng.choice(BAD_WORDS[1:] + ["p4d.24xlarge"]), "--spot": None},
         "analyze": {"--psu-watts": numbers, "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files)},
         "profile": {"--psu-watts": numbers, "--out": lambda: rng.choice(out_files)},
         "models": {"--family": lambda: rng.choice(BAD_WORDS[1:])},
@@ -242,7 +248,8 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
             chosen = rng.sample(sorted(flags[cmd]), k=min(len(flags[cmd]), rng.choice([1, 1, 2])))
             argv = list(base[cmd])
             for flag in chosen:
-                argv += [flag, flags[cmd][flag]()]
+                value = flags[cmd][flag]
+                argv += [flag] if value is None else [flag, value()]  # None: a switch
             if rng.random() < 0.3 and cmd not in ("models", "gpus"):
                 argv.append("--json")
             cases.append(argv)

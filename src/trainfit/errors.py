@@ -62,6 +62,18 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lowered[f] for f in found]
 
 
+def unknown_keys(keys: Iterable[object], valid: Iterable[str], where: str = "") -> list[str]:
+    """One message per key not in `valid`: '<where><key>: unknown key (did you mean ...? valid: ...)'."""
+    valid = list(valid)
+    out = []
+    for key in keys:
+        if key not in valid:
+            near = close_matches(str(key), valid)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            out.append(f"{where}{key}: unknown key ({hint}valid: {', '.join(valid)})")
+    return out
+
+
 def require_extra(module: str, extra: str) -> None:
     """Raise UnavailableError naming the pip extra when an optional module is missing."""
     import importlib.util

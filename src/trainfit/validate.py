@@ -110,6 +110,7 @@ BOUNDS: dict[str, Bound] = {
     "grad_accum": _count(1 << 20),
     "seq_len": _count(1 << 24),
     "num_gpus": _count(1 << 20),
+    "num_nodes": _count(1024),
     "zero_stage": _count(3, 0),
     "generate_tokens": _count(1 << 24, 0),
     "lora_rank": _count(1 << 16),
@@ -128,6 +129,8 @@ BOUNDS: dict[str, Bound] = {
     "keep_last": _count(10_000),
     # data, tokenizer, model shape
     "max_samples": _count(10**13),
+    "num_workers": _count(1024, 0),  # DataLoader worker processes
+    "prefetch_factor": _count(1024),  # batches each worker loads ahead
     "vocab_size": _count(1 << 24, 2),
     "train_max_bytes": _count(1 << 40),
     "layers": _count(100_000),
@@ -140,6 +143,7 @@ BOUNDS: dict[str, Bound] = {
     # workload and money
     "dataset_tokens": _count(10**15, sizes=True),
     "examples": _count(10**13, sizes=True),
+    "pairs": _count(10**13, sizes=True),  # DPO preference pairs of a pipeline (plan --pairs)
     "global_batch": _count(1 << 24),
     "target_batch": _count(1 << 24),
     "price_per_kwh": _number(0, 100),
@@ -156,6 +160,8 @@ BOUNDS: dict[str, Bound] = {
     "warmup_timed_steps": _count(100_000, 0),
     # monitoring
     "interval_seconds": _number(0.05, 3600),
+    # safety: a spot machine's mean hours between interruptions (36 seconds to ~114 years)
+    "interruption_hours": _number(0.01, _MILLION),
 }
 
 

@@ -49,6 +49,7 @@ def _plan_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def analyze(args: argparse.Namespace) -> dict[str, Any]:
     """The Python twin: profile + analysis (+ plan) as the JSON document `--json` prints."""
+    from trainfit.cli.output import say
     from trainfit.core.serde import to_jsonable
     from trainfit.hardware.analysis import analyze_profile
     from trainfit.hardware.profiler import build_profile, check_psu_watts
@@ -61,7 +62,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         profile = resolve_hardware(args.hardware)
         owned = profile.source.startswith("file:")
     else:
-        profile = build_profile(benchmark=args.benchmark, psu_watts=args.psu_watts)
+        profile = build_profile(benchmark=args.benchmark, psu_watts=args.psu_watts, on_measure=say)
     analysis = analyze_profile(profile, owned=owned)
     doc: dict[str, Any] = {"profile": profile, "analysis": to_jsonable(analysis)}
     if not args.profile_only:

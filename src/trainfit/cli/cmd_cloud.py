@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prices", help="YAML or CSV file overriding / adding flavors and prices")
     parser.add_argument("--flavor", action="append", help="only this flavor (repeatable)")
     parser.add_argument("--no-fallback", action="store_true", help="never fall back to LoRA / QLoRA")
-    parser.add_argument("--spot", action="store_true", help="use spot / interruptible prices where known")
+    parser.add_argument("--spot", action="store_true", help="spot / interruptible prices where known, ranked by the "
+                        "expected cost with interruptions (re-done work, restarts, checkpoints)")
     parser.add_argument("--global-batch", type=arg("global_batch"), default=DEFAULT_GLOBAL_BATCH,
                         help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")  # fmt: skip
     parser.add_argument("--setup-minutes", type=arg("setup_minutes"), default=DEFAULT_SETUP_MINUTES,
@@ -105,8 +106,12 @@ def _render(r: CloudRanking, top: int) -> None:
     # One line per flavor within 120 columns: (min, max) width per column; --json has every field in full.
     widths = {"flavor": (12, 18), "GPUs": (8, 12), "$/h": (6, 6), "fits": (5, 5), "setting / why not": (18, 26),
               "memory GiB": (10, 10), "hours": (5, 5), "cost": (8, 8), "class": (10, 10)}
+    if r.spot:  # the cost class gives way to the interruption figure, checkpoint interval and expected overhead
+        del widths["class"]
+        widths.update({"flavor": (12, 16), "GPUs": (8, 10), "setting / why not": (12, 16), "spot: M ckpt +": (17, 17)})
+    right = ("$/h", "hours", "cost", "memory GiB")
     for col, (low, high) in widths.items():
-        table.add_column(col, justify="right" if col in ("$/h", "hours", "cost", "memory GiB") else "left",
+        table.add_column(col, justify="right" if col in right else "left",
                          no_wrap=True, overflow="ellipsis", min_width=low, max_width=high)
     rows = r.results[:top] if top > 0 else r.results
     for x in rows:
@@ -116,11 +121,12 @@ def _render(r: CloudRanking, top: int) -> None:
         flag = "yes" if x.fits else "no"
         if x.fits and (x.within_budget is False or x.within_time is False):
             flag = "limit"  # fits, but over the budget or the time limit
-        table.add_row(
+        cells = [
             x.flavor, gpus, f"{x.usd_per_hour:.2f}" if x.usd_per_hour is not None else "-", flag, x.why, mem,
             f"{x.hours:.1f}" if x.hours is not None else "-", f"${x.cost_usd:.2f}" if x.cost_usd is not None else "-",
-            x.cost_class or "-",
-        )  # fmt: skip
+        ]  # fmt: skip
+        cells.append(_spot_cell(x) if r.spot else x.cost_class or "-")
+        table.add_row(*cells)
     out.print(table)
     out.print(f"[bold]Recommendation:[/bold] {r.recommendation}")
     for line in r.reasoning:
@@ -128,3 +134,19 @@ def _render(r: CloudRanking, top: int) -> None:
     if r.skipped:
         out.print(f"Not evaluated: {', '.join(f'{k} ({v})' for k, v in r.skipped.items())}")
     out.print("Hours include the setup time; GiB are binary (2^30). Prices: see each flavor's source (--json).")
+    if r.spot:
+        out.print("Spot: hours and cost are expected values with interruptions. M: mean hours between interruptions "
+                  "(* assumed from another provider's measurement); ckpt: minutes of training between checkpoints; "
+                  "+: checkpoints, re-done work and restarts; 'on-demand': no spot price in the catalog.")
+
+
+def _spot_cell(x) -> str:
+    """M, checkpoint interval and expected overhead of one row of the --spot table."""
+    e = x.spot
+    if e is None:
+        return "on-demand" if x.spot_note else "-"
+    star = "*" if e.assumed else ""
+    from trainfit.core.spot import hours_text
+
+    return (f"{hours_text(e.interruption_hours).replace(' ', '')}{star} {e.checkpoint_interval_seconds / 60:.1f}m "
+            f"+{e.expected_overhead_share:.0%}")

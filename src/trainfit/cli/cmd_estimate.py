@@ -127,9 +127,10 @@ def load_hardware(spec: str | None):
         from trainfit.core.hardware_spec import resolve_hardware
 
         return resolve_hardware(spec)
+    from trainfit.cli.output import say
     from trainfit.hardware.profiler import build_profile
 
-    return build_profile(quick=True)
+    return build_profile(quick=True, on_measure=say)
 
 
 def estimate(model: str | None = None, *, hardware: str | None = None, **flags):

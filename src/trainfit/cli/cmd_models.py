@@ -129,7 +129,9 @@ def _print_show(info: dict[str, Any], out) -> None:
                          (f"router ({n} x {p['router_per_layer']:,})", n * p["router_per_layer"]),
                          (f"norms ({n} x {p['norms_per_layer']:,})", n * p["norms_per_layer"]),
                          ("final norm", p["final_norm"]), ("lm_head (0: tied)", p["lm_head"]),
-                         ("vision tower", p["vision"])):
+                         ("vision tower", p["vision"]),
+                         ("cross-attention (decoder blocks)", p.get("cross_attention", 0)),
+                         ("other (embedding norms, heads, position tables)", p.get("other", 0))):
         if value or label.startswith("lm_head"):
             table.add_row(label, f"{value:,}")
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold]")

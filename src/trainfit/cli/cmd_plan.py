@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=arg("seq_len"), help="tokens per example (default: each mode's range)")
     p.add_argument("--target-batch", type=arg("target_batch"), help="effective batch to keep (default: 16 / 32 / 64 by mode)")
     p.add_argument("--examples", type=arg("examples"), help="training examples (DPO: pairs)")
+    p.add_argument("--pipeline", help="plan phases that run in order, joined by their hand-offs: sft+dpo, "
+                   "pretrain+sft, pretrain+sft+dpo (--method is the SFT phase's; docs/pipeline.md)")
+    p.add_argument("--pairs", type=arg("pairs"), help="with --pipeline: DPO preference pairs (default: --examples)")
     p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
     p.add_argument("--epochs", type=arg("epochs"), default=1.0)
     p.add_argument("--time-budget", help="longest run, e.g. 2h, 90m, 1.5d (default: each mode's)")
@@ -40,10 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-param", type=arg("tokens_per_param"), help="pretraining token budget (default 12 / 20 / 25)")
     p.add_argument("--vocab", type=arg("vocab"), default=32000, help="pretraining vocabulary size (default 32000)")
     p.add_argument("--usd-per-hour", type=arg("usd_per_hour"), help="hourly price of the machine (rented hardware)")
+    p.add_argument("--flavor", metavar="ID", help="plan for a cloud flavor (trainfit cloud): its GPUs and its price")
+    p.add_argument("--spot", action="store_true", help="with --flavor: its spot price and interruption rate (checkpoint "
+                   "cadence, expected cost incl. re-done work, safety.interruption_hours in the run config)")
+    p.add_argument("--prices", help="with --flavor: a price file (as trainfit cloud --prices), e.g. a spot price and "
+                   "spot_interruption for an AWS flavor")
     p.add_argument("--budget", type=arg("budget_usd"), help="most dollars to spend (with --usd-per-hour)")
     p.add_argument("--price-per-kwh", type=arg("price_per_kwh"), default=None, help="electricity price (default 0.17)")
     p.add_argument("--data", action="append", help="data file or directory for the exported run config "
-                   "(repeatable; default: the shipped sample set)")
+                   "(repeatable; default: the shipped sample set); its size and row lengths plan the data I/O")
+    p.add_argument("--dataset", metavar="HUB_ID", help="a Hub dataset ('owner/name' or 'owner/name:config'): its "
+                   "size metadata plans streaming vs download, the cache and the token budget")
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -100,19 +110,24 @@ def build_request(args: argparse.Namespace, hardware=None):
 
         output_dir(args.out, "--out")
     _data(args.data)  # bad data paths fail before any planning
+    dataset = dataset_info(args)
     model = resolve_model(args.model) if args.model else None
-    hw = hardware if hardware is not None else _hardware(args.hardware)
+    from trainfit.cli import plan_flavor
+
+    flavor = plan_flavor.resolve(args)  # --flavor ID [--spot]: hardware, price, spot terms
+    hw = hardware if hardware is not None else flavor.hardware if flavor is not None else _hardware(args.hardware)
     from trainfit.core.power import DEFAULT_PRICE_PER_KWH
 
     from trainfit.cli.cmd_estimate import calibration_source, machine_calibration
     from trainfit.core.plan.hardware_rules import rules_for
 
-    cal = machine_calibration(hw, rules_for(hw).device, named_hardware=args.hardware)
+    named = args.hardware if flavor is None else flavor.flavor_id  # a rented flavor is not this machine
+    cal = machine_calibration(hw, rules_for(hw).device, named_hardware=named)
     calibration = {}
     if cal is not None:
         calibration = {"memory_factor": cal.memory_factor or 1.0, "step_time_factor": cal.step_time_factor or 1.0,
                        "calibration_source": calibration_source(cal)}
-    usd_per_hour = args.usd_per_hour
+    usd_per_hour = args.usd_per_hour if flavor is None else flavor.usd_per_hour
     if args.budget is not None and usd_per_hour is None:
         usd_per_hour = rental_price(hw)
 
@@ -122,7 +137,21 @@ def build_request(args: argparse.Namespace, hardware=None):
         time_budget_hours=parse_hours(args.time_budget), memory_budget_bytes=parse_bytes(args.memory_budget),
         memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
-        vocab_size=args.vocab, modes=modes, **calibration)
+        vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset,
+        spot=flavor.spot if flavor is not None else None)
+
+
+def dataset_info(args: argparse.Namespace):
+    """The dataset's size for the data I/O plan: --data (local) or --dataset (Hub), with the user's
+    --dataset-tokens / --examples over measured counts (trainfit.dataset_size)."""
+    from trainfit.dataset_size import hub_dataset_info, local_dataset_info, with_counts
+
+    hub = getattr(args, "dataset", None)
+    if hub is not None and args.data:
+        raise BadInputError("--dataset: give local data with --data PATH or a Hub dataset with --dataset HUB_ID, "
+                            "not both")
+    info = local_dataset_info(_data(args.data)) if args.data else hub_dataset_info(hub) if hub is not None else None
+    return with_counts(info, tokens=args.dataset_tokens, examples=args.examples)
 
 
 def rental_price(hw) -> float:
@@ -172,6 +201,12 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
 def run(args: argparse.Namespace) -> int:
     from trainfit.core.plan.planner import plan
 
+    if args.pipeline is not None:  # phases in order, one meta-config per mode (cli/plan_pipeline.py)
+        from trainfit.cli.plan_pipeline import run as run_pipeline
+
+        return run_pipeline(args)
+    if args.pairs is not None:
+        raise BadInputError("--pairs: counts the DPO phase of a --pipeline; for one DPO run give --examples")
     req = build_request(args)
     result = plan(req)
     files: dict[str, list[str]] = {}

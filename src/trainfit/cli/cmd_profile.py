@@ -24,10 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def collect(args: argparse.Namespace) -> HardwareProfile:
     """The Python twin: the profile that `run` prints."""
+    from trainfit.cli.output import say
     from trainfit.hardware.profiler import build_profile
 
     return build_profile(benchmark=args.benchmark, psu_watts=args.psu_watts, quick=args.quick,
-                         bandwidth_url=args.bandwidth_url)
+                         bandwidth_url=args.bandwidth_url, on_measure=say)
 
 
 def run(args: argparse.Namespace) -> int:

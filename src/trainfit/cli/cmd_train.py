@@ -11,7 +11,8 @@ HELP = "run a training from a run config (pretrain, sft, lora, qlora, dpo); resu
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="RUN_CONFIG", help="run config YAML (see docs/run-config.md)")
+    parser.add_argument("config", metavar="RUN_CONFIG", help="run config YAML (see docs/run-config.md), or a pipeline "
+                        "meta-config whose phases run in order (docs/pipeline.md)")
     parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest complete checkpoint in RUN_DIR")
@@ -39,6 +40,10 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
 
     if max_steps is not None and max_steps < 1:
         raise BadInputError(f"--max-steps: must be >= 1, got {max_steps}")
+    from trainfit.train.pipeline_run import is_pipeline_file, train_pipeline_file
+
+    if is_pipeline_file(config):  # a meta-config (docs/pipeline.md): its phases in order
+        return train_pipeline_file(config, out, resume=resume, max_steps=max_steps, verify=verify, quiet=quiet, log=log)
     cfg = load_run_config(config)
     if out is not None:
         from trainfit.validate import output_dir
@@ -80,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
         return 0  # under a launcher only rank 0 reports
     if args.json:
         print_json(summary)
+    elif "pipeline" in summary:
+        from trainfit.train.pipeline_run import summary_lines
+
+        for line in summary_lines(summary):
+            say(line)
     elif summary:
         first, last = summary.get("first_loss"), summary.get("final_loss")
         loss = f"loss {first:.4f} -> {last:.4f}" if first is not None and last is not None else "no steps run"

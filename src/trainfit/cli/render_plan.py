@@ -31,6 +31,23 @@ def setting_line(s) -> str:
     return ", ".join(parts)
 
 
+def data_rows(dp) -> list[tuple[str, str]]:
+    """The data I/O plan in a few table rows (core.plan.data_io.DataPlan)."""
+    how = "stream" if dp.streaming else "download first" if dp.download_first else "read in place"
+    cache = "RAM (keep_in_memory)" if dp.keep_in_memory else dp.cache_on + (f" {dp.cache_dir}" if dp.cache_dir else "")
+    feed = f"{dp.num_workers} workers" + (f" x prefetch {dp.prefetch_factor}" if dp.prefetch_factor else "")
+    parts = [how, f"cache {cache}", feed]
+    if dp.packing is not None:
+        parts.append(f"packing {'on' if dp.packing else 'off'}" +
+                     (f" (padding {dp.padding_waste:.0%} without)" if dp.padding_waste is not None else ""))
+    rows = [("data", ", ".join(parts)), ("input", dp.reasons.get("bottleneck", ""))]
+    if dp.source == "hub":
+        rows.insert(1, ("source", dp.reasons.get("source", "")))
+    if "budget" in dp.reasons:
+        rows.append(("tokens", dp.reasons["budget"]))
+    return rows
+
+
 def render_plan(plan, out, *, files: dict[str, list[str]] | None = None) -> None:
     from rich import box
     from rich.table import Table
@@ -62,7 +79,12 @@ def render_plan(plan, out, *, files: dict[str, list[str]] | None = None) -> None
                 cost = f"{run.energy_kwh:.2f} kWh, electricity {run.electricity_cost:.2f}"
                 if run.rental_usd is not None:
                     cost += f"; rental ${run.rental_usd:.2f}"
+                if getattr(run, "rental_expected_usd", None) is not None:  # plan --flavor ID --spot
+                    cost += f", expected incl. re-done work ${run.rental_expected_usd:.2f}"
                 table.add_row("energy / cost", cost)
+            if mp.data_io is not None:
+                for what, text in data_rows(mp.data_io):
+                    table.add_row(what, text)
         out.print(table)
         for r in mp.reasons:
             out.print(f"   [dim]because[/] {r}")

@@ -121,7 +121,10 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
             parts.append(f"GPU memory {b.gpu_bandwidth_gbps:.0f} GB/s")
         if b.disk_read_mbps is not None:
             parts.append(f"disk {b.disk_read_mbps:.0f}/{b.disk_write_mbps:.0f} MB/s read/write")
-        rows.append(("Benchmark", ", ".join(parts) + f" ({b.seconds:.1f} s)"))
+        when = f"measured {b.measured_at.replace('T', ' ')[:16]} UTC" if b.measured_at else "measured"
+        how = f"{when}, kept in trainfit's cache" if b.cached else f"{when} in {b.seconds:.1f} s"
+        label = "CPU rates" if b.scope == "cpu" else "Benchmark"
+        rows.append((label, ", ".join(parts) + f" ({how})"))
     return rows
 
 

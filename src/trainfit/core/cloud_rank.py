@@ -9,7 +9,12 @@ ZeRO-3 on multi-GPU machines. Flavors with the same GPUs are evaluated once and 
 
 Time = run time predicted for the dataset + a fixed setup time (image pull, dependency install,
 weight download; seed 004's "5-10 steps, ~10-15 minutes" quick demo implies ~10 minutes).
-Cost = hours x the flavor's hourly price (spot price with spot=True where one is known).
+Cost = hours x the flavor's hourly price. With spot=True a flavor with a spot price is priced at
+it and ranked by its expected cost including interruptions (core.spot): checkpoints at the
+interval the trainer will use (core.checkpoint_cadence, balanced mode, the flavor's interruption
+figure included), the work re-done after each interruption and a restart (the setup time again
+plus reading the checkpoint back); `hours` and `cost_usd` are then those expected figures, and
+`spot` holds the breakdown. Flavors without a spot price fall back to on-demand and say so.
 Cost classes follow seed 004: under $5, $5-20, $20-50, $50-200, over $200.
 """
 
@@ -19,7 +24,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from trainfit.core.cloud_catalog import CloudCatalog, Flavor
+from trainfit.core.cloud_catalog import CloudCatalog, Flavor, SpotTerms
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
@@ -27,6 +32,7 @@ from trainfit.core.plan.engine import MemoryFn
 from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
+from trainfit.core.spot import SpotEstimate, hours_text
 from trainfit.errors import BadInputError
 
 GIB = 1 << 30
@@ -78,6 +84,12 @@ class FlavorResult:
     within_time: bool | None = None
     price_source: str = ""
     price_as_of: str = ""
+    price_kind: str = "on-demand"  # "spot" when priced at a spot price
+    spot_note: str = ""  # with spot=True: why this flavor is priced on-demand
+    on_demand_usd_per_hour: float | None = None
+    hours_uninterrupted: float | None = None  # spot: setup + training, no interruption
+    cost_usd_uninterrupted: float | None = None
+    spot: SpotEstimate | None = None  # spot: interruption figure, cadence and the expected run
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,7 @@ class CloudRanking:
     reasoning: list[str]
     closest: str | None  # when nothing qualifies: the flavor that came closest
     skipped: dict[str, str]  # flavor id -> why it was not evaluated
+    spot: bool = False  # spot prices and expected costs with interruptions where known
 
 
 def method_label(s: TrainingSetup) -> str:
@@ -149,6 +162,11 @@ def _search(
     return None, ratio, f"does not fit: best setting needs {ratio:.2f}x the memory ({reason})"
 
 
+def flavor_hardware(flavor: Flavor) -> HardwareProfile:
+    """The machine a flavor rents, as a HardwareProfile (what `plan --flavor` plans for)."""
+    return _hardware(flavor)[0]
+
+
 def _hardware(flavor: Flavor) -> tuple[HardwareProfile, DeviceRates]:
     from trainfit.core.gpu_catalog import get_gpu
     from trainfit.core.hardware_spec import resolve_hardware
@@ -195,21 +213,50 @@ def rank_flavors(
             best, ratio, why = _search(req, hw, rates, max(1, flavor.gpu_count), memory_fn)
             cap = (best.memory.devices[0].capacity_bytes if best else None) or 0
             cache[key] = (best, ratio, why, cap / GIB)
-        results.append(_result(req, flavor, *cache[key]))
+        terms = catalog.spot_terms(flavor) if req.spot else None
+        results.append(_result(req, flavor, *cache[key], terms=terms))
     return _rank(req, results, skipped)
 
 
-def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float, why: str, cap_gib: float) -> FlavorResult:
-    price = flavor.spot_usd_per_hour if req.spot and flavor.spot_usd_per_hour is not None else flavor.usd_per_hour
+def _spot_fields(req: CloudRequest, flavor: Flavor, best: _Best, terms: SpotTerms) -> dict:
+    """The expected run on the spot machine (core.spot), with the balanced mode's cadence rule."""
+    from trainfit.core.plan.modes import safety_thresholds
+    from trainfit.core.spot import checkpoint_bytes_for, estimate_spot
+
+    est = estimate_spot(work_seconds=best.seconds, checkpoint_size_bytes=checkpoint_bytes_for(best.setup, best.memory),
+                        setup_seconds=req.setup_minutes * 60, figure=terms.interruption,
+                        thresholds=safety_thresholds(None), assumed=terms.assumed)
+    plain = best.seconds / 3600 + req.setup_minutes / 60
+    return {"spot": est, "hours_uninterrupted": plain, "cost_usd_uninterrupted": plain * terms.usd_per_hour,
+            "price_kind": "spot", "on_demand_usd_per_hour": flavor.usd_per_hour}
+
+
+def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float, why: str, cap_gib: float, *,
+            terms: SpotTerms | None = None) -> FlavorResult:
+    price = terms.usd_per_hour if terms is not None else flavor.usd_per_hour
+    note = ""
+    if req.spot and terms is None:
+        note = (f"no spot price for {flavor.id} in the catalog: on-demand" if flavor.spot_usd_per_hour is None
+                else f"{flavor.id}: spot price without an interruption figure: on-demand")
     base = dict(
         flavor=flavor.id, provider=flavor.provider, gpu=flavor.gpu, gpu_count=flavor.gpu_count,
         usd_per_hour=price, price_source=flavor.source, price_as_of=flavor.as_of,
-        memory_ratio=None if math.isinf(ratio) else ratio,
+        memory_ratio=None if math.isinf(ratio) else ratio, spot_note=note,
     )  # fmt: skip
     if best is None:
         return FlavorResult(fits=False, why=why, **base)
     s = best.setup
     hours = best.seconds / 3600 + req.setup_minutes / 60
+    extra: dict = {}
+    if terms is not None:
+        extra = _spot_fields(req, flavor, best, terms)
+        est: SpotEstimate = extra["spot"]
+        if not math.isfinite(est.expected_hours):
+            why = (f"spot: {hours_text(est.interruption_hours)} between interruptions is too short for a "
+                   f"{est.checkpoint_interval_seconds / 60:.0f}-min checkpoint interval and a restart: the run would "
+                   "practically never finish")
+            return FlavorResult(fits=False, why=why, **base, **{k: v for k, v in extra.items() if k != "spot"})
+        hours = est.expected_hours + req.setup_minutes / 60
     cost = hours * (price or 0.0)
     dev = best.memory.devices[0]
     label = method_label(s)
@@ -223,7 +270,7 @@ def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float,
         tokens_per_second=best.tokens_per_second, bottleneck=best.bottleneck, hours=hours, cost_usd=cost,
         cost_class=cost_class(cost),
         within_budget=None if req.budget_usd is None else cost <= req.budget_usd,
-        within_time=None if req.max_hours is None else hours <= req.max_hours, **base,
+        within_time=None if req.max_hours is None else hours <= req.max_hours, **base, **extra,
     )  # fmt: skip
 
 
@@ -257,6 +304,8 @@ def _rank(req: CloudRequest, results: list[FlavorResult], skipped: dict[str, str
         if c.method != req.method and c.method is not None:
             reasoning.append(f"{req.method} fits no cheaper flavor: the cheapest uses {c.method} instead")
         reasoning.append(f"bottleneck on {c.flavor}: {c.bottleneck}; {c.tokens_per_second:,.0f} tokens/s")
+        if req.spot:
+            reasoning += _spot_reasoning(c, ranked)
         recommendation = f"rent {c.flavor} ({c.provider}): ${c.cost_usd:.2f}, {c.hours:.1f} h"
         if f.flavor != c.flavor:
             recommendation += f"; for speed {f.flavor}: ${f.cost_usd:.2f}, {f.hours:.1f} h"
@@ -279,8 +328,27 @@ def _rank(req: CloudRequest, results: list[FlavorResult], skipped: dict[str, str
     return CloudRanking(
         model_id=req.model.id, method=req.method, tokens_per_epoch=tokens, epochs=req.workload.epochs,
         results=ranked, cheapest=cheapest, fastest=fastest, recommendation=recommendation,
-        reasoning=reasoning, closest=closest, skipped=skipped,
+        reasoning=reasoning, closest=closest, skipped=skipped, spot=req.spot,
     )  # fmt: skip
+
+
+def _spot_reasoning(c: FlavorResult, ranked: list[FlavorResult]) -> list[str]:
+    """Why the cheapest costs what it does on spot, and which flavors fell back to on-demand."""
+    out = []
+    e = c.spot
+    if e is not None:
+        assumed = f" (assumed: no figure published for {c.provider})" if e.assumed else ""
+        wait = f"; plus ~{e.expected_wait_hours:.1f} h unbilled waiting for capacity" if e.expected_wait_hours else ""
+        out.append(f"spot on {c.flavor}: {hours_text(e.interruption_hours)} between interruptions{assumed} "
+                   f"[{e.interruption_basis}; {e.interruption_source}, {e.interruption_as_of}]; checkpoint every "
+                   f"{e.checkpoint_interval_seconds / 60:.1f} min ({e.checkpoint_seconds:.0f} s each), restart "
+                   f"{e.restart_seconds / 60:.0f} min; expected {e.expected_interruptions:.1f} interruptions, "
+                   f"+{e.expected_overhead_share:.0%} for checkpoints, re-done work and restarts "
+                   f"(${c.cost_usd_uninterrupted:.2f} uninterrupted -> ${c.cost_usd:.2f} expected){wait}")
+    fallback = [r.flavor for r in ranked if r.spot_note]
+    if fallback:
+        out.append(f"{len(fallback)} flavor(s) have no spot price in the catalog and are priced on-demand")
+    return out
 
 
 def _limits_text(req: CloudRequest) -> str:

@@ -7,6 +7,19 @@ Forms (case-insensitive):
     cpu | cpu-64gb                     no GPU: a generic x86-64 machine with that much RAM (GiB)
     path/to/profile.json               a profile saved by `trainfit profile --json`
 
+Several identical machines (nodes) training together, each form optionally ending in
+`over NETWORK` (an id or alias of the network catalog, data/networks.yaml: ib-ndr, ib-hdr,
+roce-400, efa-p5, efa-p4d, 100gbe, 25gbe, 10gbe):
+    2 nodes x 8x h100-sxm              N nodes of one catalog machine (also "2 node x ...", "2 nodes of ...")
+    2x 8x h100-sxm                     the same, written as a count of counts
+    2 nodes x node.json                N nodes like a saved profile
+    node0.json,node1.json              one saved profile per node, joined with commas; the nodes must
+                                       have the same GPUs (model, count, memory), else refused
+    ... over 100gbe                    the network between the nodes (default: the GPU class's usual
+                                       network, an assumption the plan states; core/network_catalog.py)
+A multi-node profile lists every node's GPUs (node 0 first) and describes one node's CPU, RAM and
+disks; `profile.nodes` holds the node count and the network (kind, GB/s per node, source).
+
 A synthesised profile is complete (`missing_reasons(profile) == []`): catalog figures for the GPUs,
 a documented typical host for the GPU's class (below), and every live-only reading (temperature,
 clocks, driver, disks, ...) None with the reason "catalog profile: not measured".
@@ -33,7 +46,8 @@ MAX_GPUS_PER_MACHINE = 16  # DGX-2 / HGX-2 class nodes; larger counts are cluste
 DEFAULT_CPU_RAM_GIB = 32
 
 FORMS = ("'rtx-4090', '2x rtx-4090', '8xh100-sxm', 'm2-16gb', 'cpu', 'cpu-64gb', "
-         "or a profile .json path")  # fmt: skip
+         "a profile .json path, or several nodes: '2 nodes x 8x h100-sxm [over ib-ndr]', "
+         "'a.json,b.json'")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,16 @@ def resolve_hardware(spec: str) -> HardwareProfile:
     text = (spec or "").strip()
     if not text:
         raise BadInputError("--hardware: empty", hint=f"use {FORMS}")
+    from trainfit.core.multinode_spec import resolve_multinode
+
+    multi = resolve_multinode(text, resolve_single=_resolve_single)
+    if multi is not None:
+        return multi
+    return _resolve_single(text)
+
+
+def _resolve_single(text: str) -> HardwareProfile:
+    """One machine: a catalog spec or a saved profile file."""
     if text.lower().endswith(".json") or "/" in text or "\\" in text or Path(text).is_file():
         return _load_profile_file(text)
     cpu = _CPU_RE.match(text)

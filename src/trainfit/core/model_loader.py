@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
+from trainfit.core.model_loader_families import FAMILY_FIELDS
 from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.errors import BadInputError
 from trainfit.validate import parse_json, read_text_file
@@ -84,8 +85,14 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         remote = " (it needs trust_remote_code, which trainfit never runs)" if "auto_map" in data else ""
-        raise BadInputError(f"{origin}: key 'model_type': {model_type!r} is not supported{remote}",
+        counted = _meta_count_note(data)
+        raise BadInputError(f"{origin}: key 'model_type': {model_type!r} is not supported{remote}{counted}",
                             hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if model_type in FAMILY_FIELDS:
+        spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg), source=origin,
+                         **FAMILY_FIELDS[model_type](cfg))
+        check_plausible(spec, origin, explicit_head_dim=True)
+        return spec
     text = _Cfg(data["text_config"], f"{origin} text_config") if model_type == "qwen2_vl" and isinstance(
         data.get("text_config"), dict) else cfg
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _common_fields(text, model_type)
@@ -100,6 +107,18 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
         spec = _with_vision(spec, cfg)
     check_plausible(spec, origin, explicit_head_dim=text.get("head_dim") is not None)
     return spec
+
+
+def _meta_count_note(data: dict[str, Any]) -> str:
+    """For a model_type transformers ships: its exact parameter count, built on the meta device."""
+    from trainfit.core.meta_count import meta_param_count
+
+    counted = meta_param_count(data)
+    if counted is None:
+        return ""
+    params, cls = counted
+    return (f": it has {params:,} parameters ({cls} built by transformers on the meta device), but trainfit has no "
+            "layer layout for it, so no activation, gradient or optimizer estimate")
 
 
 # ModelSpec field -> the validate.BOUNDS entry that limits it.
@@ -242,7 +261,8 @@ def _with_vision(spec: ModelSpec, cfg: _Cfg) -> ModelSpec:
 def _is_buffer(name: str, shape: list[int]) -> bool:
     # Older checkpoints also saved non-parameter buffers: rotary inv_freq, GPT-2 / GPT-NeoX causal
     # masks ("attn.bias" 4-D, "masked_bias"). They are not parameters.
-    return name.endswith(("inv_freq", "masked_bias")) or (name.endswith(".bias") and len(shape) == 4)
+    # BERT-style checkpoints may carry the embeddings' position_ids buffer (int64, 1 x positions).
+    return name.endswith(("inv_freq", "masked_bias", "position_ids")) or (name.endswith(".bias") and len(shape) == 4)
 
 
 _ST_ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,

@@ -63,3 +63,15 @@ class ModelSpec:
     aliases: list[str] = field(default_factory=list)
     source: str = ""  # where the shapes come from (URL of config.json, local path, "shape")
     family: str = ""  # catalog family ("qwen2.5", "llama3.1", "pythia", ...); "" outside the catalog
+    # Attention and MLP read the same block input (phi, falcon's parallel_attn): one residual add.
+    parallel_attention: bool = False
+    # LayerNorms per block where the family varies it (falcon: 1 parallel, 2 with
+    # new_decoder_architecture or sequential blocks); 0 = the architecture's fixed count.
+    block_norms: int = 0
+    # Encoder-decoder (T5 / mT5): of the num_layers blocks, how many are decoder blocks (with
+    # cross-attention); the rest are encoder blocks. 0 for decoder-only and encoder-only models.
+    decoder_layers: int = 0
+    # T5 relative position buckets (one buckets x heads table in the first encoder and decoder block).
+    relative_attention_buckets: int = 0
+    # BERT / RoBERTa segment (token type) embeddings; 0 where the model has none.
+    type_vocab_size: int = 0

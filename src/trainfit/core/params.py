@@ -22,7 +22,17 @@ LayerKind = Literal["linear", "lm_head", "expert", "router"]
 # Architectures whose block is Llama-shaped: q/k/v/o projections + gated MLP + RMSNorm.
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl")
 MOE = ("mixtral", "qwen2_moe")
-SUPPORTED_ARCHITECTURES = LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox")
+# Decoder-only families with a fused query_key_value / c_attn projection and a plain (or, for
+# Qwen v1, gated) MLP: their layouts are below, written from transformers' modeling_<arch>.py
+# (Qwen v1: the published remote-code modeling_qwen.py, never run here).
+FUSED_QKV_DECODERS = ("falcon", "gpt_bigcode", "bloom", "qwen")
+ENCODER_DECODERS = ("t5", "mt5")  # transformers' T5ForConditionalGeneration / MT5ForConditionalGeneration
+ENCODERS = ("bert", "roberta")  # ...ForMaskedLM (the same head as ...ForCausalLM)
+SUPPORTED_ARCHITECTURES = (LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox") + FUSED_QKV_DECODERS
+                           + ENCODER_DECODERS + ENCODERS)
+# What `trainfit train` can build from a ModelSpec (trainfit.train.hf_config); the others are
+# estimated, not built.
+BUILDABLE_ARCHITECTURES = LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox")
 
 # PEFT (>= 0.18, with transformers >= 5) still accepts Mixtral's transformers-4 module names and
 # maps them onto the fused parameters: gate -> router, w1 + w3 -> experts.gate_up_proj with rank
@@ -76,6 +86,12 @@ class ParamBreakdown:
     # Parameters one text token passes through: all but the routed experts it is not sent to,
     # and without the vision tower (which runs per image, not per token). Includes embeddings.
     active_per_token: int
+    # T5 decoder blocks' cross-attention (projections + its norm), all decoder layers together.
+    cross_attention: int = 0
+    # Parameters outside the blocks and the fields above: BLOOM's embedding LayerNorm, BERT's
+    # token-type embeddings + embedding LayerNorm + MLM head (transform and output bias), T5's
+    # relative position tables.
+    other: int = 0
 
     @property
     def per_layer(self) -> int:
@@ -91,6 +107,9 @@ class _Block:
     attention_extra: int  # non-linear attention params per layer (q_norm/k_norm)
     norms: int
     router: int
+    # Linears outside the repeated block, with whole-model counts: T5's feed-forward (its path
+    # differs between encoder and decoder blocks) and cross-attention, BERT's MLM head transform.
+    extra: tuple[LinearLayer, ...] = ()
 
 
 def _lin(name: str, path: str, n_in: int, n_out: int, bias: bool, count: int = 1,
@@ -140,6 +159,12 @@ def _block(spec: ModelSpec) -> _Block:
     arch = spec.architecture
     ffn = spec.intermediate_size
     norm1 = _norm_params(spec, h)
+    if arch in FUSED_QKV_DECODERS:
+        return _fused_qkv_block(spec)
+    if arch in ENCODER_DECODERS:
+        return _t5_block(spec)
+    if arch in ENCODERS:
+        return _encoder_block(spec)
     if arch in LLAMA_LIKE or arch in MOE:
         attn = [
             _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
@@ -216,6 +241,97 @@ def _block(spec: ModelSpec) -> _Block:
     return _Block(attn, mlp, [], 0, 2 * norm1, 0)
 
 
+def _fused_qkv_block(spec: ModelSpec) -> _Block:
+    """Falcon, GPTBigCode (SantaCoder/StarCoder), BLOOM and Qwen v1: one fused q/k/v projection.
+
+    Sources: transformers models/falcon/modeling_falcon.py (FalconAttention, FalconMLP;
+    num_ln_in_parallel_attn), models/gpt_bigcode/modeling_gpt_bigcode.py (c_attn is
+    embed_dim + 2 x kv_dim, nn.Linear), models/bloom/modeling_bloom.py; Qwen v1:
+    https://huggingface.co/Qwen/Qwen-7B/blob/main/modeling_qwen.py (QWenAttention c_attn with
+    bias, c_proj without when no_bias; QWenMLP w1, w2 of intermediate_size/2, c_proj).
+    """
+    h, d, arch = spec.hidden_size, spec.head_dim, spec.architecture
+    q_out, kv_out, ffn = spec.num_heads * d, spec.num_kv_heads * d, spec.intermediate_size
+    qkv_b, o_b, m_b = spec.qkv_bias, spec.o_bias, spec.mlp_bias
+    norm1 = _norm_params(spec, h)
+    qkv = q_out + 2 * kv_out
+    if arch in ("gpt_bigcode", "qwen"):
+        attn = [_lin("c_attn", "attn.c_attn", h, qkv, qkv_b), _lin("c_proj", "attn.c_proj", q_out, h, o_b)]
+        if arch == "gpt_bigcode":
+            mlp = [_lin("c_fc", "mlp.c_fc", h, ffn, m_b), _lin("c_proj", "mlp.c_proj", ffn, h, m_b)]
+        else:  # Qwen v1: c_proj(w1(x) * silu(w2(x)))
+            mlp = [_lin("w1", "mlp.w1", h, ffn, m_b), _lin("w2", "mlp.w2", h, ffn, m_b),
+                   _lin("c_proj", "mlp.c_proj", ffn, h, m_b)]
+        return _Block(attn, mlp, [], 0, 2 * norm1, 0)
+    attn = [_lin("query_key_value", "self_attention.query_key_value", h, qkv, qkv_b),
+            _lin("dense", "self_attention.dense", q_out, h, o_b)]
+    mlp = [_lin("dense_h_to_4h", "mlp.dense_h_to_4h", h, ffn, m_b),
+           _lin("dense_4h_to_h", "mlp.dense_4h_to_h", ffn, h, m_b)]
+    return _Block(attn, mlp, [], 0, (spec.block_norms or 2) * norm1, 0)
+
+
+def _t5_block(spec: ModelSpec) -> _Block:
+    """T5 / mT5 (transformers models/t5/modeling_t5.py): every block has T5Attention q, k, v, o
+    (no biases) at layer.0; decoder blocks add EncDecAttention at layer.1; the feed-forward is
+    DenseReluDense wi, wo (wi_0, wi_1, wo when gated) at layer.1 (encoder) / layer.2 (decoder).
+    T5LayerNorm is RMS-style (weight only)."""
+    h, inner, ffn = spec.hidden_size, spec.num_heads * spec.head_dim, spec.intermediate_size
+    dec = spec.decoder_layers
+    enc = spec.num_layers - dec
+    attn = [_lin(x, f"layer.0.SelfAttention.{x}", h if x != "o" else inner, inner if x != "o" else h, False)
+            for x in ("q", "k", "v", "o")]
+    cross = [_lin(x, f"decoder.layer.1.EncDecAttention.{x}", h if x != "o" else inner, inner if x != "o" else h,
+                  False, dec) for x in ("q", "k", "v", "o")]
+    ff_in = ["wi_0", "wi_1"] if spec.gated_mlp else ["wi"]
+    ff: list[LinearLayer] = []
+    for side, count, pos in (("encoder", enc, 1), ("decoder", dec, 2)):
+        ff += [_lin(x, f"{side}.layer.{pos}.DenseReluDense.{x}", h, ffn, False, count) for x in ff_in]
+        ff.append(_lin("wo", f"{side}.layer.{pos}.DenseReluDense.wo", ffn, h, False, count))
+    return _Block(attn, [], [], 0, 2 * h, 0, tuple(cross + ff))
+
+
+def _encoder_block(spec: ModelSpec) -> _Block:
+    """BERT / RoBERTa (transformers models/bert/modeling_bert.py, models/roberta/...): post-LN
+    blocks of attention.self.query/key/value, attention.output.dense + LayerNorm,
+    intermediate.dense, output.dense + LayerNorm, all with biases; the MLM head's transform dense
+    (cls.predictions.transform.dense / lm_head.dense) is a linear outside the blocks."""
+    h, inner, ffn = spec.hidden_size, spec.num_heads * spec.head_dim, spec.intermediate_size
+    attn = [_lin(x, f"attention.self.{x}", h, inner, True) for x in ("query", "key", "value")]
+    attn.append(_lin("dense", "attention.output.dense", inner, h, True))
+    mlp = [_lin("dense", "intermediate.dense", h, ffn, True), _lin("dense", "output.dense", ffn, h, True)]
+    head = "cls.predictions.transform.dense" if spec.architecture == "bert" else "lm_head.dense"
+    return _Block(attn, mlp, [], 0, 2 * 2 * h, 0, (_lin("dense", head, h, h, True),))
+
+
+def _lm_head(spec: ModelSpec) -> LinearLayer:
+    if spec.architecture == "bert":  # the MLM decoder; its bias is cls.predictions.bias (tied)
+        return _lin("decoder", "cls.predictions.decoder", spec.hidden_size, spec.vocab_size, True, 1, "lm_head")
+    if spec.architecture == "roberta":
+        return _lin("decoder", "lm_head.decoder", spec.hidden_size, spec.vocab_size, True, 1, "lm_head")
+    return _lin("lm_head", "lm_head", spec.hidden_size, spec.vocab_size, spec.lm_head_bias, 1, "lm_head")
+
+
+def _other_params(spec: ModelSpec) -> int:
+    """Parameters outside the blocks, embeddings, final norm and lm_head (see ParamBreakdown.other)."""
+    h, arch = spec.hidden_size, spec.architecture
+    if arch == "bloom":
+        return 2 * h  # word_embeddings_layernorm
+    if arch in ENCODER_DECODERS:
+        return 2 * spec.relative_attention_buckets * spec.num_heads  # first encoder + first decoder block
+    if arch in ENCODERS:
+        # token-type embeddings, embeddings LayerNorm, head transform LayerNorm, output bias
+        return spec.type_vocab_size * h + 2 * h + 2 * h + spec.vocab_size
+    return 0
+
+
+def _final_norm_params(spec: ModelSpec) -> int:
+    if spec.architecture in ENCODERS:
+        return 0  # post-LN: every block ends in its own LayerNorm
+    if spec.architecture in ENCODER_DECODERS:
+        return 2 * spec.hidden_size  # encoder and decoder final_layer_norm (weight only)
+    return _norm_params(spec, spec.hidden_size)
+
+
 def _vision_linears(spec: ModelSpec) -> list[LinearLayer]:
     v = spec.vision
     if v is None or spec.architecture != "qwen2_vl":
@@ -251,9 +367,9 @@ def linear_layers(spec: ModelSpec) -> tuple[LinearLayer, ...]:
     """Every linear module (and fused expert slice) of the model, with its whole-model count."""
     b = _block(spec)
     n = spec.num_layers
-    out = [_scaled(layer, n) for layer in b.attention + b.mlp + b.experts]
+    out = [_scaled(layer, n) for layer in b.attention + b.mlp + b.experts] + list(b.extra)
     # The lm_head exists as a module even when its weight is tied to the embeddings.
-    out.append(_lin("lm_head", "lm_head", spec.hidden_size, spec.vocab_size, spec.lm_head_bias, 1, "lm_head"))
+    out.append(_lm_head(spec))
     return tuple(out + _vision_linears(spec))
 
 
@@ -270,13 +386,23 @@ def count_params(spec: ModelSpec) -> ParamBreakdown:
     attention = sum(x.params for x in b.attention) + b.attention_extra
     mlp = sum(x.params for x in b.mlp)
     experts = sum(x.params for x in b.experts if x.kind == "expert")
+    cross = other = 0
+    if spec.architecture in ENCODER_DECODERS:
+        # The feed-forward linears are listed per side (their paths differ); per block they are alike.
+        mlp = (3 if spec.gated_mlp else 2) * h * spec.intermediate_size
+        cross = sum(x.params for x in b.extra if "EncDecAttention" in x.path) + spec.decoder_layers * h
+    elif b.extra:
+        other = sum(x.params for x in b.extra)  # the MLM head transform
+    other += _other_params(spec)
     embedding = v * h
     position = spec.max_position_embeddings * h if spec.position == "learned" else 0
-    lm_head = 0 if spec.tie_embeddings else v * h + (v if spec.lm_head_bias else 0)
-    final_norm = _norm_params(spec, h)
+    # An untied BERT / RoBERTa MLM decoder keeps its own bias next to the head's (counted in other).
+    head_bias = spec.lm_head_bias or spec.architecture in ENCODERS
+    lm_head = 0 if spec.tie_embeddings else v * h + (v if head_bias else 0)
+    final_norm = _final_norm_params(spec)
     vision = vision_params(spec)
     per_layer = attention + mlp + b.norms + b.router + experts
-    total = embedding + position + lm_head + n * per_layer + final_norm + vision
+    total = embedding + position + lm_head + n * per_layer + final_norm + vision + cross + other
     inactive = 0
     if spec.num_experts:
         per_expert = experts // spec.num_experts
@@ -285,7 +411,7 @@ def count_params(spec: ModelSpec) -> ParamBreakdown:
         embedding=embedding, position_embedding=position, lm_head=lm_head, num_layers=n,
         attention_per_layer=attention, mlp_per_layer=mlp, norms_per_layer=b.norms,
         router_per_layer=b.router, experts_per_layer=experts, final_norm=final_norm, vision=vision,
-        total=total, active_per_token=total - vision - inactive,
+        total=total, active_per_token=total - vision - inactive, cross_attention=cross, other=other,
     )
 
 
@@ -297,6 +423,34 @@ def total_params(spec: ModelSpec) -> int:
 def _matches(layer: LinearLayer, key: str) -> bool:
     # PEFT matches a target key against the end of the module path at a dot boundary.
     return layer.name == key or layer.path == key or layer.path.endswith("." + key)
+
+
+def canonical_targets(target_modules: list[str] | tuple[str, ...] | str) -> list[str] | str:
+    """LoRA target_modules as PEFT takes them: the string "all-linear", or a list of names.
+
+    LoraSettings.target_modules holds either a list of names or the bare string "all-linear"
+    (what --lora-targets and a YAML `target_modules: all-linear` give). Iterating the bare string
+    split it into characters ('a', 'l', 'l', '-', ...): every consumer goes through here instead.
+    A list that names "all-linear" means all-linear; another bare string is one module name.
+    """
+    if isinstance(target_modules, str):
+        return "all-linear" if target_modules.strip().lower() == "all-linear" else [target_modules]
+    names = list(target_modules)
+    if any(isinstance(x, str) and x.strip().lower() == "all-linear" for x in names):
+        return "all-linear"
+    return names
+
+
+LLAMA_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def attention_module_names(spec: ModelSpec) -> list[str]:
+    """The attention projections of one block as PEFT target keys: the module name, or its path
+    where other linears share the name (BERT's attention.output.dense vs intermediate.dense).
+    T5's names also match its decoder cross-attention, as PEFT's own t5 default (q, v) does."""
+    block = _block(spec)
+    others = {x.name for x in block.mlp + list(block.extra) if "EncDecAttention" not in x.path}
+    return list(dict.fromkeys(x.path if x.name in others else x.name for x in block.attention))
 
 
 def lora_targets(spec: ModelSpec, target_modules: list[str] | str,
@@ -317,12 +471,15 @@ def _lora_plan(spec: ModelSpec, target_modules: list[str] | str,
     modules = [x for x in layers if x.kind in ("linear", "lm_head")]
     params = [x for x in layers if x.kind in ("expert", "router")]
     v4 = spec.architecture == "mixtral"
-    if isinstance(target_modules, str):
-        if target_modules.lower() == "all-linear":
-            keys = [x.name for x in modules if x.kind != "lm_head"] + (list(MIXTRAL_V4_NAMES) if v4 else [])
-            target_modules = list(dict.fromkeys(keys))
-        else:
-            target_modules = [target_modules]
+    target_modules = canonical_targets(target_modules)
+    if target_modules == list(LLAMA_ATTENTION) and not all(any(x.name == n for x in modules) for n in LLAMA_ATTENTION):
+        # LoraSettings' default (q, k, v, o) means "the attention projections": on a model that
+        # names them differently (c_attn, query_key_value, query/key/value/dense, q/k/v/o), use
+        # its own, as PEFT's per-architecture defaults do.
+        target_modules = attention_module_names(spec)
+    if target_modules == "all-linear":
+        keys = [x.name for x in modules if x.kind != "lm_head"] + (list(MIXTRAL_V4_NAMES) if v4 else [])
+        target_modules = list(dict.fromkeys(keys))
     plan: list[tuple[LinearLayer, int]] = []
     unknown = []
     v4_keys = [k for k in target_modules if v4 and k in MIXTRAL_V4_NAMES]
@@ -367,6 +524,33 @@ def _param_targets(spec: ModelSpec, experts: list[LinearLayer], keys: list[str])
             )
         chosen += [x for x in hits if x not in chosen]
     return chosen
+
+
+# Linear modules that read the attention output or the MLP's inner width (not a norm output).
+_OUTPUT_PROJECTIONS = ("o_proj", "dense", "c_proj", "down_proj", "fc2", "dense_4h_to_h", "o", "wo")
+_ATTENTION_PARTS = ("self_attn", "attn", "attention", "self_attention", "SelfAttention", "EncDecAttention")
+
+
+def lora_position(layer: LinearLayer) -> str:
+    """Where an adapted linear sits in its block, for the activation model: "attn_in" / "attn_out" /
+    "mlp_in" / "mlp_out", or "lm_head" for the output layer and heads outside the blocks."""
+    parts = layer.path.split(".")
+    if layer.kind == "lm_head" or parts[0] in ("cls", "lm_head"):
+        return "lm_head"
+    part = "attn" if any(p in _ATTENTION_PARTS for p in parts[:-1]) else "mlp"
+    out = layer.name in _OUTPUT_PROJECTIONS and layer.path != "intermediate.dense"
+    return f"{part}_{'out' if out else 'in'}"
+
+
+def norm_readers(spec: ModelSpec) -> tuple[int, int]:
+    """(linear modules reading the attention-norm output, those reading the MLP-norm output):
+    q, k, v: 3; a fused qkv: 1; gate + up: 2. Phi's one LayerNorm feeds q, k, v and fc1."""
+    arch = spec.architecture
+    if arch == "phi":
+        return 4, 0
+    attn = 1 if arch in ("gpt2", "phi3", "gpt_neox") + FUSED_QKV_DECODERS else 3
+    mlp = 2 if (spec.gated_mlp and arch != "phi3") else 1
+    return attn, mlp
 
 
 def module_names(spec: ModelSpec) -> list[str]:

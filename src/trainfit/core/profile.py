@@ -199,6 +199,31 @@ class BenchmarkInfo:
     disk_write_mbps: float | None
     seconds: float
     unavailable: dict[str, str] = field(default_factory=dict)
+    measured_at: str | None = None  # UTC, ISO 8601
+    scope: str = "full"  # "full": profile --benchmark; "cpu": the default CPU measurement (RAM, CPU matmuls)
+    cached: bool = False  # read back from trainfit's cache (measured at measured_at)
+
+
+_ONE_NODE = "one node: no inter-node network"
+
+
+@dataclass(frozen=True)
+class NodesInfo:
+    """How many identical machines (nodes) the profile stands for, and the network between them.
+
+    With count > 1, `HardwareProfile.gpus` lists every node's GPUs (count x gpus_per_node, node 0
+    first) while cpu / memory / storage / power describe ONE node (all nodes are identical).
+    Saved profiles without this key load as one node.
+    """
+
+    count: int = 1
+    network: str | None = None  # catalog id (core/network_catalog.py): "ib-ndr", "100gbe", ...
+    network_kind: str | None = None  # infiniband | roce | efa | ethernet
+    network_gbps: float | None = None  # line rate per node, GB/s (10^9 bytes/s) per direction
+    network_assumed: bool = False  # True: the GPU class's default, not stated by the user
+    network_source: str | None = None  # where the figure comes from (URL + date)
+    unavailable: dict[str, str] = field(default_factory=lambda: {
+        "network": _ONE_NODE, "network_kind": _ONE_NODE, "network_gbps": _ONE_NODE, "network_source": _ONE_NODE})
 
 
 @dataclass(frozen=True)
@@ -216,6 +241,7 @@ class HardwareProfile:
     benchmark: BenchmarkInfo | None
     probe_seconds: dict[str, float]  # wall time per probe
     unavailable: dict[str, str] = field(default_factory=dict)
+    nodes: NodesInfo = field(default_factory=NodesInfo)  # machines training together (default: one)
 
     # ---- convenience views used by the estimators -------------------------------------
     @property
@@ -228,7 +254,16 @@ class HardwareProfile:
 
     @property
     def gpu_count(self) -> int:
+        """GPUs of every node together (the data-parallel world size on GPUs)."""
         return len(self.gpus)
+
+    @property
+    def node_count(self) -> int:
+        return max(1, self.nodes.count)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.gpus) // self.node_count
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(to_jsonable(self), indent=indent, sort_keys=False)

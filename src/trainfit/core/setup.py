@@ -75,8 +75,15 @@ class TrainingSetup:
     attention: Attention = "sdpa"
     lora: LoraSettings | None = None  # required for lora / qlora
     quant: Quant = "none"  # weight quantisation (qlora: nf4 / nf4-dq / int8; inference too)
-    num_gpus: int = 1
+    num_gpus: int = 1  # data-parallel ranks on every node together (the world size)
+    # Machines the num_gpus are spread over, equally (num_gpus / num_nodes GPUs each). Changes the
+    # communication time (the network between nodes) and, with hybrid_shard, the memory.
+    num_nodes: int = 1
     zero_stage: int = 0  # DeepSpeed ZeRO 0..3 (FSDP: NO_SHARD=0, SHARD_GRAD_OP=2, FULL_SHARD=3)
+    # Hybrid sharding (FSDP HYBRID_SHARD, "HSDP"): with zero_stage 3, shard over the GPUs of one
+    # node and replicate across nodes. Memory as sharding over one node's GPUs; across nodes only the
+    # gradient all-reduce of each shard travels. No effect on one node or below stage 3.
+    hybrid_shard: bool = False
     offload: Offload = "none"
     device: Device = "cuda"
     # DPO: the reference model is frozen; with LoRA it is the base with adapters disabled.
@@ -87,3 +94,14 @@ class TrainingSetup:
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return max(1, self.num_gpus // max(1, self.num_nodes))
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks one ZeRO / FSDP shard is split over: one node's GPUs under hybrid sharding."""
+        if self.hybrid_shard and self.num_nodes > 1 and self.zero_stage >= 3:
+            return self.gpus_per_node
+        return max(1, self.num_gpus)

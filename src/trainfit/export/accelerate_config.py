@@ -14,6 +14,15 @@ MULTI_GPU / MULTI_CPU for DDP with several processes, NO for one process.
   launch runs in); every other DeepSpeed setting lives in that file, as Accelerate requires.
 * MULTI_CPU: `accelerate launch` starts several CPU processes only through mpirun (mpirun_config);
   trainfit's launch.sh uses torchrun on CPU, so this file documents the setup there.
+* Several nodes (num_machines > 1): num_processes counts every node's processes (Accelerate's
+  meaning); machine_rank is 0 and main_process_ip empty in the file because one file serves every
+  node: launch.sh passes --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR
+  --main_process_port $MASTER_PORT, which Accelerate prefers to the file's values
+  (trainfit.export.launch). rdzv_backend static, as the torchrun command uses: machine_rank 0 is
+  then the process that writes the run directory (trainfit.export.launch says why not c10d).
+* Hybrid sharding (training.hybrid_shard on several nodes, FSDP): FSDP2 (Transformers 5) takes it
+  as Accelerate's parallelism_config, dp_replicate_size = nodes x dp_shard_size = GPUs per node
+  (HSDP); FSDP1 as the HYBRID_SHARD sharding strategy (trainfit.export.fsdp).
 """
 
 from __future__ import annotations
@@ -53,8 +62,9 @@ def distributed_type(cfg: RunConfig, *, num_processes: int, device: str) -> str:
 
 
 def accelerate_config(cfg: RunConfig, *, num_processes: int, device: str, transformers_major: int,
-                      deepspeed_file: str = "deepspeed.json") -> dict[str, Any]:
-    """The Accelerate config dict (YAML-ready) for one machine running num_processes processes."""
+                      deepspeed_file: str = "deepspeed.json", num_machines: int = 1) -> dict[str, Any]:
+    """The Accelerate config dict (YAML-ready) for num_machines machines running num_processes
+    processes together (one machine by default)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)} (a resolved device), got {device!r}")
     dist = distributed_type(cfg, num_processes=num_processes, device=device)
@@ -62,7 +72,7 @@ def accelerate_config(cfg: RunConfig, *, num_processes: int, device: str, transf
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": dist,
         "num_processes": num_processes,
-        "num_machines": 1,
+        "num_machines": num_machines,
         "machine_rank": 0,
         "rdzv_backend": "static",
         "same_network": True,
@@ -72,14 +82,23 @@ def accelerate_config(cfg: RunConfig, *, num_processes: int, device: str, transf
         "downcast_bf16": "no",
         "enable_cpu_affinity": False,
     }
+    if num_machines > 1:
+        from trainfit.export.launch import DEFAULT_MASTER_PORT
+
+        conf["main_process_ip"] = None  # given per node by launch.sh (--main_process_ip "$MASTER_ADDR")
+        conf["main_process_port"] = DEFAULT_MASTER_PORT
     if dist != "DEEPSPEED":
         conf["mixed_precision"] = mixed_precision(cfg)
     if device == "cuda":
         conf["gpu_ids"] = "all"
     t = cfg.training
     if dist == "FSDP":
+        hybrid = num_machines if t.hybrid_shard and num_machines > 1 and t.zero_stage >= 3 else 1
         conf["fsdp_config"] = accelerate_fsdp_block(t.zero_stage, t.offload != "none",
-                                                    transformers_major=transformers_major)
+                                                    transformers_major=transformers_major, hybrid_replicas=hybrid)
+        if hybrid > 1 and transformers_major >= 5:
+            conf["parallelism_config"] = {"parallelism_config_dp_replicate_size": hybrid,
+                                          "parallelism_config_dp_shard_size": num_processes // hybrid}
     elif dist == "DEEPSPEED":
         conf["deepspeed_config"] = {"deepspeed_config_file": deepspeed_file}
     return conf

@@ -7,7 +7,13 @@
     lora.yaml           kwargs of peft.LoraConfig (only when the method trains LoRA adapters)
     accelerate.yaml     the Accelerate config for `accelerate launch --config_file`
     deepspeed.json      the DeepSpeed config (only when DeepSpeed is the engine)
+    hostfile            DeepSpeed's hostfile (only DeepSpeed on several nodes)
     launch.sh           the command that starts the run
+
+Several nodes (training.num_nodes > 1 in the run config): the same files serve every node; copy the
+folder to each node (or share it) and start `NODE_RANK=R MASTER_ADDR=HOST ./launch.sh` on each
+(trainfit.export.launch says why one launch.sh and not one per node). accelerate.yaml carries
+num_machines, deepspeed's hostfile one line per node.
 
 Every file starts with the caller's header lines: `# ` comments in YAML and shell; in the JSON
 under its "_comment" key (see trainfit.export.deepspeed for why DeepSpeed accepts that key).
@@ -29,9 +35,9 @@ import yaml
 
 from trainfit.errors import BadInputError
 from trainfit.export.accelerate_config import accelerate_config
-from trainfit.export.deepspeed import deepspeed_json
+from trainfit.export.deepspeed import HOSTFILE, deepspeed_json, hostfile_text
 from trainfit.export.engine import engine
-from trainfit.export.launch import launch_command
+from trainfit.export.launch import launch_command, node_preamble
 from trainfit.export.peft_config import lora_config_kwargs, uses_lora
 from trainfit.export.training_args import CONFIG_MODULES, trainer_config
 from trainfit.export.versions import transformers_major as installed_transformers_major
@@ -79,8 +85,13 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
     major = installed_transformers_major() if transformers_major is None else transformers_major
     eng = engine(cfg, num_processes=num_processes)
     run_dir = run_dir_name(cfg)
+    nodes = max(1, cfg.training.num_nodes)
+    if num_processes % nodes:
+        raise BadInputError(f"training.num_nodes {nodes}: {num_processes} processes do not split evenly over the nodes",
+                            hint="give each node the same number of GPUs")
+    per_node = num_processes // nodes
     accel = accelerate_config(cfg, num_processes=num_processes, device=device, transformers_major=major,
-                              deepspeed_file=DEEPSPEED_FILE)
+                              deepspeed_file=DEEPSPEED_FILE, num_machines=nodes)
     class_name, args = trainer_config(cfg, device=device, output_dir=f"{run_dir}/checkpoints",
                                       world_size=num_processes, transformers_major=major,
                                       deepspeed_file=DEEPSPEED_FILE if eng == "deepspeed" else None)
@@ -96,18 +107,30 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
         files[LORA_FILE] = _comments(_header_lines(header_lines, [
             "Keyword arguments of peft.LoraConfig, as trainfit train builds them:",
             f"  LoraConfig(**yaml.safe_load(open(\"{LORA_FILE}\")))"])) + _yaml(lora_config_kwargs(cfg))
+    machines = (f" on {nodes} machines; launch.sh gives each its --machine_rank and node 0's address"
+                if nodes > 1 else "")
     files[ACCELERATE_FILE] = _comments(_header_lines(header_lines, [
-        f"Accelerate config ({accel['distributed_type']}, {num_processes} process(es)): "
+        f"Accelerate config ({accel['distributed_type']}, {num_processes} process(es){machines}): "
         f"accelerate launch --config_file {ACCELERATE_FILE} ...", here])) + _yaml(accel)
     if eng == "deepspeed":
         files[DEEPSPEED_FILE] = deepspeed_json(cfg, _header_lines(header_lines, [
             f"DeepSpeed config; \"auto\" values are filled in by Transformers from {TRAINING_ARGS_FILE}."]))
+    if eng == "deepspeed" and nodes > 1:
+        files[HOSTFILE] = hostfile_text(nodes, per_node, _header_lines(header_lines, []),
+                                        f"deepspeed --hostfile {HOSTFILE} --module trainfit train {RUN_FILE} --out {run_dir}")
     command = launch_command(RUN_FILE, out_dir=run_dir, num_processes=num_processes, strategy=eng,
-                             accelerate_file=ACCELERATE_FILE if device == "cuda" else None)
-    files[LAUNCH_FILE] = ("#!/usr/bin/env bash\n" + _comments(_header_lines(header_lines, [
-        f"Starts the run ({eng}, {num_processes} process(es) on {device}); extra arguments go to "
-        "trainfit train (e.g. --resume)."])) + "set -euo pipefail\n"
+                             accelerate_file=ACCELERATE_FILE if device == "cuda" else None, num_nodes=nodes)
+    about = [f"Starts the run ({eng}, {num_processes} process(es) on {device}); extra arguments go to "
+             "trainfit train (e.g. --resume)."]
+    if nodes > 1:
+        about += [f"{nodes} nodes x {per_node} process(es): run this same file on every node, with this folder "
+                  "copied (or shared) there:",
+                  "  node 0:  NODE_RANK=0 MASTER_ADDR=<node 0's address> [MASTER_PORT=29500] ./launch.sh",
+                  f"  node R:  NODE_RANK=R MASTER_ADDR=<node 0's address> [MASTER_PORT=29500] ./launch.sh  "
+                  f"(R = {'1' if nodes == 2 else f'1..{nodes - 1}'})"]
+    files[LAUNCH_FILE] = ("#!/usr/bin/env bash\n" + _comments(_header_lines(header_lines, about)) + "set -euo pipefail\n"
         + 'cd "$(dirname "${BASH_SOURCE[0]}")"  # the files below are named relative to this folder\n'
+        + (node_preamble(nodes) if nodes > 1 else "")
         + f'{command} "$@"\n')
     return files
 

@@ -40,6 +40,27 @@ def deepspeed_config(cfg: RunConfig) -> dict[str, Any]:
             "bf16": {"enabled": AUTO}, "fp16": {"enabled": AUTO}}
 
 
+HOSTFILE = "hostfile"
+
+
+def hostfile_text(num_nodes: int, slots_per_node: int, header_lines: list[str], command: str) -> str:
+    """A DeepSpeed hostfile for `deepspeed --hostfile hostfile`: one `HOST slots=N` line per node.
+
+    The host names are unknown when planning: node-0 .. node-N-1 stand for them and the header says
+    to replace them (DeepSpeed's launcher reaches each host by passwordless ssh / pdsh). DeepSpeed's
+    parser (deepspeed.launcher.runner._parse_hostfile) skips lines starting with '#', so the header
+    can stay. trainfit's launch.sh does not need this file (torchrun / accelerate start each node).
+    """
+    if num_nodes < 1 or slots_per_node < 1:
+        raise ValueError(f"a hostfile needs nodes and slots >= 1, got {num_nodes} x {slots_per_node}")
+    lines = [*header_lines,
+             "DeepSpeed hostfile: replace node-0 .. node-%d with the nodes' host names (reachable by ssh),"
+             % (num_nodes - 1),
+             f"then on node-0: {command}"]
+    head = "".join(f"# {line}\n" if line else "#\n" for line in lines)
+    return head + "".join(f"node-{i} slots={slots_per_node}\n" for i in range(num_nodes))
+
+
 def deepspeed_json(cfg: RunConfig, header_lines: list[str]) -> str:
     """deepspeed.json text: the config with the header lines under HEADER_KEY, first."""
     import json

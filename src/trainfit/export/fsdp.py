@@ -9,6 +9,10 @@ gradients, so there is no "no shard" stage here). `offload` other than none move
   `fsdp_config` (the string form is deprecated there); 4.x takes the string form (FSDP1).
 * `accelerate_fsdp_block`: the same settings as the `fsdp_config` block of an Accelerate config
   file, so `accelerate launch` sets the same plugin the Trainer builds from the arguments.
+
+Hybrid sharding across nodes (`hybrid_replicas` = nodes > 1, ZeRO-3 equivalent only): FSDP1 takes
+the HYBRID_SHARD strategy ("hybrid_shard" in TrainingArguments' string form); FSDP2 builds it from
+a 2-D device mesh, which Accelerate takes as its parallelism_config (trainfit.export.accelerate_config).
 """
 
 from __future__ import annotations
@@ -26,17 +30,21 @@ def full_shard(zero_stage: int) -> bool:
     return zero_stage >= 3
 
 
-def fsdp_arguments(zero_stage: int, offload: bool, *, transformers_major: int) -> dict[str, Any]:
+def fsdp_arguments(zero_stage: int, offload: bool, *, transformers_major: int,
+                   hybrid_replicas: int = 1) -> dict[str, Any]:
     """TrainingArguments keys for FSDP at the ZeRO-equivalent stage."""
     reshard = full_shard(zero_stage)
     if transformers_major >= 5:
         return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": reshard,
                                               "cpu_offload": offload}}
     shard = "full_shard" if reshard else "shard_grad_op"
+    if reshard and hybrid_replicas > 1:
+        shard = "hybrid_shard"
     return {"fsdp": f"{shard} auto_wrap" + (" offload" if offload else ""), "fsdp_config": {"use_orig_params": True}}
 
 
-def accelerate_fsdp_block(zero_stage: int, offload: bool, *, transformers_major: int) -> dict[str, Any]:
+def accelerate_fsdp_block(zero_stage: int, offload: bool, *, transformers_major: int,
+                          hybrid_replicas: int = 1) -> dict[str, Any]:
     """The `fsdp_config` block of an Accelerate config file with the same settings."""
     reshard = full_shard(zero_stage)
     block: dict[str, Any] = {
@@ -50,6 +58,9 @@ def accelerate_fsdp_block(zero_stage: int, offload: bool, *, transformers_major:
         block.update({"fsdp_version": 2, "fsdp_reshard_after_forward": reshard})
     else:
         # FSDP1 takes the sharding strategy by name in the same key.
-        block.update({"fsdp_version": 1, "fsdp_reshard_after_forward": "FULL_SHARD" if reshard else "SHARD_GRAD_OP",
+        strategy = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
+        if reshard and hybrid_replicas > 1:
+            strategy = "HYBRID_SHARD"
+        block.update({"fsdp_version": 1, "fsdp_reshard_after_forward": strategy,
                       "fsdp_use_orig_params": True, "fsdp_sync_module_states": True})
     return block

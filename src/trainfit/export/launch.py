@@ -6,6 +6,24 @@ run `python -m trainfit train` under a launcher: `accelerate launch --config_fil
 Accelerate config file is given (CUDA machines), else torchrun with --standalone, as
 tests/train/test_distributed.py and docs/training.md do (Accelerate starts several CPU processes
 only through mpirun, so CPU runs use torchrun).
+
+Several nodes: ONE launch.sh serves every node. It reads the node's rank and the rendezvous
+address from the environment and refuses to start without them (NODE_PREAMBLE):
+    NODE_RANK     0 on the first node, 1 .. N-1 on the others
+    MASTER_ADDR   the address of node 0, reachable from every node (required)
+    MASTER_PORT   a free TCP port on node 0 (default 29500)
+and starts `torchrun --nnodes N --node-rank $NODE_RANK --nproc-per-node G --rdzv-backend static
+--rdzv-endpoint $MASTER_ADDR:$MASTER_PORT` (CPU), or `accelerate launch` with the multi-node
+accelerate.yaml and `--machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port
+$MASTER_PORT`, which take precedence over the file's values (CUDA). One file for all nodes, not one
+per node: the nodes get the same folder (copied, or on a shared filesystem) and differ only in
+NODE_RANK, so nothing can drift between per-node copies.
+
+Why the static rendezvous and not c10d: torchrun ignores --node-rank under c10d ("node_rank is
+only used for static rdzv_backend", torch/distributed/run.py) and numbers the nodes by sorting
+host name and process id (DynamicRendezvousHandler), so global rank 0 - the process that writes
+the run directory, metrics.jsonl and the checkpoints (trainfit.train.runner) - could land on any
+node. With the static rendezvous NODE_RANK=0 is rank 0, on the machine at MASTER_ADDR.
 """
 
 from __future__ import annotations
@@ -19,17 +37,52 @@ def _join(words: list[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+DEFAULT_MASTER_PORT = 29500  # torchrun's and Accelerate's default rendezvous port
+
+
+def node_preamble(num_nodes: int) -> str:
+    """Shell lines that check NODE_RANK / MASTER_ADDR / MASTER_PORT (see the module docstring)."""
+    last = num_nodes - 1
+    return f"""if [ -z "${{MASTER_ADDR:-}}" ]; then
+  echo "launch.sh: set MASTER_ADDR to the address of node 0, reachable from every node (e.g. MASTER_ADDR=10.0.0.1 NODE_RANK=0 ./launch.sh)" >&2
+  exit 2
+fi
+case "${{NODE_RANK:-}}" in
+  ''|*[!0-9]*) echo "launch.sh: set NODE_RANK to this node's rank: 0 on node 0 (MASTER_ADDR), {"1" if last == 1 else f"1..{last}"} on the others; got '${{NODE_RANK:-}}'" >&2; exit 2 ;;
+esac
+if [ "$NODE_RANK" -gt {last} ]; then
+  echo "launch.sh: NODE_RANK must be 0..{last} ({num_nodes} nodes), got $NODE_RANK" >&2
+  exit 2
+fi
+MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"
+"""
+
+
 def launch_command(run_config_file: str, *, out_dir: str, num_processes: int, strategy: str,
-                   accelerate_file: str | None = None) -> str:
+                   accelerate_file: str | None = None, num_nodes: int = 1) -> str:
     """The shell command (quoted words) that trains run_config_file into out_dir.
 
     strategy: the engine (trainfit.export.engine.engine): single, ddp, fsdp or deepspeed.
+    num_processes: every node's processes together; num_nodes > 1: the per-node command that
+    reads $NODE_RANK, $MASTER_ADDR and $MASTER_PORT (checked by node_preamble).
     """
     if strategy not in ENGINES:
         raise ValueError(f"strategy must be one of {', '.join(ENGINES)}, got {strategy!r}")
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    if num_nodes < 1 or num_processes % num_nodes:
+        raise ValueError(f"{num_processes} processes do not split evenly over {num_nodes} node(s)")
     train = ["train", run_config_file, "--out", out_dir]
+    if num_nodes > 1:
+        env = '--node-rank "$NODE_RANK"'
+        if accelerate_file is not None:
+            # The file holds num_machines / num_processes; the flags name this node and node 0.
+            return (_join(["accelerate", "launch", "--config_file", accelerate_file])
+                    + ' --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" '
+                    + _join(["-m", "trainfit", *train]))
+        return (_join(["torchrun", "--nnodes", str(num_nodes)]) + f" {env} "
+                + _join(["--nproc-per-node", str(num_processes // num_nodes), "--rdzv-backend", "static"])
+                + ' --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" ' + _join(["-m", "trainfit", *train]))
     if num_processes == 1 and strategy in ("single", "ddp"):
         return _join(["trainfit", *train])
     if accelerate_file is not None:

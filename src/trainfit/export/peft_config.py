@@ -18,7 +18,10 @@ def lora_config_kwargs(cfg: RunConfig) -> dict[str, Any]:
     from trainfit.core.setup import LoraSettings
 
     lo = cfg.training.lora or LoraSettings()
-    # PEFT takes the string "all-linear" (every linear layer but the output head), not a list.
-    targets: str | list[str] = "all-linear" if list(lo.target_modules) == ["all-linear"] else list(lo.target_modules)
+    # PEFT takes the string "all-linear" (every linear layer but the output head), not a list;
+    # a bare "all-linear" string must not be iterated (it would split into characters).
+    from trainfit.core.params import canonical_targets
+
+    targets = canonical_targets(lo.target_modules)
     return {"r": lo.rank, "lora_alpha": lo.alpha, "lora_dropout": lo.dropout, "target_modules": targets,
             "bias": "none", "task_type": "CAUSAL_LM"}

@@ -50,6 +50,7 @@ def run_config_dict(mp: ModePlan, req: PlanRequest, data_paths: list[str] | None
         "precision": s.precision, "optimizer": s.optimizer, "micro_batch": s.micro_batch,
         "grad_accum": s.grad_accum, "seq_len": s.seq_len, "grad_checkpointing": s.grad_checkpointing,
         "attention": s.attention, "zero_stage": s.zero_stage, "offload": s.offload, "num_gpus": s.num_gpus,
+        **({"num_nodes": s.num_nodes, "hybrid_shard": s.hybrid_shard} if s.num_nodes > 1 else {}),
         "device": "cpu" if s.device == "cpu" else "cuda" if s.device in ("cuda", "rocm") else s.device,
     }
     if s.lora is not None:
@@ -60,6 +61,9 @@ def run_config_dict(mp: ModePlan, req: PlanRequest, data_paths: list[str] | None
     if method == "dpo":
         training["dpo_reference"] = s.dpo_reference
     steps = mp.run.steps if mp.run is not None else None
+    budget = mp.data_io.budget if mp.data_io is not None else None
+    if budget is not None and budget.capped_by and budget.steps:
+        steps = budget.steps  # the mode's hours / the --budget dollars cut the run (data_io's token budget)
     schedule: dict[str, Any] = {"lr": LEARNING_RATES[lr_key], "scheduler": "cosine"}
     if steps:
         schedule["max_steps"] = int(steps)
@@ -75,13 +79,48 @@ def run_config_dict(mp: ModePlan, req: PlanRequest, data_paths: list[str] | None
     if vocab is not None:
         cfg["tokenizer"] = {"vocab_size": int(vocab)}
     data = data_paths or [SAMPLE_DATA[method]]
-    cfg["data"] = {"paths": data}
+    cfg["data"] = {"paths": data, **_data_format(method, mp), **data_keys(mp, steps)}
     cfg["training"] = training
     cfg["schedule"] = schedule
     cfg["checkpointing"] = {"every_steps": every, "keep_last": 2}
+    if getattr(req, "spot", None) is not None:  # plan --flavor ID --spot
+        cfg["safety"], cfg["checkpointing"]["every_steps"] = spot_safety(mp, req, every)
     if s.zero_stage:
-        cfg["distributed"] = {"strategy": "deepspeed"}
+        # hybrid sharding is FSDP's (HYBRID_SHARD / HSDP): DeepSpeed's ZeRO shards over every rank
+        cfg["distributed"] = {"strategy": "fsdp" if s.hybrid_shard else "deepspeed"}
     return cfg
+
+
+def _data_format(method: str, mp: ModePlan) -> dict[str, str]:
+    """data.format for fine-tuning on the user's JSON rows: chat when they hold `messages` (the run
+    config's default for SFT is text). Pretraining reads text and DPO preference pairs by default."""
+    cols = mp.data_io.columns if mp.data_io is not None else ()
+    if method in ("full", "lora", "qlora") and "messages" in cols:
+        return {"format": "chat"}
+    return {}
+
+
+def spot_safety(mp: ModePlan, req: PlanRequest, every: int) -> tuple[dict[str, Any], int]:
+    """A spot flavor's run config: its interruption figure for the trainer's cadence policy (with
+    the mode whose thresholds the plan priced), and every_steps no longer than the planned interval
+    (so training_args.yaml's save_steps suits the machine when run without trainfit too)."""
+    figure = req.spot.interruption  # type: ignore[union-attr]
+    safety = {"mode": mp.mode, "interruption_hours": round(figure.mean_hours, 4)}
+    est = mp.run.spot if mp.run is not None else None
+    if est is not None and mp.speed is not None and mp.speed.step_seconds > 0:
+        every = max(1, min(every, int(est.checkpoint_interval_seconds / mp.speed.step_seconds)))
+    return safety, every
+
+
+def data_keys(mp: ModePlan, steps: int | None) -> dict[str, Any]:
+    """The data plan's decisions as `data:` keys of the run config (`trainfit train` honours them)."""
+    dp = mp.data_io
+    if dp is None:
+        return {}
+    # A stream has no length: the run config can stream only when the plan knows the run's steps.
+    return {"streaming": bool(dp.streaming and steps), "cache_dir": dp.cache_dir,
+            "keep_in_memory": dp.keep_in_memory, "num_workers": dp.num_workers,
+            "prefetch_factor": dp.prefetch_factor, "packing": dp.packing}
 
 
 def header_lines(mp: ModePlan, command: str) -> list[str]:
@@ -95,6 +134,14 @@ def header_lines(mp: ModePlan, command: str) -> list[str]:
              f"{sp.tokens_per_second:,.0f} tokens/s"]
     if run is not None and run.hours is not None:
         lines.append(f"run: {run.steps:,} steps, {run.hours:.2f} h, {run.energy_kwh or 0:.2f} kWh")
+    dp = mp.data_io
+    if dp is not None:
+        lines.append(f"data: {dp.dataset}: {dp.reasons.get('source', '')}; cache: {dp.reasons.get('cache', '')}")
+        if dp.budget is not None and dp.budget.capped_by:
+            lines.append(f"max_steps {dp.budget.steps:,}: {dp.reasons.get('budget', '')}")
+        if dp.source == "hub":
+            lines.append(f"data.paths: trainfit train reads local data; save {dp.dataset} with datasets' "
+                         "save_to_disk and plan with --data DIR")
     return lines
 
 
@@ -110,6 +157,13 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     raw = run_config_dict(mp, req, data_paths)
     cfg = parse_run_config(raw, base_dir=Path(base_dir or "."), source=f"plan {mp.mode}")
     lines = header_lines(mp, command)
+    est = mp.run.spot if mp.run is not None else None
+    if est is not None:
+        from trainfit.core.spot import hours_text
+
+        lines.append(f"spot: {hours_text(est.interruption_hours)} between interruptions ({est.interruption_id}); "
+                     f"checkpoint every {est.checkpoint_interval_seconds / 60:.1f} min; expected cost incl. re-done "
+                     f"work ${mp.run.rental_expected_usd or 0:.2f} (uninterrupted ${mp.run.rental_usd or 0:.2f})")
     if not data_paths:
         lines.append(f"data: {raw['data']['paths'][0]} is a shipped sample set; plan with --data to use yours")
     if mp.pretrain is not None:

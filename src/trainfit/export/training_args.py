@@ -43,10 +43,13 @@ def training_arguments(cfg: RunConfig, *, device: str, output_dir: str, world_si
         seed=s.seed, data_seed=s.seed, optim=OPTIM_NAMES[t.optimizer],
         save_strategy="steps", save_steps=cfg.checkpointing.every_steps,
         logging_strategy="steps", logging_steps=cfg.logging.every_steps,
-        report_to="none", disable_tqdm=True, dataloader_num_workers=0, use_cpu=device == "cpu",
+        report_to="none", disable_tqdm=True, use_cpu=device == "cpu",
+        dataloader_num_workers=dataloader_workers(cfg),
         bf16=t.precision == "bf16-mixed", fp16=t.precision == "fp16-mixed",
     )
     kw[checkpointing_key] = t.grad_checkpointing != "none"  # "selective" runs as full: no selective mode
+    if cfg.data.prefetch_factor is not None and kw["dataloader_num_workers"] > 0:
+        kw["dataloader_prefetch_factor"] = cfg.data.prefetch_factor
     if t.optimizer == "sgd-momentum":
         kw["optim_args"] = "momentum=0.9"
     if s.max_steps is not None:
@@ -59,10 +62,19 @@ def training_arguments(cfg: RunConfig, *, device: str, output_dir: str, world_si
         kw["ddp_find_unused_parameters"] = False
     sharded = sharding_engine(cfg)
     if sharded == "fsdp":
-        kw.update(fsdp_arguments(t.zero_stage, t.offload != "none", transformers_major=transformers_major))
+        kw.update(fsdp_arguments(t.zero_stage, t.offload != "none", transformers_major=transformers_major,
+                                 hybrid_replicas=t.num_nodes if t.hybrid_shard else 1))
     elif sharded == "deepspeed":
         kw["deepspeed"] = deepspeed_file if deepspeed_file is not None else deepspeed_config(cfg)
     return kw
+
+
+def dataloader_workers(cfg: RunConfig) -> int:
+    """DataLoader worker processes: data.num_workers, and at most one for a stream. datasets deals a
+    stream's shards out to the workers and the DataLoader takes their batches in turn, so the order
+    would depend on the worker count; one worker still reads ahead while the model trains."""
+    d = cfg.data
+    return min(d.num_workers, 1) if d.streaming else d.num_workers
 
 
 def config_class_name(cfg: RunConfig) -> str:
@@ -80,9 +92,10 @@ def trl_arguments(cfg: RunConfig) -> dict[str, Any]:
     if cfg.method == "dpo":
         return {"max_length": t.seq_len, "beta": t.dpo_beta,
                 "precompute_ref_log_probs": t.dpo_reference == "precomputed"}
-    # Rows arrive as "text" or chat "messages" (trainfit.train.data.rename_for_trl); no packing,
-    # so every row is one sequence of at most seq_len tokens.
-    return {"max_length": t.seq_len, "packing": False, "dataset_text_field": "text"}
+    # Rows arrive as "text" or chat "messages" (trainfit.train.data.rename_for_trl). Without packing
+    # every row is one sequence of at most seq_len tokens; with data.packing TRL packs whole rows
+    # into seq_len rows (its default best-fit strategy, padding-free).
+    return {"max_length": t.seq_len, "packing": bool(cfg.data.packing), "dataset_text_field": "text"}
 
 
 def trainer_config(cfg: RunConfig, *, device: str, output_dir: str, world_size: int, transformers_major: int,

@@ -212,4 +212,6 @@ def suggestions(p: HardwareProfile, *, owned: bool = True) -> list[str]:
                    "TRAINFIT_BANDWIDTH_URL to measure)")
     if owned and p.benchmark is None:
         out.append("Run `trainfit analyze --benchmark` to replace datasheet figures with measured ones")
+    elif owned and p.benchmark.scope == "cpu" and p.gpus:
+        out.append("Run `trainfit analyze --benchmark` to measure the GPUs too (the CPU rates are measured)")
     return out

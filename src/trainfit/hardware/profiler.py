@@ -13,7 +13,7 @@ from typing import Any
 
 from trainfit.core.profile import SCHEMA_VERSION, GpuInfo, HardwareProfile
 from trainfit.errors import BadInputError
-from trainfit.hardware import amd, apple, cpu, intel, memory, network, nvml, power, storage, system
+from trainfit.hardware import amd, apple, cpu, cpu_measure, intel, memory, network, nvml, power, storage, system
 from trainfit.hardware.benchmark import benchmark_unavailable, run_benchmark
 from trainfit.hardware.gpu_common import enrich_from_catalog
 from trainfit.hardware.runner import run_probes
@@ -37,6 +37,18 @@ _GPU_PROBES: dict[str, Callable[[Sources], tuple[list[GpuInfo], dict[str, str]]]
 }
 
 
+def _keep_cpu_part(src: Sources, cpu_info, bench) -> None:
+    """A full --benchmark refreshes the cached CPU rates that later profiles use by default."""
+    reasons = {k: v for k, v in bench.unavailable.items() if k == "cpu_bf16_gflops"}
+    reasons.update({k: cpu_measure.CPU_ONLY for k in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")})
+    cpu_part = dataclasses.replace(bench, gpu_tflops={}, gpu_bandwidth_gbps=None, disk_read_mbps=None,
+                                   disk_write_mbps=None, unavailable=reasons, scope="cpu")
+    busy = cpu_measure.busy_reason(cpu_info)
+    if busy:
+        cpu_part = dataclasses.replace(cpu_part, unavailable={**cpu_part.unavailable, "under_load": busy})
+    cpu_measure.keep(cpu_measure.identity(src, cpu_info), cpu_part)
+
+
 def check_psu_watts(psu_watts: float | None) -> None:
     if psu_watts is None:
         return
@@ -48,11 +60,15 @@ def check_psu_watts(psu_watts: float | None) -> None:
 
 def build_profile(*, benchmark: bool = False, psu_watts: float | None = None, quick: bool = False,
                   sources: Sources | None = None, timeouts: dict[str, float] | None = None,
-                  bandwidth_url: str | None = None) -> HardwareProfile:
+                  bandwidth_url: str | None = None, measure_cpu: bool | None = None,
+                  on_measure: Callable[[str], None] | None = None) -> HardwareProfile:
     """Profile the machine (or the injected `sources`, e.g. a fixture machine).
 
     quick=True reads only OS, CPU, memory and GPUs (for estimators that need capacities); the
     storage test, RAPL window and network are skipped and say so.
+    measure_cpu: without --benchmark, carry this machine's measured CPU rates (hardware.cpu_measure:
+    measured once, then cached); default: on for the live machine, off for fixtures.
+    on_measure: told (one line) before a measurement that takes about a second.
     """
     check_psu_watts(psu_watts)
     src = sources or live_sources()
@@ -106,6 +122,17 @@ def build_profile(*, benchmark: bool = False, psu_watts: float | None = None, qu
         res = run_probes({"benchmark": lambda: run_benchmark(src, cpu_info, gpus)},
                          {"benchmark": limits["benchmark"]})["benchmark"]
         bench = res.value if res.error is None else benchmark_unavailable(res.error)
+        seconds["benchmark"] = round(time.perf_counter() - t0, 3)
+        if res.error is None and src.name == "live" and bench.cpu_fp32_gflops:
+            _keep_cpu_part(src, cpu_info, bench)
+    elif measure_cpu if measure_cpu is not None else src.name == "live":
+        t0 = time.perf_counter()
+        res = run_probes({"benchmark": lambda: cpu_measure.cpu_rates(src, cpu_info, on_measure=on_measure)},
+                         {"benchmark": limits["benchmark"]})["benchmark"]
+        if res.error is None:
+            bench = res.value
+        else:
+            top_reasons["benchmark"] = f"CPU rates not measured: {res.error}"
         seconds["benchmark"] = round(time.perf_counter() - t0, 3)
     else:
         top_reasons["benchmark"] = "not requested (pass --benchmark)"

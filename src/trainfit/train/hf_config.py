@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from trainfit.core.model_spec import ModelSpec, VisionTowerSpec
-from trainfit.core.params import QWEN2VL_TEMPORAL_PATCH, SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.core.params import BUILDABLE_ARCHITECTURES, QWEN2VL_TEMPORAL_PATCH, vision_params
 from trainfit.errors import BadInputError, require_extra
 
 # ModelSpec activation -> the name transformers' ACT2FN uses.
@@ -23,10 +23,13 @@ _HEAD_DIM_DERIVED = ("phi", "phi3", "gpt2", "gpt_neox")
 
 
 def _check(spec: ModelSpec) -> None:
-    if spec.architecture not in SUPPORTED_ARCHITECTURES:
+    if spec.architecture not in BUILDABLE_ARCHITECTURES:
+        # Falcon, GPTBigCode, BLOOM, Qwen v1, T5 and BERT are estimated (trainfit.core.params)
+        # but not built from a ModelSpec here.
         raise BadInputError(
-            f"model {spec.id!r}: architecture {spec.architecture!r} cannot be built",
-            hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+            f"model {spec.id!r}: architecture {spec.architecture!r} cannot be built by trainfit's trainer "
+            "(it is supported by estimate / plan / cloud)",
+            hint=f"trainable architectures: {', '.join(BUILDABLE_ARCHITECTURES)}",
         )
     if spec.architecture in _HEAD_DIM_DERIVED and spec.head_dim * spec.num_heads != spec.hidden_size:
         raise BadInputError(

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from trainfit.core.model_shapes import MAX_SHAPE_PARAMS, MIN_SHAPE_PARAMS
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.core.setup import TRAIN_METHODS, Method, PrecisionMode, TrainingSetup, parse_method
-from trainfit.errors import BadInputError, TrainfitError, close_matches
+from trainfit.errors import BadInputError, TrainfitError, unknown_keys
 
 CONFIG_VERSION = 1
 BUILTIN_DATA = {
@@ -77,8 +77,36 @@ class DataConfig:
     chosen_column: str = "chosen"
     rejected_column: str = "rejected"
     cache_dir: str | None = None
-    streaming: bool = False
+    streaming: bool = False  # an IterableDataset read in file order, repeated (train/data.py)
     max_samples: int | None = None
+    keep_in_memory: bool = False  # loaded and tokenised data held in RAM: no Arrow cache files
+    num_workers: int = 0  # DataLoader worker processes (a stream is read by one: its order stays fixed)
+    prefetch_factor: int | None = None  # batches each worker loads ahead (torch's default 2); needs workers
+    packing: bool | None = None  # SFT: pack examples into seq_len rows; None: the method's default
+
+
+# Data keys that change how fast data arrives, not which data: left out of the config hash, so a
+# resumed run may change them (RunConfig.config_hash).
+DATA_SPEED_KEYS = ("keep_in_memory", "num_workers", "prefetch_factor")
+
+
+def packing_default(method: str) -> bool:
+    """Whether the method packs when data.packing is unset: pretraining always cuts its corpus
+    into seq_len blocks (and cannot do otherwise); SFT trains one example per row unless asked;
+    DPO cannot pack."""
+    return method == "pretrain"
+
+
+def data_hash_view(data: dict[str, Any], method: str) -> dict[str, Any]:
+    """The `data:` section as the config hash sees it: the speed keys left out, the cache
+    directory as null (where caches live changes no loss; null is what run directories written
+    before it was left out hashed), packing only when it differs from the method's default (so
+    `packing: false` for SFT resumes a run that left it unset)."""
+    view = {k: v for k, v in data.items() if k not in DATA_SPEED_KEYS}
+    view["cache_dir"] = None
+    if view.get("packing") in (None, packing_default(method)):
+        view.pop("packing", None)
+    return view
 
 
 @dataclass(frozen=True)
@@ -131,6 +159,9 @@ class DistributedConfig:
 class SafetyConfig:
     # thresholds of the thermal / power / checkpoint-cadence policies (core.plan.modes.SAFETY)
     mode: Literal["conservative", "balanced", "extreme"] = "balanced"
+    # Mean hours between interruptions of the machine (a spot / preemptible one; written by
+    # `trainfit plan --flavor ID --spot`): the cadence policy combines it with the mode's risk.
+    interruption_hours: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,10 +250,13 @@ class RunConfig:
         data["checkpointing"].pop("keep_last", None)
         data.pop("safety", None)  # pauses and extra checkpoints do not change a loss either
         data.pop("monitoring", None)  # watching a run does not change it
+        data["data"] = data_hash_view(data["data"], self.method)  # workers, caches: speed, not maths
         t = data["training"]
         n = processes if processes is not None else self.training.num_gpus
         t["global_batch"] = t.pop("micro_batch") * t.pop("grad_accum") * n
-        for key in ("num_gpus", "grad_checkpointing", "device"):
+        # How the global batch is spread (GPUs, nodes, hybrid sharding) and how a step is computed
+        # do not change a loss: a run resumes on another layout.
+        for key in ("num_gpus", "num_nodes", "hybrid_shard", "grad_checkpointing", "device"):
             t.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -256,11 +290,7 @@ def _build_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)
               if f.init and not (cls is TrainingConfig and f.name in NOT_TRAINING_KEYS)}
     hints = __import__("typing").get_type_hints(cls)
-    for key in raw:
-        if key not in fields:
-            near = close_matches(str(key), fields)
-            hint = f"did you mean {', '.join(near)}? " if near else ""
-            errors.append(f"{path}.{key}: unknown key ({hint}valid: {', '.join(fields)})")
+    errors.extend(unknown_keys(raw, fields, f"{path}."))
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         if name not in raw:
@@ -286,11 +316,7 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     if not isinstance(raw, dict):
         raise BadInputError(f"{source or 'run config'}: expected a YAML mapping at the top level")
     top = {"version", "name", "method"} | set(_SECTIONS)
-    for key in raw:
-        if key not in top:
-            near = close_matches(str(key), top)
-            errors.append(f"{key}: unknown key ({'did you mean ' + ', '.join(near) + '? ' if near else ''}"
-                          f"valid: {', '.join(sorted(top))})")
+    errors.extend(unknown_keys(raw, sorted(top)))
     version = raw.get("version")
     if type(version) is not int or version != CONFIG_VERSION:  # `true` == 1 in Python, not in a schema
         errors.append(f"version: {version!r} is not supported (this trainfit reads version: {CONFIG_VERSION})")
@@ -396,14 +422,48 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
     errs.extend(_bound_errors(cfg))
     if cfg.method == "qlora" and t.quant == "none":
         pass  # qlora defaults to nf4-dq at run time
+    elif cfg.method == "dpo" and t.quant != "none":
+        # DPO on a quantized base (the planner's "DPO with QLoRA"): LoRA adapters train, the
+        # reference is the same base with the adapters off, never a second (quantized) copy.
+        if not t.lora:
+            errs.append(f"training.quant: dpo on a {t.quant} base trains LoRA adapters; set training.lora "
+                        "(e.g. {rank: 16}) or remove training.quant")
+        elif t.dpo_reference == "separate":
+            errs.append("training.dpo_reference: with training.quant the reference is the quantized base with the "
+                        "adapters off (lora-base); 'separate' would load a second copy")
     elif cfg.method != "qlora" and t.quant != "none":
-        errs.append(f"training.quant: {t.quant!r} is for method qlora (got method {cfg.method})")
+        errs.append(f"training.quant: {t.quant!r} is for method qlora, or dpo with training.lora "
+                    f"(got method {cfg.method})")
     if t.dpo_reference == "lora-base" and not (cfg.method == "dpo" and t.lora):
         errs.append("training.dpo_reference: 'lora-base' needs method dpo with training.lora set")
     if s.max_steps is None and s.epochs is None:
         errs.append("schedule: give max_steps or epochs")
-    if cfg.data.streaming and s.max_steps is None:
-        errs.append("schedule.max_steps: streaming data has no length, so give max_steps (not epochs)")
+    errs.extend(_data_errors(cfg))
+    return errs
+
+
+def _data_errors(cfg: RunConfig) -> list[str]:
+    """The data keys that cannot go together, or not with this method."""
+    d, errs = cfg.data, []
+    if d.streaming and cfg.schedule.max_steps is None:
+        errs.append("schedule.max_steps: data.streaming reads an IterableDataset, which has no length, so the "
+                    "run's length must be given as max_steps (epochs cannot be counted)")
+    if d.streaming and d.keep_in_memory:
+        errs.append("data.keep_in_memory: a streamed dataset (data.streaming: true) is read as it trains and "
+                    "never held; use one of streaming or keep_in_memory")
+    if d.streaming and cfg.method == "dpo" and cfg.training.dpo_reference == "precomputed":
+        errs.append("data.streaming: training.dpo_reference 'precomputed' computes the reference log-probs over "
+                    "the whole dataset before training, which a stream cannot give (TRL's DPOTrainer); use "
+                    "dpo_reference separate (or lora-base), or streaming: false")
+    if d.prefetch_factor is not None and d.num_workers == 0:
+        errs.append("data.prefetch_factor: only applies with DataLoader workers (data.num_workers > 0), which "
+                    "prefetch batches; set num_workers or remove prefetch_factor")
+    if d.packing and cfg.method == "dpo":
+        errs.append("data.packing: method dpo cannot pack (TRL's DPOTrainer keeps each prompt/chosen/rejected "
+                    "pair a sequence of its own); remove data.packing")
+    if d.packing is False and cfg.method == "pretrain":
+        errs.append("data.packing: pretrain always packs its corpus into training.seq_len-token blocks; "
+                    "remove data.packing (or set it true)")
     return errs
 
 
@@ -421,6 +481,7 @@ def _bound_errors(cfg: RunConfig) -> list[str]:
     for section, path in ((cfg.schedule, "schedule"), (cfg.checkpointing, "checkpointing"), (cfg.logging, "logging"),
                           (cfg.tokenizer, "tokenizer"), (cfg.data, "data"), (cfg.monitoring, "monitoring")):
         errs += section_problems(section, path)
+    errs += section_problems(cfg.safety, "safety")
     return errs
 
 

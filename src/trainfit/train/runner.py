@@ -137,8 +137,9 @@ def check_method_available(cfg: RunConfig, device: str) -> None:
     import importlib.util
 
     t = cfg.training
-    if cfg.method == "qlora" or t.optimizer in NEEDS_BITSANDBYTES:
-        what = "method qlora" if cfg.method == "qlora" else f"training.optimizer {t.optimizer}"
+    if quantized_base(cfg) or t.optimizer in NEEDS_BITSANDBYTES:
+        what = ("method qlora" if cfg.method == "qlora" else f"method dpo on a {t.quant} base" if quantized_base(cfg)
+                else f"training.optimizer {t.optimizer}")
         if device != "cuda":
             raise UnavailableError(f"{what} needs a CUDA GPU (bitsandbytes kernels); this run's device is {device}",
                                    hint="use method lora (or optimizer adamw) on this machine")
@@ -302,19 +303,25 @@ def _load_saved_tokenizer(saved: Path):
         raise BadInputError(f"the tokenizer this run trained on its corpus ({saved}) is damaged: {detail}",
                             hint=f"restore {saved} from a backup, or start the run again with another --out") from None
 
-def build_dataset(cfg: RunConfig, tokenizer, args):
-    from trainfit.train.data import check_columns, load_raw_dataset, pack_for_pretraining, rename_for_trl
+def build_dataset(cfg: RunConfig, tokenizer, args, log: Log = lambda m: None) -> tuple[RunConfig, Any]:
+    """(the config with the data keys this machine cannot honour adjusted, the training dataset):
+    trainfit.train.data.for_this_machine and build_train_dataset (caches, streaming, packing)."""
+    from trainfit.train.data import build_train_dataset, for_this_machine
 
+    cfg, notes = for_this_machine(cfg)
+    for note in notes:
+        log(note)
     with args.main_process_first(local=False, desc="dataset"):
-        raw = load_raw_dataset(cfg)
-        check_columns(cfg, raw)
-        if cfg.method == "pretrain":
-            return pack_for_pretraining(cfg, raw, tokenizer)
-        return rename_for_trl(cfg, raw)
+        return cfg, build_train_dataset(cfg, tokenizer)
+
+
+def quantized_base(cfg: RunConfig) -> bool:
+    """The base model is loaded quantized: qlora, or dpo with training.quant (LoRA on a 4/8-bit base)."""
+    return cfg.method == "qlora" or (cfg.method == "dpo" and cfg.training.quant != "none")
 
 
 def _quantization(cfg: RunConfig):
-    if cfg.method != "qlora":
+    if not quantized_base(cfg):
         return None
     import torch
     from transformers import BitsAndBytesConfig
@@ -624,7 +631,7 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         if resume_from:
             say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
         tokenizer, tok_note = get_tokenizer(cfg, run_dir, probe_args, say)
-        dataset = build_dataset(cfg, tokenizer, probe_args)
+        cfg, dataset = build_dataset(cfg, tokenizer, probe_args, say)
         timer = StepTimer()
         writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
                                timer, world_size)
@@ -655,7 +662,8 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         # Thermal / battery pauses, checkpoint cadence and clean stops on SIGINT / SIGTERM, reading
         # the monitor's latest sample (core/plan/modes.py: thresholds of the config's safety.mode).
         safety = safety_callbacks(cfg.safety.mode, monitor.monitor.latest_sample, run_dir=run_dir,
-                                  interactive=interactive, log=say, device=device, world_size=world_size, rank=rank)
+                                  interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
+                                  interruption_hours=cfg.safety.interruption_hours)
         callbacks = [trim, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
             injected + safety + [session.callback]
         checkpoint = str(resume_from.path) if resume_from else None

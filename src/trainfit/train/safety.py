@@ -17,9 +17,12 @@ absent), as data with their sources in trainfit.core.plan.modes.SAFETY.
   waits for AC (`battery_pause`, then `power_resume`), or stops after the mode's maximum wait.
 * CadencePolicy: saves when the work since the last checkpoint (of any origin) exceeds an
   interval chosen from the measured cost of one checkpoint, the risk and the ETA (see
-  `cadence_interval`): checkpoint overhead <= 3 % of run time, never more than the mode's maximum
-  loss of work. The config's `checkpointing.every_steps` keeps its meaning: the Trainer still saves
-  every N steps, so N is an upper bound on the interval in steps; the policy adds saves in between.
+  `cadence_interval`, core/checkpoint_cadence.py): checkpoint overhead <= 3 % of run time, never
+  more than the mode's maximum loss of work. The risk is the mode's assumed time between
+  interruptions, combined with the config's `safety.interruption_hours` (a spot machine's figure)
+  when given; each decision event names the figure it used. The config's
+  `checkpointing.every_steps` keeps its meaning: the Trainer still saves every N steps, so N is an
+  upper bound on the interval in steps; the policy adds saves in between.
 * SignalPolicy: the first SIGINT / SIGTERM finishes the current optimizer step, checkpoints and
   ends with exit code 130 / 143 (128 + the signal number, the shell's convention; the run is not
   finished, so a scheduler must not read it as a success); a second one aborts at once.
@@ -48,6 +51,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+# The cadence rule and the checkpoint-cost assumptions live in core (the planner and `cloud --spot`
+# price the same interval the trainer uses); Cadence and cadence_interval stay importable from here.
+from trainfit.core.checkpoint_cadence import (ASSUMED_CHECKPOINT_FIXED_SECONDS,  # noqa: F401
+                                              ASSUMED_WRITE_BYTES_PER_SECOND, OPTIMIZER_BYTES_PER_TRAINABLE, Cadence,
+                                              cadence_interval, combined_interruption_seconds)
 from trainfit.core.plan.hardware_rules import power_cap_hint
 from trainfit.core.plan.modes import SafetyThresholds, safety_thresholds
 from trainfit.errors import EXIT_UNAVAILABLE, TrainfitError
@@ -63,13 +71,6 @@ THERMAL_THROTTLE_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
 # clock x voltage^2 and voltage with clock, so a 20 % lower cap costs much less than 20 % of the
 # speed; it is a starting point to try, not a measured optimum.
 SUGGESTED_CAP_SHARE = 0.8
-# Before the first checkpoint is timed, its cost is estimated from its size at this write speed:
-# a 7200-rpm disk's sequential write (150-250 MB/s); SSDs write 2-20x faster, so the estimate errs
-# towards a longer interval, and the mode's max_loss_seconds still bounds it.
-ASSUMED_WRITE_BYTES_PER_SECOND = 200e6
-# ... plus what a checkpoint costs whatever its size (a dozen files fsynced, the manifest's hashes,
-# renames, rotation): 0.09 s measured for an 86k-parameter model on a 2-core VM with an SSD.
-ASSUMED_CHECKPOINT_FIXED_SECONDS = 0.1
 EXIT_SIGNAL_BASE = 128  # exit code 128 + N for a stop by signal N (130 SIGINT, 143 SIGTERM)
 
 
@@ -107,6 +108,9 @@ class SafetyContext:
     gpu_indices: tuple[int, ...] | None = None  # GPUs whose readings count (None: all in the reading)
     interactive: bool = False
     act: bool = True  # False: watch and log only (multi-process runs)
+    # The run config's safety.interruption_hours (a spot machine's mean time between
+    # interruptions, written by `trainfit plan --flavor ID --spot`); None: the mode's risk only.
+    interruption_hours: float | None = None
     # shared state
     paused_seconds: float = 0.0  # total time spent in pauses (not training)
     on_battery: bool = False
@@ -480,32 +484,7 @@ class PowerPolicy(TrainerCallback):
 
 
 # ---------------------------------------------------------------------------------------------
-# checkpoint cadence
-@dataclass(frozen=True)
-class Cadence:
-    interval_seconds: float
-    overhead_share: float  # checkpoint time / training time between two checkpoints
-    limited_by: str  # "young" (the optimum), "overhead" (3 % floor) or "max_loss" (the mode's bound)
-
-
-def cadence_interval(cost_seconds: float, interruption_seconds: float, th: SafetyThresholds) -> Cadence:
-    """The seconds of training between two checkpoints.
-
-    Young's optimum sqrt(2 C M) (C: one checkpoint's cost, M: mean time between interruptions)
-    minimises checkpoint time + expected lost work; it is raised to C / overhead_max_share so
-    checkpointing costs at most 3 % of the run, and lowered to the mode's max_loss_seconds, which
-    is never exceeded: when both bounds cannot hold (a checkpoint slower than 3 % of max_loss), the
-    maximum loss wins and the overhead is reported above target."""
-    cost = max(cost_seconds, 0.0)
-    young = math.sqrt(2.0 * cost * max(interruption_seconds, 0.0))
-    floor = cost / th.overhead_max_share
-    interval, limited_by = (young, "young") if young >= floor else (floor, "overhead")
-    if interval > th.max_loss_seconds:
-        interval, limited_by = th.max_loss_seconds, "max_loss"
-    interval = max(interval, 1e-3)
-    return Cadence(interval, cost / interval, limited_by)
-
-
+# checkpoint cadence (the rule itself: core.checkpoint_cadence.cadence_interval)
 def estimate_checkpoint_bytes(model) -> int:
     """What a checkpoint of `model` writes: the saved weights (a PEFT model saves its adapter only)
     plus AdamW's two fp32 moments per trainable parameter."""
@@ -516,7 +495,7 @@ def estimate_checkpoint_bytes(model) -> int:
             trainable += p.numel()
         if p.requires_grad or not peft:
             weights += p.numel() * p.element_size()
-    return int(weights + 8 * trainable)
+    return int(weights + OPTIMIZER_BYTES_PER_TRAINABLE * trainable)
 
 
 class CadencePolicy(TrainerCallback):
@@ -549,11 +528,25 @@ class CadencePolicy(TrainerCallback):
         return self.estimated_cost_seconds, "estimated"
 
     def interruption_seconds(self, risk: str) -> float:
+        """M for the cadence rule: the mode's assumed risk, combined with the run config's
+        interruption figure when it has one (independent causes: their rates add), shortened
+        on battery or after thermal trouble."""
         th = self.ctx.thresholds
-        m = th.interruption_seconds * (th.elevated_risk_share if risk != "normal" else 1.0)
+        hours = self.ctx.interruption_hours
+        m = combined_interruption_seconds(th.interruption_seconds, hours * 3600.0 if hours else None)
+        m *= th.elevated_risk_share if risk != "normal" else 1.0
         if risk == "battery" and self.ctx.battery_seconds_left:
             m = min(m, self.ctx.battery_seconds_left)
         return m
+
+    def interruption_source(self) -> str:
+        """Which interruption figure the cadence uses, in words (logged with each decision)."""
+        th = self.ctx.thresholds
+        mode = f"{th.mode} mode's assumed {th.interruption_seconds / 3600:g} h"
+        hours = self.ctx.interruption_hours
+        if not hours:
+            return mode
+        return f"run config safety.interruption_hours {hours:g} h combined with the {mode}"
 
     def decide(self, state, now: float) -> dict[str, Any]:
         th = self.ctx.thresholds
@@ -569,8 +562,9 @@ class CadencePolicy(TrainerCallback):
             save = False  # the final checkpoint comes first and the loss bound holds without this one
         return {"interval_seconds": c.interval_seconds, "checkpoint_seconds": cost, "cost_source": source,
                 "overhead_share": c.overhead_share, "limited_by": c.limited_by, "risk": risk,
-                "interruption_seconds": mtbf, "max_loss_seconds": th.max_loss_seconds, "eta_seconds": eta,
-                "work_seconds": work, "save": save}
+                "interruption_seconds": mtbf, "interruption_source": self.interruption_source(),
+                "config_interruption_hours": self.ctx.interruption_hours,
+                "max_loss_seconds": th.max_loss_seconds, "eta_seconds": eta, "work_seconds": work, "save": save}
 
     def on_step_end(self, args, state, control, **kw):
         ctx = self.ctx
@@ -599,7 +593,8 @@ class CadencePolicy(TrainerCallback):
             return  # same decision (within 25 %)
         self._logged = key
         th = self.ctx.thresholds
-        why = {"young": f"the optimum for a {d['checkpoint_seconds']:.2g} s checkpoint and the {th.mode} risk",
+        risk_of = f"{d['interruption_seconds'] / 3600:.3g} h between interruptions ({d['interruption_source']})"
+        why = {"young": f"the optimum for a {d['checkpoint_seconds']:.2g} s checkpoint and {risk_of}",
                "overhead": f"so that checkpoints cost at most {th.overhead_max_share:.0%} of the run",
                "max_loss": "this mode's maximum loss of work"}[d["limited_by"]]
         over = "" if d["overhead_share"] <= th.overhead_max_share + 1e-9 else \
@@ -731,14 +726,17 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
                      interactive: bool = False, log: Log | None = None, device: str | None = None,
                      world_size: int | None = None, rank: int | None = None,
                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                     handle_signals: bool = True, **threshold_overrides) -> list[TrainerCallback]:
+                     handle_signals: bool = True, interruption_hours: float | None = None,
+                     **threshold_overrides) -> list[TrainerCallback]:
     """The safety callbacks of one run, to append after every other callback (the last one raises
     TrainingStopped at train end when a policy stopped the run).
 
     mode: the run config's safety.mode (None: balanced). sample_fn: () -> Sample, cheap and
     non-blocking (the monitor's latest reading; None: no thermal / battery policy). run_dir: its
     metrics.jsonl receives the events. device: cpu | cuda | rocm | mps (None: from the Trainer's
-    arguments). clock / sleep: injectable for tests. threshold_overrides: SafetyThresholds fields.
+    arguments). clock / sleep: injectable for tests. interruption_hours: the run config's
+    safety.interruption_hours (combined with the mode's risk by the cadence policy).
+    threshold_overrides: SafetyThresholds fields.
     """
     env_rank, env_world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     rank = env_rank if rank is None else rank
@@ -751,7 +749,7 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     ctx = SafetyContext(thresholds=safety_thresholds(mode, **threshold_overrides), sample_fn=sample_fn,
                         log=log or (lambda m: None), metrics_path=run_dir / "metrics.jsonl" if run_dir else None,
                         run_dir=run_dir, clock=clock, sleep=sleep, device=device, interactive=interactive,
-                        act=world_size == 1)
+                        act=world_size == 1, interruption_hours=interruption_hours)
     out: list[TrainerCallback] = []
     if sample_fn is not None:
         out += [ThermalPolicy(ctx), PowerPolicy(ctx)]

@@ -22,6 +22,14 @@ what transformers' modeling code and PyTorch's autograd actually save, tensor by
   (4 B x vocab per token); its backward holds grad of log_softmax and grad of logits together
   with the saved output: 12 B x vocab per token.
 
+* Falcon, GPTBigCode, BLOOM, T5 / mT5 and BERT / RoBERTa (attention_kind and the branches
+  below): which SDPA path really runs (MQA falcon and T5's trainable position bias fall back to
+  the math path, which saves the scores like eager), T5's cross-attention and position bias,
+  BLOOM's embedding LayerNorm, the MLM head of the encoders. Checked with the same counter on
+  tiny models built from shipped config.json files (tests/models/test_architecture_memory.py).
+  Qwen v1 (remote code, never run here) is estimated as the Llama-like block it is, with a
+  fused c_attn; it is not measured.
+
 Coefficients were then checked against the live-tensor counter on CPU (bench/memory_accuracy.py);
 see bench/results/memory_accuracy.md for the errors reached.
 """
@@ -58,6 +66,22 @@ def dtype_bytes(setup: TrainingSetup) -> tuple[int, int, bool]:
     if setup.method == "qlora" and not mixed and p != "fp32":
         residual = 2
     return residual, compute, mixed
+
+
+def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
+    """The attention path that runs: T5 adds a trainable relative position bias to the scores as
+    a float mask, and an SDPA mask that needs a gradient sends SDPA down its math path, which
+    materialises and saves the scores like eager attention does. With a frozen base (LoRA) the
+    bias needs no gradient and SDPA keeps its fused kernel.
+    Falcon's multi-query attention (one key/value head, the original architecture) hands SDPA
+    keys with fewer heads than the queries; only the math path broadcasts them (measured on CPU:
+    the same live peak as eager to the byte)."""
+    bias_trains = setup.method in ("full", "pretrain") or (setup.method == "dpo" and setup.lora is None)
+    if spec.relative_attention_buckets and bias_trains:
+        return "eager"
+    if spec.architecture == "falcon" and spec.num_kv_heads == 1 < spec.num_heads and setup.attention != "flash":
+        return "eager"
+    return setup.attention
 
 
 def attention_kv_len(spec: ModelSpec, seq_len: int) -> int:
@@ -121,26 +145,50 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         return out + adapted * adapter_cast * width
 
     lw = lora_where or {}
-    n_norms = {"gemma2": 4, "phi": 1}.get(arch, 2)
+    n_norms = spec.block_norms or {"gemma2": 4, "phi": 1}.get(arch, 2)
     total = n_norms * norm()
-    attn_in = 4 if arch == "phi" else st.attn_inputs
-    total += inputs(attn_in, lw.get("attn_in", 0) + (lw.get("mlp_in", 0) if arch == "phi" else 0))
-    if arch != "phi":
+    # One LayerNorm feeding attention and MLP together (phi, falcon-7b's parallel_attn): its
+    # output is saved once for all of its readers.
+    shared = arch == "phi" or (spec.parallel_attention and n_norms == 1)
+    attn_in = st.attn_inputs + (st.mlp_inputs if shared else 0)
+    total += inputs(attn_in, lw.get("attn_in", 0) + (lw.get("mlp_in", 0) if shared else 0))
+    if not shared:
         total += inputs(st.mlp_inputs, lw.get("mlp_in", 0))
 
     # Attention core.
     rep = w.q if w.kv != w.q else w.kv
-    if setup.attention == "eager":
+    if attention_kind(spec, setup) == "eager":
         core = a * (2 * w.q + 2 * rep)
     else:
-        core = a * (2 * w.q + 2 * w.kv) + 4 * w.heads
+        # Falcon's new decoder architecture broadcasts each key/value group to its query heads
+        # (broadcast_to + reshape: copies) before SDPA, which saves them at full width.
+        kv_saved = w.q if arch == "falcon" else w.kv
+        core = a * (2 * w.q + 2 * kv_saved) + 4 * w.heads
     total += core + inner(w.q, lw.get("attn_out", 0))
+    if arch == "falcon" and spec.position == "alibi" and mixed and attention_kind(spec, setup) != "eager":
+        # ALiBi falcon under autocast: each layer keeps a 16-bit copy of the (batch, heads, s, s)
+        # ALiBi mask for SDPA and two more residual-width tensors (measured on CPU, forward-saved
+        # bytes of 4 vs 2 layers at s = 256 and 512: a x heads x s + 2 r h per token, exact).
+        total += a * w.heads * setup.seq_len + 2 * r * w.h
+
+    if spec.decoder_layers:
+        # T5 / mT5 decoder blocks also keep a cross-attention: its RMSNorm, the query input and
+        # the attention core (keys and values come from the encoder output, saved once);
+        # spread over all num_layers blocks, since the estimate multiplies by num_layers.
+        cross = norm() + inputs(1, lw.get("attn_in", 0)) + core + inner(w.q, lw.get("attn_out", 0))
+        total += cross * spec.decoder_layers / spec.num_layers
 
     # MLP.
-    if spec.gated_mlp:
+    if spec.gated_mlp and spec.activation == "gelu_new":
+        # mT5 / T5 v1.1 gated-gelu: NewGELUActivation is composed of tensor ops that keep its
+        # input, tanh output, 0.5*x and 1+tanh; then gelu(gate), up and their product.
+        mlp = (7 if (full or lw.get("mlp_out", 0)) else 6) * a * w.f
+    elif spec.gated_mlp:
         mlp = (4 if (full or lw.get("mlp_out", 0)) else 3) * a * w.f
     elif spec.activation == "gelu_new":
         mlp = (5 if (full or lw.get("mlp_out", 0)) else 4) * a * w.f
+    elif spec.activation == "relu":
+        mlp = a * w.f  # relu's backward reads its output, which is also the down projection's input
     else:
         mlp = (2 if (full or lw.get("mlp_out", 0)) else 1) * a * w.f
     if spec.num_experts:
@@ -152,7 +200,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
 
 def eager_scores_bytes(spec: ModelSpec, setup: TrainingSetup, tokens: int, seq_len: int) -> float:
     """Per layer, eager attention's saved probabilities: fp32 softmax + its 16-bit copy."""
-    if setup.attention != "eager":
+    if attention_kind(spec, setup) != "eager":
         return 0.0
     _, a, _ = dtype_bytes(setup)
     per = 4 if a == 4 else 6
@@ -168,6 +216,21 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
         saved = 4 * h + 4 + (r * h if full else 0)
     if full:
         saved += 2 * h if mixed else r * h  # lm_head input
+    arch = spec.architecture
+    if arch == "falcon" and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
+        # The ALiBi bias goes to SDPA as one fp32 (batch, heads, s, s) mask shared by all layers.
+        saved += 4 * spec.num_heads * setup.seq_len
+    if arch == "bloom":
+        saved += r * h + 8  # word_embeddings_layernorm
+    elif arch in ("bert", "roberta"):
+        # Embedding LayerNorm, then the MLM head: transform dense input, GELU input, LayerNorm
+        # (post-LN encoders have no final norm; the head's LayerNorm takes its place above).
+        saved += (r * h + 8) + (r * h if full else 0) + 2 * a * h
+    elif spec.decoder_layers:
+        saved += 4 * h + 4  # the encoder's final_layer_norm
+        # Relative position bias: one fp32 heads x s x s tensor per stack (encoder, decoder),
+        # computed in the first block and added to every block's scores: per token 2 x 4 x heads x s.
+        saved += 2 * 4 * spec.num_heads * setup.seq_len
     return saved
 
 

@@ -29,7 +29,7 @@ from trainfit.core.setup import LoraSettings, TrainingSetup
 C = MemoryComponent
 
 # transformers refuses SDPA/flash for these (attention soft-capping), so eager is what runs.
-EAGER_ONLY = ("gemma2",)
+EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
 
 
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,

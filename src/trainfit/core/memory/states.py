@@ -93,7 +93,8 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, float, fl
 
 
 def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_params: int) -> States:
-    n = max(1, setup.num_gpus)
+    n = setup.shard_group  # ranks a ZeRO shard is split over: one node's GPUs under hybrid sharding
+    host_ranks = setup.gpus_per_node  # ranks whose offloaded states share one host's RAM
     z = setup.zero_stage
     w, qover, deq = weight_bytes(st, setup)
     if setup.method == "inference":
@@ -125,7 +126,7 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
         opt = trainable * optimizer_bytes_per_param(setup, pbytes)
     # Sharding (per GPU).
     gathered = buckets = 0.0
-    if n > 1 and z == 0:
+    if setup.num_gpus > 1 and z == 0:
         buckets = grads32  # DDP keeps its own flat buckets unless gradient_as_bucket_view=True
     if z >= 1:
         opt /= n
@@ -147,12 +148,12 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
     cpu_what = ""
     if setup.offload in ("optimizer", "optimizer+params"):
         # The whole node's ranks share the host: optimizer + master + fp32 grads of all shards.
-        cpu = (opt + master + grads32) * n
+        cpu = (opt + master + grads32) * host_ranks
         cpu_what = "optimizer states, fp32 master weights and fp32 gradients (all ranks on this host)"
         opt = master = 0.0
         grads32 = 0.0 if deepspeed and grads16 else grads32
         if setup.offload == "optimizer+params":
-            cpu += w * n
+            cpu += w * host_ranks
             cpu_what += " + 16-bit parameters"
             w = 0.0
     grads = grads16 + grads32

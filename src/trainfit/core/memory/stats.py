@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import count_params, linear_layers, lora_targets
+from trainfit.core.params import count_params, linear_layers, lora_position, lora_targets, norm_readers
 
 # Families whose decoder block the activation model describes (see activations.py).
 GATED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "phi3", "mixtral", "qwen2_moe")
@@ -32,9 +32,6 @@ class ModelStats:
     ffn_width: int  # intermediate width per token (MoE: experts_per_token x expert width)
     vision: int
 
-
-# Linear modules that read the attention output or the MLP's inner width (not a norm output).
-_OUTPUT_PROJECTIONS = ("o_proj", "dense", "c_proj", "down_proj", "fc2", "dense_4h_to_h")
 
 _CACHE: dict[int, tuple[ModelSpec, ModelStats]] = {}
 _LORA_CACHE: dict[tuple, tuple[int, dict[str, int]]] = {}
@@ -63,9 +60,7 @@ def _compute(spec: ModelSpec) -> ModelStats:
         largest_linear = max(largest_linear, pb.experts_per_layer)
     largest_param = max(largest_linear, pb.embedding, pb.lm_head)
     norms = pb.num_layers * pb.norms_per_layer + pb.final_norm
-    arch = spec.architecture
-    attn_inputs = {"gpt2": 1, "phi3": 1, "gpt_neox": 1, "phi": 4}.get(arch, 3)
-    mlp_inputs = 2 if (spec.gated_mlp and arch != "phi3") else (0 if arch == "phi" else 1)
+    attn_inputs, mlp_inputs = norm_readers(spec)
     if spec.num_experts:
         ffn = spec.experts_per_token * (spec.moe_intermediate_size or spec.intermediate_size)
         ffn += spec.shared_experts * (spec.moe_intermediate_size or 0)
@@ -102,12 +97,7 @@ def lora_stats(spec: ModelSpec, targets: list[str] | str, rank: int) -> tuple[in
     params = sum(x.count * rank * (x.in_features + x.out_features) for x in chosen)
     where = {"attn_in": 0, "mlp_in": 0, "attn_out": 0, "mlp_out": 0, "lm_head": 0}
     for x in chosen:
-        if x.kind == "lm_head":
-            where["lm_head"] += 1
-        else:
-            part = "attn" if x.path.startswith(("self_attn", "attn.", "attention")) else "mlp"
-            side = "out" if x.name in _OUTPUT_PROJECTIONS else "in"
-            where[f"{part}_{side}"] += 1
+        where[lora_position(x)] += 1
     if len(_LORA_CACHE) > 1024:
         _LORA_CACHE.clear()
     _LORA_CACHE[key] = (params, where)

@@ -167,6 +167,11 @@ def _gpu_rules(p: HardwareProfile, device: str) -> DeviceRules:
         backend = "NCCL" if device == "cuda" else "RCCL" if device == "rocm" else "oneCCL"
         reasons["sharding"] = (f"{n} GPUs, {backend}, " + ("NVLink all-to-all: ZeRO-3/FSDP shards cheaply" if linked
                                else "PCIe only: ZeRO-2 or DDP communicates least"))
+        if p.node_count > 1:
+            inside = "NVLink" if linked else "PCIe"
+            reasons["sharding"] = (f"{n} GPUs on {p.node_count} nodes, {backend}: {inside} inside a node, "
+                                   f"{p.nodes.network} between nodes; ZeRO-3/FSDP full sharding gathers parameters "
+                                   "over the network, hybrid sharding keeps that inside each node")
     laptop = _is_laptop(g)
     if laptop:
         reasons["thermal"] = f"{g.name} is a laptop GPU: sustained clocks fall with heat; keep long runs conservative"

@@ -40,6 +40,9 @@ def resolve_setup(hardware: HardwareProfile | None, method: str = "full", *, lor
     device = device or (hardware.accelerator if hardware is not None else "cpu")
     if num_gpus is None:
         num_gpus = max(1, hardware.gpu_count) if hardware is not None and device != "cpu" else 1
+    if "num_nodes" not in knobs and hardware is not None and device != "cpu" and hardware.node_count > 1:
+        # the fewest of the hardware's nodes that hold num_gpus (core/multinode_spec.py)
+        knobs["num_nodes"] = min(hardware.node_count, -(-num_gpus // max(1, hardware.gpus_per_node)))
     if uses_lora(method, lora) and lora is None:
         lora = LoraSettings()
     if not uses_lora(method, lora):

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.plan import space, variants
+from trainfit.core.plan import data_io, space, variants
+from trainfit.core.plan.data_io import DataPlan, DatasetInfo
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
 from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
+from trainfit.core.plan import multinode
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
@@ -52,6 +54,9 @@ class PlanRequest:
     tokens_per_param: float | None = None
     usd_per_hour: float | None = None  # rented machines: hourly price -> run cost
     budget_usd: float | None = None
+    # `plan --flavor ID --spot`: the flavor's spot price and interruption figure (cloud_catalog.SpotTerms);
+    # usd_per_hour is then the spot price, and each mode gets the expected cost with re-done work.
+    spot: object | None = None
     price_per_kwh: float = DEFAULT_PRICE_PER_KWH
     vocab_size: int = 32000  # pretraining shapes
     lora: LoraSettings | None = None  # default: rank 16 on every linear layer of the blocks
@@ -60,6 +65,9 @@ class PlanRequest:
     memory_factor: float = 1.0
     step_time_factor: float = 1.0
     calibration_source: str = ""
+    # The dataset as trainfit.dataset_size measured it (--data / --dataset): the data I/O plan,
+    # and the workload when neither --examples nor --dataset-tokens is given.
+    dataset: DatasetInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class RunFigures:
     energy_kwh: float | None
     electricity_cost: float | None
     rental_usd: float | None
+    spot: object | None = None  # core.spot.SpotEstimate with PlanRequest.spot
+    rental_expected_usd: float | None = None  # spot: the rental including re-done work and restarts
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class ModePlan:
     model: ModelSpec | None = None
     pretrain: dict | None = None  # params, tokens, tokens_per_param when the planner chose a size
     candidates_evaluated: int = 0
+    data_io: DataPlan | None = None  # stream / cache / workers / input bottleneck / token budget (core.plan.data_io)
 
 
 @dataclass(frozen=True)
@@ -187,7 +198,8 @@ def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, g
     attention = rules.attention if rules.device == "cpu" else tuple(a for a in rules.attention if a != "eager")
     bases = space.product(base, precision=precisions, optimizer=optimizers,
                           grad_checkpointing=("none",) if inference else ("none", "full"),
-                          attention=attention or rules.attention, zero_stage=zeros, offload=offloads)
+                          attention=attention or rules.attention, zero_stage=zeros, offload=offloads,
+                          hybrid_shard=multinode.hybrid_options(base))
     if inference:
         batches = [b for b in space.POWERS_OF_TWO if b <= max(t.micro_batch_max, 1) * 2]
         return Tier(label, [[dataclasses.replace(b, micro_batch=mb) for mb in batches] for b in bases])
@@ -265,6 +277,14 @@ def _budget(req: PlanRequest, t: ModeTargets) -> Budget:
     return Budget(share=t.memory_share, bytes_override=req.memory_budget_bytes)
 
 
+def _speed_fn(req: PlanRequest, rules: DeviceRules):
+    from trainfit.core.speed import predict_step
+    from trainfit.core.speed.rates import device_rates
+
+    rates = device_rates(req.hardware, rules.device)
+    return lambda m, s: predict_step(m, s, rates)
+
+
 def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec) -> SearchResult:
     from trainfit.core.speed import predict_step
     from trainfit.core.speed.rates import device_rates
@@ -311,9 +331,11 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                         reasons, warnings, t, model, pretrain, result.evaluated)
     best = result.best
     s = best.setup
-    run_pred = predict_run(model, s, req.hardware, _workload(req, pretrain_tokens), price_per_kwh=req.price_per_kwh,
+    workload = _workload(req, pretrain_tokens) or data_io.dataset_workload(req.dataset, s, req.epochs)
+    run_pred = predict_run(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
                            step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
-    speed, power = run_pred.speed, run_pred.power
+    data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
+                                                    run_pred.power, best.memory, pretrain_tokens)
     used = max(d.total_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
     rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
@@ -321,10 +343,17 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     if speed.total_steps is not None:
         tokens = int(speed.total_steps * s.global_batch * s.seq_len * (2 if s.method == "dpo" else 1))
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
-    reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes
+    spot_reasons: list[str] = []
+    if req.spot is not None:  # plan --flavor ID --spot: cadence and expected cost with interruptions
+        from trainfit.core.spot import plan_figures
+
+        run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
+        warnings += spot_warnings
+    reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
     warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
+    warnings += data_plan.warnings if data_plan is not None else []
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated)
+                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan)
 
 
 def _capacity(req: PlanRequest, rules: DeviceRules) -> int | None:
@@ -396,6 +425,8 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         out.append(rules.reasons["threads"])
     elif s.num_gpus > 1:
         out.append(rules.reasons["sharding"])
+        out.extend(multinode.sharding_reasons(model, s, req.hardware, limit, _speed_fn(req, rules),
+                                              step_time_factor=req.step_time_factor))
     if req.usd_per_hour is not None:
         out.append(f"cost at ${req.usd_per_hour:.2f}/h" + (f" against the ${req.budget_usd:g} budget"
                                                           if req.budget_usd is not None else ""))

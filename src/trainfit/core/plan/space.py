@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.plan.multinode import coherent_hybrid
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -29,6 +30,8 @@ def coherent(s: TrainingSetup) -> bool:
         return False
     if s.method in ("lora", "qlora") and s.lora is None:
         return False
+    if not coherent_hybrid(s):
+        return False  # hybrid sharding: ZeRO-3 / FSDP full shard inside each of several nodes
     return True
 
 

@@ -111,12 +111,11 @@ class CpuStep:
 
 def trainable_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[tuple[float, int]]:
     """(elements, count) of every trainable parameter tensor: what the optimizer walks over."""
-    from trainfit.core.params import linear_layers, lora_targets
+    from trainfit.core.params import canonical_targets, linear_layers, lora_targets
 
     lora = setup.lora if setup.method in ("lora", "qlora", "dpo") else None
     if lora is not None:
-        target: list[str] | str = "all-linear" if "all-linear" in lora.target_modules else list(lora.target_modules)
-        adapted = lora_targets(spec, target)
+        adapted = lora_targets(spec, canonical_targets(lora.target_modules))
         return [(float(lora.rank * x.in_features), x.count) for x in adapted] + [
             (float(lora.rank * x.out_features), x.count) for x in adapted
         ]

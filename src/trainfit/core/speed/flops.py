@@ -86,10 +86,19 @@ def elementwise_elements_per_token_layer(spec: ModelSpec) -> float:
     return ELEMENTWISE_PER_HIDDEN * spec.hidden_size + ELEMENTWISE_PER_FFN * active_ffn_width(spec) + ELEMENTWISE_PER_QKV * qkv
 
 
+def cross_attention_params(spec: ModelSpec) -> int:
+    """T5 / mT5 decoder blocks' EncDecAttention q, k, v, o weights (0 for other families).
+
+    Counted as if every token passed through them: the encoder-decoder estimate treats source
+    and target as sequences of seq_len tokens each (trainfit.core.memory.activations)."""
+    inner = spec.num_heads * spec.head_dim
+    return spec.decoder_layers * 4 * spec.hidden_size * inner
+
+
 def matmul_params_per_token(spec: ModelSpec) -> float:
     """Weights each token multiplies through: all blocks' linears (active experts) + the LM head."""
     per_layer = sum(i * o * c for i, o, c in layer_linear_dims(spec).values())
-    return float(per_layer * spec.num_layers + spec.hidden_size * spec.vocab_size)
+    return float(per_layer * spec.num_layers + cross_attention_params(spec) + spec.hidden_size * spec.vocab_size)
 
 
 def matmul_params_stored(spec: ModelSpec) -> float:
@@ -101,18 +110,19 @@ def matmul_params_stored(spec: ModelSpec) -> float:
             c = spec.num_experts + spec.shared_experts
         per_layer += i * o * c
     head = 0 if spec.tie_embeddings else spec.hidden_size * spec.vocab_size
-    return float(per_layer * spec.num_layers + head + spec.hidden_size * spec.vocab_size)
+    return float(per_layer * spec.num_layers + cross_attention_params(spec) + head
+                 + spec.hidden_size * spec.vocab_size)
 
 
-def lora_params_per_token(spec: ModelSpec, targets: list[str], rank: int) -> float:
+def lora_params_per_token(spec: ModelSpec, targets: list[str] | str, rank: int) -> float:
     """Adapter weights a token passes through: r*(in+out) per targeted linear (A and B).
 
     Uses the shared module layout (trainfit.core.params), so LoRA FLOPs and LoRA memory agree.
+    `targets` is LoraSettings.target_modules as is: a list of names or the string "all-linear".
     """
-    from trainfit.core.params import lora_params
+    from trainfit.core.params import canonical_targets, lora_params
 
-    target: list[str] | str = "all-linear" if "all-linear" in targets else list(targets)
-    return float(lora_params(spec, target, rank))
+    return float(lora_params(spec, canonical_targets(targets), rank))
 
 
 def attention_core_flops_per_token(spec: ModelSpec, context: int, causal_skip: bool) -> float:
@@ -124,7 +134,9 @@ def attention_core_flops_per_token(spec: ModelSpec, context: int, causal_skip: b
     if spec.sliding_window:
         context = min(context, spec.sliding_window)
     effective = context / 2 if causal_skip else context
-    return 4.0 * spec.num_layers * effective * spec.num_heads * spec.head_dim
+    # T5's decoder blocks attend twice: to themselves and (cross-attention) to the encoder output.
+    layers = spec.num_layers + spec.decoder_layers
+    return 4.0 * layers * effective * spec.num_heads * spec.head_dim
 
 
 def causal_skip(setup: TrainingSetup) -> bool:
@@ -142,7 +154,7 @@ def step_flops(spec: ModelSpec, setup: TrainingSetup) -> StepFlops:
     if setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None):
         lora = setup.lora
         if lora is not None:
-            adapters = lora_params_per_token(spec, list(lora.target_modules), lora.rank)
+            adapters = lora_params_per_token(spec, lora.target_modules, lora.rank)
     frozen = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
 
     fwd_per_token = 2.0 * (n_mm + adapters) + attn

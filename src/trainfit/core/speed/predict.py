@@ -9,7 +9,8 @@ Per micro-batch on one device (kernels run one after another, so the parts add u
 Per optimizer step: the optimizer reads and writes params + states at memory bandwidth (on the
 host when offloaded, with the PCIe copies), and the data-parallel collectives not hidden behind
 the backward pass (ring all-reduce 2(n-1)/n; ZeRO-2 reduce-scatter; ZeRO-3 all-gathers in
-forward and backward; Rajbhandari et al. 2020, arXiv 1910.02054 §7).
+forward and backward; Rajbhandari et al. 2020, arXiv 1910.02054 §7) - on one node or across
+nodes, hybrid sharding included: core/speed/comm.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
 from trainfit.core.speed.cpu import cpu_step
+from trainfit.core.speed.comm import communication
 from trainfit.core.speed.optimizer_traffic import OPTIMIZER_BYTES, OPTIMIZER_PASSES
 from trainfit.core.speed.rates import DeviceRates, compute_precision, device_rates
 from trainfit.core.speed.types import Bottleneck, SpeedEstimate, Workload
@@ -47,7 +49,7 @@ def _bytes_per_weight(setup: TrainingSetup) -> float:
 
 def _trainable_params(spec: ModelSpec, setup: TrainingSetup) -> float:
     if setup.lora is not None and setup.method in ("lora", "qlora", "dpo"):
-        return F.lora_params_per_token(spec, list(setup.lora.target_modules), setup.lora.rank)
+        return F.lora_params_per_token(spec, setup.lora.target_modules, setup.lora.rank)
     if setup.method == "inference":
         return 0.0
     return F.matmul_params_stored(spec)
@@ -84,7 +86,7 @@ def predict_step(
     if rates.kind == "cpu":
         eff, micro_s, optimizer_s, offload_s, comm_s, parts = _cpu_parts(spec, setup, rates, sf, used, peak)
     else:
-        eff, micro_s, optimizer_s, offload_s, comm_s, parts = _gpu_parts(spec, setup, rates, sf, precision, peak, n_dev)
+        eff, micro_s, optimizer_s, offload_s, comm_s, parts = _gpu_parts(spec, setup, rates, sf, precision, peak, n_dev, notes)
     data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
     parts["data loading"] = data_s
     step_s = setup.grad_accum * micro_s + optimizer_s + offload_s + comm_s + data_s
@@ -112,7 +114,8 @@ def predict_step(
 
 
 def _gpu_parts(
-    spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str, peak: float, n_dev: int
+    spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str, peak: float, n_dev: int,
+    notes: list[str] | None = None,
 ) -> tuple[float, float, float, float, float, dict[str, float]]:
     """GPU: (matmul efficiency, micro-batch s, optimizer s, offload s, communication s, parts)."""
     tokens = sf.tokens
@@ -151,14 +154,16 @@ def _gpu_parts(
     micro_s = matmul_s + memory_s + dequant_s + overhead_s
 
     # Optimizer step, sharded over data-parallel ranks by ZeRO >= 1.
-    shard = n_dev if setup.zero_stage >= 1 else 1
+    shard = min(n_dev, setup.shard_group) if setup.zero_stage >= 1 else 1  # hybrid: one node's GPUs
     opt_bytes = trainable * OPTIMIZER_BYTES[setup.optimizer] * OPTIMIZER_PASSES[rates.kind] / shard
     offload_s = 0.0
     if setup.offload != "none" and rates.kind == "gpu":
         # Optimizer on the host (DeepSpeed CPUAdam): host DRAM shared by all ranks; grads down and
         # bf16 params up over each GPU's own PCIe link.
-        host_s = trainable * OPTIMIZER_BYTES[setup.optimizer] / rates.host_bandwidth_bytes_per_s / 0.6
-        pcie_s = trainable / n_dev * (2.0 + 2.0) / rates.pcie_bytes_per_s
+        # Each host updates the shards of its own GPUs: trainable x G / shard group (one node: all).
+        host_params = trainable * setup.gpus_per_node / max(1, min(n_dev, setup.shard_group))
+        host_s = host_params * OPTIMIZER_BYTES[setup.optimizer] / rates.host_bandwidth_bytes_per_s / 0.6
+        pcie_s = trainable / max(1, min(n_dev, setup.shard_group)) * (2.0 + 2.0) / rates.pcie_bytes_per_s
         offload_s = host_s + pcie_s
         optimizer_s = 0.0
         if setup.offload == "optimizer+params":
@@ -168,7 +173,7 @@ def _gpu_parts(
     else:
         optimizer_s = opt_bytes / bw
 
-    comm_s = _communication_seconds(setup, rates, n_dev, n_stored, trainable, micro_s, sf)
+    comm_s = _communication_seconds(setup, rates, n_dev, n_stored, trainable, micro_s, sf, notes)
 
     compute_total = setup.grad_accum * matmul_s
     parts = {
@@ -202,30 +207,28 @@ def _cpu_parts(
 
 
 def _communication_seconds(
-    setup: TrainingSetup, rates: DeviceRates, n: int, n_stored: float, trainable: float, micro_s: float, sf: F.StepFlops
+    setup: TrainingSetup, rates: DeviceRates, n: int, n_stored: float, trainable: float, micro_s: float,
+    sf: F.StepFlops, notes: list[str] | None = None,
 ) -> float:
-    """Collective time per optimizer step that is not hidden behind compute."""
-    if n <= 1 or rates.link_bytes_per_s <= 0:
+    """Collective time per optimizer step that is not hidden behind compute (core/speed/comm.py:
+    volumes per ZeRO stage, hybrid sharding, the inter-node network and the overlap rule)."""
+    if n <= 1:
         return 0.0
-    link = rates.link_bytes_per_s
-    ring = (n - 1) / n
-    grad_bytes = 2.0 if setup.precision != "fp32" else 4.0
+    network = rates.network_bytes_per_s
+    if setup.num_nodes > 1 and network <= 0:
+        from trainfit.core.network_catalog import default_network, usable_node_bandwidth_gbps
+
+        net = default_network(rates.architecture, "datacenter" if rates.link_kind == "nvlink" else None,
+                              "nvlink" if rates.link_kind == "nvlink" else None)
+        network = usable_node_bandwidth_gbps(net.node_bandwidth_gbps(setup.gpus_per_node)) * 1e9
+        if notes is not None:
+            notes.append(f"{setup.num_nodes} nodes on hardware without a network figure: assumed {net.id}")
     bwd_share = sf.backward_flops / max(sf.total_flops, 1.0)
-    latency = 2 * (n - 1) * 20e-6  # per collective, ring hops
-    if setup.zero_stage <= 1:
-        # DDP: one bucketed all-reduce during the last micro-batch's backward.
-        comm = 2 * ring * trainable * grad_bytes / link + latency
-        return max(comm - 0.9 * bwd_share * micro_s, 0.0) + latency
-    if setup.zero_stage == 2:
-        per_micro = ring * trainable * grad_bytes / link + latency
-        hidden = 0.9 * bwd_share * micro_s
-        gather = ring * n_stored * 2.0 / link  # updated bf16 params, after the step
-        return setup.grad_accum * max(per_micro - hidden, 0.0) + gather
-    # ZeRO-3 / FSDP FULL_SHARD: gather params for forward, again for backward (and recompute),
-    # reduce-scatter grads; prefetching hides most of it behind compute.
-    gathers = 2 + (1 if setup.grad_checkpointing == "full" else 0)
-    per_micro = ring * (gathers * n_stored * 2.0 + trainable * grad_bytes) / link + 3 * latency
-    return setup.grad_accum * max(per_micro - 0.85 * micro_s, 0.05 * per_micro)
+    result = communication(setup, rates, n_stored=n_stored, trainable=trainable, micro_s=micro_s,
+                           bwd_share=bwd_share, network_bytes_per_s=network)
+    if result.note and notes is not None:
+        notes.append(result.note)
+    return result.seconds
 
 
 # The backend a GPU setup runs on, as the speed line names it: Apple -> "mps", Intel -> "xpu",

@@ -89,6 +89,11 @@ class DeviceRates:
     tdp_watts: float | None
     notes: list[str] = field(default_factory=list)
     cache_bytes: float = 0.0  # CPU last-level cache (0: unknown / not used), for the CPU step model
+    # Several nodes (core/multinode_spec.py): the network one node pushes to the others, usable
+    # bytes/s per direction (line rate x NETWORK_EFFICIENCY), shared by the node's GPUs; 0 on one node.
+    nodes: int = 1
+    network_bytes_per_s: float = 0.0
+    network_label: str = ""  # "ib-ndr (assumed)"
 
     def matmul_efficiency(self, hidden: int, tokens: int) -> float:
         """Fraction of peak reached by the GEMMs of a model of width `hidden` on `tokens` rows."""
@@ -212,7 +217,7 @@ def gpu_rates(profile: HardwareProfile) -> DeviceRates:
     interconnect = spec.interconnect if spec else None
     if gpu.nvlink_peers and not (interconnect or "").startswith("nvlink"):
         interconnect = "nvlink"
-    return _build_gpu_rates(
+    rates = _build_gpu_rates(
         name=gpu.name,
         architecture=gpu.architecture or (spec.architecture if spec else "unknown"),
         count=profile.gpu_count,
@@ -228,6 +233,22 @@ def gpu_rates(profile: HardwareProfile) -> DeviceRates:
         tdp_watts=gpu.power_limit_watts or gpu.tdp_watts,
         notes=notes,
     )
+    return with_network(rates, profile)
+
+
+def with_network(rates: DeviceRates, profile: HardwareProfile) -> DeviceRates:
+    """`rates` with the profile's inter-node network (unchanged on one node)."""
+    import dataclasses
+
+    n = profile.nodes
+    if profile.node_count <= 1 or not n.network_gbps:
+        return rates
+    from trainfit.core.network_catalog import usable_node_bandwidth_gbps
+
+    label = f"{n.network}{' (assumed)' if n.network_assumed else ''}"
+    return dataclasses.replace(rates, nodes=profile.node_count,
+                               network_bytes_per_s=usable_node_bandwidth_gbps(n.network_gbps) * GB,
+                               network_label=label)
 
 
 def _cpu_isa(profile: HardwareProfile) -> str:
@@ -239,6 +260,9 @@ def _cpu_isa(profile: HardwareProfile) -> str:
     if flags.get("neon") or profile.cpu.architecture in ("aarch64", "arm64"):
         return "neon"
     return "none"
+
+
+CPU_EMULATED_BF16_SHARE = 0.02  # bf16 / fp32 training-matmul rate without bf16 instructions (see cpu_rates)
 
 
 def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceRates:
@@ -253,7 +277,9 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
         peak["fp32"] = bench.cpu_fp32_gflops * 1e9
         if bench.cpu_bf16_gflops:
             peak["bf16"] = bench.cpu_bf16_gflops * 1e9
-        notes.append("CPU matmul rate measured by trainfit profile --benchmark")
+        when = f" on {bench.measured_at[:10]}" if bench.measured_at else ""
+        notes.append(f"CPU matmul rate measured on this machine{when}" + (
+            " (kept in trainfit's cache; `profile --benchmark` measures again)" if bench.scope == "cpu" else ""))
     else:
         clock_mhz = profile.cpu.boost_clock_mhz or profile.cpu.base_clock_mhz or 2500.0
         per_core = CPU_FLOPS_PER_CYCLE[_cpu_isa(profile)] * clock_mhz * 1e6
@@ -262,8 +288,10 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
         notes.append("CPU matmul rate estimated from cores x clock x vector width (run --benchmark to measure)")
     if "bf16" not in peak:
         has_bf16 = profile.cpu.flags.get("avx512_bf16") or profile.cpu.flags.get("amx_bf16")
-        # Native bf16 dot products double the fp32 rate; without them bf16 matmuls are emulated.
-        peak["bf16"] = peak["fp32"] * (2.0 if has_bf16 else 0.5)
+        # Native bf16 dot products double the fp32 rate. Without them a bf16 training matmul
+        # (autocast forward + backward) takes an emulated path: measured 2.6-3.6 GFLOP/s against
+        # ~150 fp32 on an AVX2 EPYC (hardware.benchmark.cpu_autocast_bf16_gflops), about 0.02x.
+        peak["bf16"] = peak["fp32"] * (2.0 if has_bf16 else CPU_EMULATED_BF16_SHARE)
     peak.setdefault("fp16", peak["fp32"] * 0.5)
     if bench and bench.memory_bandwidth_gbps:
         bandwidth = bench.memory_bandwidth_gbps

@@ -1,0 +1,71 @@
+"""Shared helpers for the architecture fixtures in tests/models/fixtures/: load a shipped
+config.json, shrink it to a tiny model of the same family, build it with transformers.
+
+`shrunk(name)` keeps every key that changes the layout (multi_query, parallel_attn, bias,
+feed_forward_proj, type_vocab_size, ...) and only makes the widths, depths and vocabulary small,
+so a tiny model builds in milliseconds and trains a step in well under a second on a CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TRANSFORMERS_FAMILIES = ("falcon-7b", "gpt_bigcode-santacoder", "bloom-560m", "t5-small", "mt5-small",
+                         "bert-base-uncased", "roberta-base")
+
+# Size keys per model_type -> tiny values (same layout, small shapes).
+_TINY: dict[str, dict[str, Any]] = {
+    "falcon": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=512),
+    "gpt_bigcode": dict(n_embd=64, n_head=4, n_layer=2, n_inner=256, vocab_size=512, n_positions=256),
+    "bloom": dict(hidden_size=64, n_head=4, n_layer=2, vocab_size=512),
+    "t5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2, vocab_size=512),
+    "mt5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=96, num_layers=2, num_decoder_layers=3, vocab_size=512),
+    "bert": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
+                 vocab_size=512, max_position_embeddings=256),
+    "roberta": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
+                    vocab_size=512, max_position_embeddings=258),
+}
+# Dropout keys: the memory model describes dropout-free training (as bench/memory_accuracy.py).
+_DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "dropout_rate",
+                 "hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+def config(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def shrunk(name: str, **overrides: Any) -> dict[str, Any]:
+    cfg = config(name)
+    cfg.update(_TINY[cfg["model_type"]])
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "decoder_start_token_id"):
+        if isinstance(cfg.get(key), int) and cfg[key] >= cfg["vocab_size"]:
+            cfg[key] = 0
+    cfg.update(overrides)
+    return cfg
+
+
+def auto_class(model_type: str):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    return {"t5": AutoModelForSeq2SeqLM, "mt5": AutoModelForSeq2SeqLM, "bert": AutoModelForMaskedLM,
+            "roberta": AutoModelForMaskedLM}.get(model_type, AutoModelForCausalLM)
+
+
+def build(cfg: dict[str, Any], *, device: str = "meta", dropout_free: bool = False, attention: str | None = None,
+          dtype: str = "float32"):
+    """The transformers model of `cfg`; fp32 unless `dtype` says otherwise (from_config would
+    otherwise follow the config's torch_dtype, e.g. falcon-7b's bfloat16)."""
+    import torch
+    from transformers import AutoConfig
+
+    kw = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map")}
+    if dropout_free:
+        kw.update({k: 0.0 for k in _DROPOUT_KEYS if k in kw or k in ("dropout_rate", "hidden_dropout_prob",
+                                                                     "attention_probs_dropout_prob")})
+    hf = AutoConfig.for_model(cfg["model_type"], **kw)
+    extra = {"attn_implementation": attention} if attention else {}
+    extra["dtype"] = getattr(torch, dtype)
+    with torch.device(device):
+        return auto_class(cfg["model_type"]).from_config(hf, **extra)
