@@ -94,3 +94,22 @@ def test_params_shape_uses_the_run_vocabulary():
 
     spec = shape_spec(ShapeConfig(params="3m"), vocab_size=512)
     assert spec.vocab_size == 512 and spec.id == "shape:3m" and spec.num_layers >= 1
+
+
+# Hashes that run directories written by earlier versions store: a new config key must leave them
+# unchanged (HOW_NOT_WHAT / HASHED_WHEN_SET / data_hash_view), or those runs no longer resume.
+STORED_HASHES = [
+    ({"version": 1, "method": "pretrain", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+      "data": {"paths": ["builtin:tiny-corpus"]}, "training": {"micro_batch": 2, "seq_len": 64},
+      "schedule": {"max_steps": 10}}, "cd40a13e07538fc0"),
+    ({"version": 1, "method": "lora", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+      "data": {"paths": ["builtin:tiny-chat"]}, "training": {"micro_batch": 2, "seq_len": 64},
+      "schedule": {"max_steps": 10}}, "be2176dc25352c9d"),
+    ({"version": 1, "method": "dpo", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+      "data": {"paths": ["builtin:tiny-preferences"]}, "schedule": {"max_steps": 10}}, "7fcc84bcc6d20500"),
+]
+
+
+@pytest.mark.parametrize("raw,stored", STORED_HASHES)
+def test_hash_of_earlier_run_directories_is_unchanged(raw, stored):
+    assert parse_run_config(raw, source="x").config_hash()[:16] == stored

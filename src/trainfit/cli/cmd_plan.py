@@ -172,6 +172,14 @@ def command_line(argv: list[str] | None = None) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def invoked(args: argparse.Namespace) -> str:
+    """The plan command as it was given (through main(argv) too, not only from the shell)."""
+    argv = getattr(args, "argv", None)
+    if argv is None or "plan" not in argv:
+        return command_line()
+    return command_line(argv[argv.index("plan") + 1:])
+
+
 def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str) -> dict[str, list[str]]:
     """Render every mode's files first (all validated), then write them; returns mode -> paths."""
     from trainfit.export.bundle import write_files
@@ -212,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     files: dict[str, list[str]] = {}
     if args.out is not None:
         files = write_exports(result, req, Path(args.out), force=args.force, data=_data(args.data),
-                              command=command_line())
+                              command=invoked(args))
     if args.json:
         from trainfit.cli.output import print_json
 

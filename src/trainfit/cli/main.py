@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     command = named_command(argv)
     parser = build_parser(load=[command] if command else [])
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # the words as given (generated files quote the command that made them)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT

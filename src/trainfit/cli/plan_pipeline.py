@@ -129,14 +129,14 @@ def render_pipeline(pp, out, files: dict[str, list[str]] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.cmd_plan import command_line
+    from trainfit.cli.cmd_plan import invoked
     from trainfit.core.plan.pipeline import plan_pipeline
 
     req, data = build_pipeline_request(args)
     pp = plan_pipeline(req)
     files: dict[str, list[str]] = {}
     if args.out is not None:
-        files = write_pipeline_exports(pp, Path(args.out), force=args.force, data=data, command=command_line())
+        files = write_pipeline_exports(pp, Path(args.out), force=args.force, data=data, command=invoked(args))
     if args.json:
         from trainfit.cli.output import print_json
 

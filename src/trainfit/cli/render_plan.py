@@ -23,7 +23,8 @@ def setting_line(s) -> str:
     if s.grad_checkpointing != "none":
         parts.append("grad checkpointing")
     if s.zero_stage:
-        parts.append(f"ZeRO-{s.zero_stage}")
+        parts.append(f"ZeRO-{s.zero_stage}" + (f" hybrid ({s.gpus_per_node} GPUs per shard group)"
+                                               if s.hybrid_shard else ""))
     if s.offload != "none":
         parts.append(f"offload {s.offload}")
     if s.lora is not None:

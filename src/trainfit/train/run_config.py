@@ -121,6 +121,14 @@ class TrainingConfig(TrainingSetup):
     dpo_beta: float = 0.1
 
 
+# Training keys that say how the global batch is spread (GPUs, nodes, hybrid sharding) and how a
+# step is computed, not what it computes: left out of the config hash, so a run resumes on another
+# layout or with other memory savers.
+HOW_NOT_WHAT = ("num_gpus", "num_nodes", "hybrid_shard", "grad_checkpointing", "device")
+# Training keys added after run directories existed that do change the maths: hashed only when
+# they differ from their default, so a run directory written before they existed still resumes.
+HASHED_WHEN_SET: tuple[str, ...] = ()
+
 # TrainingSetup fields that the `training:` section does not take (set from elsewhere).
 NOT_TRAINING_KEYS = ("method", "generate_tokens")
 
@@ -254,10 +262,12 @@ class RunConfig:
         t = data["training"]
         n = processes if processes is not None else self.training.num_gpus
         t["global_batch"] = t.pop("micro_batch") * t.pop("grad_accum") * n
-        # How the global batch is spread (GPUs, nodes, hybrid sharding) and how a step is computed
-        # do not change a loss: a run resumes on another layout.
-        for key in ("num_gpus", "num_nodes", "hybrid_shard", "grad_checkpointing", "device"):
+        for key in HOW_NOT_WHAT:
             t.pop(key, None)
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
+        for key in HASHED_WHEN_SET:
+            if t.get(key) == defaults[key]:
+                t.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
