@@ -117,6 +117,8 @@ BOUNDS: dict[str, Bound] = {
     "lora_alpha": _number(0, 1 << 20, low_open=True),
     "lora_dropout": _number(0, 0.99),
     "dpo_beta": _number(0, 1000, low_open=True),
+    "image_size": _count(1 << 16, 0),  # pixels per side (0: the model's default resolution)
+    "images_per_example": _count(1024, 0),
     # schedule
     "max_steps": _count(10**9),
     "epochs": _number(0, _MILLION, low_open=True),

@@ -1,4 +1,4 @@
-"""`--lora-targets all-linear` (issue 9 item 5): the bare string "all-linear" is never iterated
+"""`--lora-targets all-linear`: the bare string "all-linear" is never iterated
 as a list of module names; every consumer of LoraSettings.target_modules reads it through
 params.canonical_targets."""
 
@@ -57,8 +57,9 @@ def test_every_consumer_takes_the_bare_string():
 
 def test_peft_kwargs_keep_all_linear_a_string():
     from trainfit.export.peft_config import lora_config_kwargs
-    from trainfit.train.run_config import RunConfig
+    from trainfit.train.run_config import parse_run_config
 
-    cfg = RunConfig.__new__(RunConfig)  # only .training.lora is read
-    object.__setattr__(cfg, "training", type("T", (), {"lora": LoraSettings(target_modules="all-linear")})())
+    cfg = parse_run_config({"version": 1, "method": "lora", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+                            "data": {"paths": ["builtin:tiny-chat"]}, "schedule": {"max_steps": 1},
+                            "training": {"lora": {"target_modules": ["all-linear"]}}}, source="test.yaml")
     assert lora_config_kwargs(cfg)["target_modules"] == "all-linear"

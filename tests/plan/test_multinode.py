@@ -1,6 +1,6 @@
 """Several nodes: the --hardware forms and refusals, the cited network catalog, the inter-node
 communication term against a hand calculation, the sharding choice it drives, and the per-node
-launch files (issue 12, item 4)."""
+launch files."""
 
 from __future__ import annotations
 

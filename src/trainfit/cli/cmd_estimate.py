@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import typing
 
-from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, LoraSettings, Offload, \
-    Optimizer, PrecisionMode, Quant, TrainingSetup, parse_method
+from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
+    LoraSettings, Offload, Optimizer, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -36,8 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="LoRA dropout (default 0.05)")
     p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default q,k,v,o)")
     p.add_argument("--quant", choices=typing.get_args(Quant), default=None)
-    p.add_argument("--zero", type=arg("zero_stage"), default=0, help="DeepSpeed ZeRO stage 0-3")
-    p.add_argument("--offload", choices=typing.get_args(Offload), default="none")
+    p.add_argument("--zero", type=arg("zero_stage"), default=None,
+                   help="DeepSpeed ZeRO stage 0-3 (default 0; with --fsdp its equivalent stage)")
+    p.add_argument("--fsdp", choices=[s for s in typing.get_args(FsdpStrategy) if s != "none"], default=None,
+                   help="PyTorch FSDP instead of DeepSpeed: full-shard (ZeRO-3-like), shard-grad-op (ZeRO-2-like) "
+                   "or no-shard (DDP-like); CPU offload with --offload optimizer+params")
+    p.add_argument("--offload", choices=typing.get_args(Offload), default="none",
+                   help="CPU offload: DeepSpeed ZeRO-Offload (--zero >= 1; optimizer+params needs --zero 3) or "
+                   "FSDP CPU offload (--fsdp full-shard --offload optimizer+params)")
+    p.add_argument("--activation-offload", action="store_true",
+                   help="move saved activations to pinned CPU memory (TRL/torchtune activation offloading)")
+    p.add_argument("--optimizer-in-backward", action="store_true",
+                   help="step each parameter during backward and free its gradient (torchtune optimizer_in_bwd; "
+                   "needs --grad-accum 1, no gradient clipping)")
     p.add_argument("--gpus", type=arg("num_gpus"), default=None, help="GPUs (default: all of the hardware's)")
     p.add_argument("--attn", choices=typing.get_args(Attention), default="sdpa")
     p.add_argument("--generate", type=arg("generate_tokens"), default=0, help="inference: tokens generated after the prompt")
@@ -59,6 +70,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=arg("hidden"))
     p.add_argument("--heads", type=arg("heads"))
     p.add_argument("--vocab", type=arg("vocab"), default=32000)
+    p.add_argument("--loss", choices=("standard", "chunked", "fused"), default="standard",
+                   help="cross-entropy: standard (whole logits), chunked (8 checkpointed pieces) or fused (Liger-Kernel fused linear cross-entropy: one chunk of logits at a time)")
+    p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
+                   "output feature; with --method lora/qlora")
+    p.add_argument("--image-size", type=arg("image_size"), default=None,
+                   help="vision-language models: image side in pixels (Qwen2-VL: (side/28)^2 tokens); "
+                   "default: the model's default resolution")
+    p.add_argument("--images-per-example", type=arg("images_per_example"), default=None,
+                   help="vision-language models: images per example, their tokens added to --seq-len "
+                   "(default 1 with --image-size, else 0)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -116,8 +137,30 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
     return resolve_setup(hardware, method, lora=lora, precision=args.precision, device=args.device, num_gpus=gpus,
                          quant=args.quant, dpo_reference=args.dpo_reference, optimizer=args.optimizer,
                          micro_batch=args.micro_batch, seq_len=args.seq_len, grad_accum=args.grad_accum,
-                         grad_checkpointing=args.grad_checkpointing, attention=args.attn, zero_stage=args.zero,
-                         offload=args.offload, generate_tokens=args.generate)
+                         grad_checkpointing=args.grad_checkpointing, attention=args.attn,
+                         generate_tokens=args.generate, **_sharding_knobs(args), **_model_knobs(args))
+
+
+def _sharding_knobs(args: argparse.Namespace) -> dict:
+    """--zero / --fsdp / --offload / --activation-offload / --optimizer-in-backward as setup fields.
+    --fsdp implies its ZeRO-equivalent stage; a different explicit --zero is refused by the memory
+    model's checks (trainfit.core.memory.knob_checks) with the fix."""
+    from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
+
+    fsdp = args.fsdp or "none"
+    zero = args.zero if args.zero is not None else FSDP_EQUIVALENT_STAGE.get(fsdp, 0)
+    return dict(zero_stage=zero, fsdp_strategy=fsdp, offload=args.offload,
+                activation_offload=bool(args.activation_offload),
+                optimizer_in_backward=bool(args.optimizer_in_backward))
+
+
+def _model_knobs(args: argparse.Namespace) -> dict:
+    """--loss / --dora / --image-size / --images-per-example as setup fields (checked against the model
+    by trainfit.core.memory.model_knob_checks). An image size alone means one image per example."""
+    images = args.images_per_example
+    if images is None:
+        images = 1 if args.image_size else 0
+    return dict(loss=args.loss, dora=bool(args.dora), image_size=args.image_size or 0, images_per_example=images)
 
 
 def load_hardware(spec: str | None):
@@ -285,7 +328,7 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
     out = console()
     out.print(f"[bold]{result.model_id}[/]  {result.params_total:,} params, {result.params_trainable:,} trainable  "
               f"({setup.method}, {setup.precision}, {setup.optimizer}, micro-batch {setup.micro_batch} x seq "
-              f"{setup.seq_len}, {setup.num_gpus} x {setup.device})")
+              f"{setup.seq_len}, {setup.num_gpus} x {setup.device}{_sharding_text(setup)})")
     for dev in result.devices:
         table = Table(title=f"{dev.device} memory (GiB = 2^30 bytes)", title_justify="left")
         table.add_column("component")
@@ -308,3 +351,17 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
             out.print("nearest setting that fits: " + "; ".join(changes))
         else:
             out.print("nothing tried fits this hardware (see 'trainfit gpus' for larger GPUs)")
+
+
+def _sharding_text(setup: TrainingSetup) -> str:
+    """', FSDP full-shard + CPU offload, activation offload' etc.: the engine and offload knobs set."""
+    parts = []
+    if setup.fsdp_strategy != "none":
+        parts.append(f"FSDP {setup.fsdp_strategy}" + (" + CPU offload" if setup.offload != "none" else ""))
+    elif setup.zero_stage:
+        parts.append(f"ZeRO-{setup.zero_stage}" + (f" + offload {setup.offload}" if setup.offload != "none" else ""))
+    if setup.activation_offload:
+        parts.append("activation offload")
+    if setup.optimizer_in_backward:
+        parts.append("optimizer in backward")
+    return "".join(f", {p}" for p in parts)

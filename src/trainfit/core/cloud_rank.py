@@ -72,6 +72,7 @@ class FlavorResult:
     grad_accum: int | None = None
     grad_checkpointing: str | None = None
     zero_stage: int | None = None
+    offload: str | None = None  # "optimizer" / "optimizer+params": DeepSpeed CPU offload of the chosen setting
     memory_gib_per_device: float | None = None  # predicted peak (GiB) of the chosen setting
     capacity_gib_per_device: float | None = None
     memory_ratio: float | None = None  # smallest need / capacity seen (for "closest")
@@ -149,6 +150,13 @@ def _search(
         bases = space.product(base, grad_checkpointing=("none", "full"), zero_stage=zero_stages)
         batches = [mb for mb in MICRO_BATCHES if mb * n <= max(req.global_batch, n)]
         tiers.append(Tier(variants.LABELS[variant], space.batch_chains(bases, batches, req.global_batch)))
+        if base.lora is None and base.method != "inference":
+            # Full weights that do not fit on the GPUs: DeepSpeed's CPU offload comes before the
+            # fallback to adapters (the method asked for, as estimate --offload shows it fitting).
+            offloaded = space.product(base, grad_checkpointing=("full",), zero_stage=(2, 3),
+                                      offload=("optimizer", "optimizer+params"))
+            tiers.append(Tier(f"{variants.LABELS[variant]} + CPU offload",
+                              space.batch_chains(offloaded, batches, req.global_batch)))
     result = search(req.model, hw, tiers, rank_key=by_step_time, memory_fn=memory_fn,
                     speed_fn=lambda m, s: predict_step(m, s, rates, req.workload))
     ratio = result.smallest_need_ratio
@@ -261,12 +269,13 @@ def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float,
     dev = best.memory.devices[0]
     label = method_label(s)
     setting = f"{label} {s.precision} {s.micro_batch}x{s.grad_accum}" + (
-        f"x{s.num_gpus} ZeRO-{s.zero_stage}" if s.num_gpus > 1 else ""
-    ) + (" ckpt" if s.grad_checkpointing != "none" else "")
+        f"x{s.num_gpus}" if s.num_gpus > 1 else "") + (f" ZeRO-{s.zero_stage}" if s.zero_stage else "") + (
+        f" offload {s.offload}" if s.offload != "none" else "") + (" ckpt" if s.grad_checkpointing != "none" else "")
     return FlavorResult(
         fits=True, why=setting, method=label,
         precision=s.precision, micro_batch=s.micro_batch, grad_accum=s.grad_accum, grad_checkpointing=s.grad_checkpointing,
-        zero_stage=s.zero_stage, memory_gib_per_device=dev.total_bytes / GIB, capacity_gib_per_device=cap_gib,
+        zero_stage=s.zero_stage, offload=s.offload, memory_gib_per_device=dev.total_bytes / GIB,
+        capacity_gib_per_device=cap_gib,
         tokens_per_second=best.tokens_per_second, bottleneck=best.bottleneck, hours=hours, cost_usd=cost,
         cost_class=cost_class(cost),
         within_budget=None if req.budget_usd is None else cost <= req.budget_usd,

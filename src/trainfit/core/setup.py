@@ -16,11 +16,20 @@ TRAIN_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m != "inference")
 # Names people use for the same thing: supervised fine-tuning of every weight is "full".
 METHOD_ALIASES = {"sft": "full"}
 PrecisionMode = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"]
-Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"]
+Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "paged-adamw-32bit", "sgd", "sgd-momentum",
+                    "adafactor", "lion"]
 Checkpointing = Literal["none", "full", "selective"]
 Attention = Literal["eager", "sdpa", "flash"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
-Quant = Literal["none", "nf4", "nf4-dq", "int8"]
+# PyTorch FSDP's sharding strategies ("none": not FSDP; DeepSpeed ZeRO or DDP by zero_stage). Multi-node
+# HYBRID_SHARD is full-shard with hybrid_shard on (trainfit.core.memory.fsdp).
+FsdpStrategy = Literal["none", "full-shard", "shard-grad-op", "no-shard"]
+# nf4 / nf4-dq / int8: bitsandbytes, quantised while loading; gptq / awq: pre-quantised 4-bit checkpoints
+# (group size 128), loaded as they were published (trainfit.core.memory.quant_formats).
+Quant = Literal["none", "nf4", "nf4-dq", "int8", "gptq", "awq"]
+# How the causal-LM loss meets the logits (trainfit.core.memory.loss_kernels): "standard" materialises
+# batch x seq x vocab logits; "chunked" and "fused" hold one chunk of them at a time.
+LossKernel = Literal["standard", "chunked", "fused"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
 
 
@@ -90,6 +99,25 @@ class TrainingSetup:
     dpo_reference: Literal["separate", "lora-base", "precomputed"] = "separate"
     # Inference: tokens generated after the prompt (seq_len is the prompt length).
     generate_tokens: int = 0
+    # Sharding / offload knobs (modelled in trainfit.core.memory.fsdp, knob_effects and
+    # states; refused combinations in knob_checks).
+    # FSDP instead of DeepSpeed: zero_stage then holds the ZeRO-equivalent stage (full-shard 3,
+    # shard-grad-op 2, no-shard 0) and offload "optimizer+params" is FSDP's CPUOffload.
+    fsdp_strategy: FsdpStrategy = "none"
+    # Saved activations moved to pinned CPU memory by autograd saved-tensor hooks (TRL / torchtune
+    # activation offloading): about one layer's activations in flight on the GPU.
+    activation_offload: bool = False
+    # Each parameter stepped and its gradient freed during backward (torchtune optimizer_in_bwd).
+    optimizer_in_backward: bool = False
+    # Logits, DoRA and image knobs (modelled in trainfit.core.memory.loss_kernels,
+    # dora and vision). The loss kernel changes memory and speed, not the loss.
+    loss: LossKernel = "standard"
+    # DoRA (PEFT use_dora=True): LoRA plus a trained magnitude per output feature of each adapted layer.
+    dora: bool = False
+    # Vision-language models: images per example and their side in pixels (0: the model's default
+    # resolution); their tokens join the language model's sequence after seq_len text tokens.
+    image_size: int = 0
+    images_per_example: int = 0
 
     @property
     def global_batch(self) -> int:

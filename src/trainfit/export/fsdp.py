@@ -5,6 +5,10 @@ ZeRO-3 = FULL_SHARD (parameters re-sharded after each forward); ZeRO-0/1/2 = SHA
 gradients, so there is no "no shard" stage here). `offload` other than none moves parameters
 (and with them gradients and optimizer state) to the CPU.
 
+training.fsdp_strategy (full-shard / shard-grad-op) arrives here as its ZeRO-equivalent stage: the
+run config requires zero_stage 3 / 2 beside it (trainfit.train.knob_refusals), so the stage keeps
+being the one input. no-shard is refused there (DDP runs it), so NO_SHARD is never written.
+
 * `fsdp_arguments`: the TrainingArguments keys. Transformers 5 takes FSDP2 through `fsdp=True` +
   `fsdp_config` (the string form is deprecated there); 4.x takes the string form (FSDP1).
 * `accelerate_fsdp_block`: the same settings as the `fsdp_config` block of an Accelerate config

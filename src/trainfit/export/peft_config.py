@@ -23,5 +23,8 @@ def lora_config_kwargs(cfg: RunConfig) -> dict[str, Any]:
     from trainfit.core.params import canonical_targets
 
     targets = canonical_targets(lo.target_modules)
-    return {"r": lo.rank, "lora_alpha": lo.alpha, "lora_dropout": lo.dropout, "target_modules": targets,
-            "bias": "none", "task_type": "CAUSAL_LM"}
+    kwargs = {"r": lo.rank, "lora_alpha": lo.alpha, "lora_dropout": lo.dropout, "target_modules": targets,
+              "bias": "none", "task_type": "CAUSAL_LM"}
+    if cfg.training.dora:
+        kwargs["use_dora"] = True  # DoRA: PEFT adds a trained magnitude per output feature
+    return kwargs

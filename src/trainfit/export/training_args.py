@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 
 # trainfit optimizer -> TrainingArguments `optim`. sgd-momentum adds optim_args momentum=0.9.
 OPTIM_NAMES = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
+               "paged-adamw-32bit": "paged_adamw_32bit",
                "sgd": "sgd", "sgd-momentum": "sgd", "adafactor": "adafactor", "lion": "lion_32bit"}
 # Optimizers whose kernels come from bitsandbytes (CUDA only).
-NEEDS_BITSANDBYTES = frozenset({"adamw-8bit", "paged-adamw-8bit", "lion"})
+NEEDS_BITSANDBYTES = frozenset({"adamw-8bit", "paged-adamw-8bit", "paged-adamw-32bit", "lion"})
 # Config class name -> the module that defines it.
 CONFIG_MODULES = {"TrainingArguments": "transformers", "SFTConfig": "trl", "DPOConfig": "trl"}
 
@@ -88,14 +89,17 @@ def trl_arguments(cfg: RunConfig) -> dict[str, Any]:
     """The TRL-only keys of SFTConfig / DPOConfig (none for pretraining)."""
     t = cfg.training
     if cfg.method == "pretrain":
-        return {}
+        return {}  # training.activation_offload is refused for pretrain (trainfit.train.knob_refusals)
+    # TRL's saved-tensor hooks move activations to pinned CPU memory (SFTConfig / DPOConfig key);
+    # written only when set, so configs without it export what they always did.
+    offload = {"activation_offloading": True} if t.activation_offload else {}
     if cfg.method == "dpo":
         return {"max_length": t.seq_len, "beta": t.dpo_beta,
-                "precompute_ref_log_probs": t.dpo_reference == "precomputed"}
+                "precompute_ref_log_probs": t.dpo_reference == "precomputed", **offload}
     # Rows arrive as "text" or chat "messages" (trainfit.train.data.rename_for_trl). Without packing
     # every row is one sequence of at most seq_len tokens; with data.packing TRL packs whole rows
     # into seq_len rows (its default best-fit strategy, padding-free).
-    return {"max_length": t.seq_len, "packing": bool(cfg.data.packing), "dataset_text_field": "text"}
+    return {"max_length": t.seq_len, "packing": bool(cfg.data.packing), "dataset_text_field": "text", **offload}
 
 
 def trainer_config(cfg: RunConfig, *, device: str, output_dir: str, world_size: int, transformers_major: int,

@@ -10,7 +10,7 @@ commands run together give the same numbers), replaced by the first run on a qui
 
 Why measure: the datasheet guess (clock x vector width x cores x 0.7) was 37-71 % off on a
 2-core AVX2 EPYC, and bf16 without AVX512-BF16 / AMX runs about 50x slower than fp32, not 2x
-faster (issue 9 of the project's tracker; measured figures in bench/results/).
+faster (hardware.benchmark.cpu_autocast_bf16_gflops measures it).
 """
 
 from __future__ import annotations

@@ -122,12 +122,15 @@ class TrainingConfig(TrainingSetup):
 
 
 # Training keys that say how the global batch is spread (GPUs, nodes, hybrid sharding) and how a
-# step is computed, not what it computes: left out of the config hash, so a run resumes on another
-# layout or with other memory savers.
-HOW_NOT_WHAT = ("num_gpus", "num_nodes", "hybrid_shard", "grad_checkpointing", "device")
-# Training keys added after run directories existed that do change the maths: hashed only when
-# they differ from their default, so a run directory written before they existed still resumes.
-HASHED_WHEN_SET: tuple[str, ...] = ()
+# step is computed, not what it computes (where states, saved tensors and logits live, when a
+# parameter is stepped): left out of the config hash, so a run resumes on another layout or with
+# other memory savers.
+HOW_NOT_WHAT = ("num_gpus", "num_nodes", "hybrid_shard", "grad_checkpointing", "device", "fsdp_strategy",
+                "activation_offload", "optimizer_in_backward", "loss")
+# Training keys added after run directories existed that do change the maths (DoRA, image inputs):
+# hashed only when they differ from their default, so a run directory written before they existed
+# still resumes.
+HASHED_WHEN_SET = ("dora", "image_size", "images_per_example")
 
 # TrainingSetup fields that the `training:` section does not take (set from elsewhere).
 NOT_TRAINING_KEYS = ("method", "generate_tokens")
@@ -449,6 +452,12 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
     if s.max_steps is None and s.epochs is None:
         errs.append("schedule: give max_steps or epochs")
     errs.extend(_data_errors(cfg))
+    from trainfit.train.knob_refusals import sharding_knob_errors
+
+    errs.extend(sharding_knob_errors(cfg))  # fsdp_strategy, offload, activation_offload, optimizer_in_backward
+    from trainfit.train.model_knob_refusals import model_knob_errors
+
+    errs.extend(model_knob_errors(cfg))  # loss, gptq/awq quant, dora, image_size, images_per_example
     return errs
 
 

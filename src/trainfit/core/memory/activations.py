@@ -18,6 +18,7 @@ what transformers' modeling code and PyTorch's autograd actually save, tensor by
 * SwiGLU keeps gate, act(gate), up and their product (4 x ffn); GELU MLPs 2 x ffn.
 * LoRA (PEFT) keeps each adapted module's (cast) input for dA, the r-wide A output for dB, and
   with dropout > 0 a bool mask plus the dropped copy per adapted module.
+* DoRA (core/memory/dora.py): each adapted module's base and LoRA outputs per token.
 * Loss (transformers ForCausalLMLoss): fp32 upcast of the logits, log_softmax output saved
   (4 B x vocab per token); its backward holds grad of log_softmax and grad of logits together
   with the saved output: 12 B x vocab per token.
@@ -195,6 +196,21 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
         mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
     total += mlp + inner(w.f, lw.get("mlp_out", 0))
+    if setup.quant == "int8" and not full:
+        # LLM.int8 (bitsandbytes MatMul8bitLt, threshold 6.0 as transformers sets it) keeps its 16-bit
+        # input A on ctx.tensors for every quantised linear whose input needs a gradient, where 4-bit
+        # layers keep only the weight: the attention and MLP inputs (each shared by its readers),
+        # the attention output's contiguous copy read by o_proj and the gated product read by
+        # down_proj (bitsandbytes/autograd/_functions.py, read 2026-11-23). The outlier columns
+        # (subA, tokens x outliers) are a few columns and left out.
+        total += a * (w.h * (1 if shared else 2) + w.q + w.f)
+    if setup.dora and not full:
+        # DoRA keeps each adapted module's base and LoRA outputs, and with dropout the weight copy
+        # F.linear multiplied (a per-layer amount, spread over the layer's tokens): core/memory/dora.py.
+        from trainfit.core.memory import dora
+
+        tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
+        total += dora.saved_bytes_per_token(spec, setup) + dora.saved_weight_bytes_per_layer(spec, setup) / tokens
     return total, core
 
 

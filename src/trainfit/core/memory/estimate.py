@@ -17,7 +17,12 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
+from trainfit.core.memory.fsdp import gathered_bytes
 from trainfit.core.memory.inference import inference_components
+from trainfit.core.memory.knob_checks import check_knobs
+from trainfit.core.memory.knob_effects import offload_activations
+from trainfit.core.memory import dora, loss_kernels, quant_formats, vision
+from trainfit.core.memory.model_knob_checks import check_model_knobs
 from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
@@ -35,7 +40,11 @@ EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                     hardware: HardwareProfile | None = None) -> MemoryEstimate:
     """Memory per device for `setup` on `model`; capacities from `hardware` when given."""
+    check_knobs(setup)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
     check_setup(model, setup)
+    check_model_knobs(model, setup)
+    text_tokens = setup.seq_len
+    setup = vision.with_image_tokens(model, setup)  # image tokens join the language model's sequence
     st = model_stats(model)
     lora = setup.lora
     uses_lora = setup.method in ("lora", "qlora") or (setup.method == "dpo" and lora is not None)
@@ -46,15 +55,19 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if uses_lora and setup.lora is None:
         setup = _with_lora(setup, lora)
     notes: list[str] = []
+    if setup.seq_len != text_tokens:
+        notes.append(vision.image_note(model, setup, text_tokens))
+    host_comps: list[MemoryComponent] = []  # pinned CPU memory of activation offloading
     if model.architecture in EAGER_ONLY and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
+    lora_params += dora.magnitude_params(model, setup)  # DoRA's trained magnitudes (fp32, like the adapters)
     states = model_states(model, st, setup, lora_params)
     if setup.method == "inference":
         comps, notes = inference_components(model, st, setup, states)
         trainable = 0
     else:
-        comps = _training_components(model, st, setup, states, where, notes)
+        comps = _training_components(model, st, setup, states, where, notes, host_comps)
         trainable = states.trainable
     peak = sum(c.bytes for c in comps if c.in_tensor_peak)
     device = setup.device
@@ -64,7 +77,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
         arch = hardware.gpus[0].architecture
         gpu_name = hardware.gpus[0].name
     total_comps = comps + margins(device, peak, architecture=arch, num_gpus=setup.num_gpus,
-                                  training=setup.method != "inference")
+                                  training=setup.method != "inference", zero_stage=setup.zero_stage)
     total = sum(c.bytes for c in total_comps)
     label = "cpu" if device == "cpu" else f"{'mps' if device == 'mps' else 'cuda'}:0"
     capacity = None
@@ -73,19 +86,25 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
         if capacity is None:
             notes.append(unknown_capacity_note(hardware, device))
     devices = [DeviceMemory(label, int(peak), int(total), capacity, total_comps)]
-    if states.cpu and device != "cpu":
-        cpu_comps = [C("offload", int(states.cpu), states.cpu_what, True)]
-        cpu_peak = int(states.cpu)
-        cpu_comps.append(C("framework_overhead", int(0.5 * states.cpu),
-                           "pinned staging buffers and CPU Adam working copies: 50 % (DeepSpeed uses 1.5x)",
-                           False))
-        devices.append(DeviceMemory("cpu", cpu_peak, int(1.5 * states.cpu),
+    host_bytes = sum(c.bytes for c in host_comps)
+    if (states.cpu or host_bytes) and device != "cpu":
+        cpu_comps = [C("offload", int(states.cpu), states.cpu_what, True)] if states.cpu else []
+        cpu_comps += host_comps
+        cpu_peak = int(states.cpu) + host_bytes
+        if states.cpu:
+            cpu_comps.append(C("framework_overhead", int(0.5 * states.cpu),
+                               "pinned staging buffers and CPU Adam working copies: 50 % (DeepSpeed uses 1.5x)",
+                               False))
+        devices.append(DeviceMemory("cpu", cpu_peak, int(1.5 * states.cpu) + host_bytes,
                                     cpu_capacity(hardware) if hardware is not None else None, cpu_comps))
     if setup.num_gpus > 1:
         notes.append(f"per GPU figures; all {setup.num_gpus} GPUs hold the same amount under data parallelism")
-    if setup.optimizer == "paged-adamw-8bit":
+    if setup.optimizer in ("paged-adamw-8bit", "paged-adamw-32bit"):
         notes.append("paged optimizer states live in unified memory: counted on the GPU at peak, "
                      "but the driver can page them to CPU RAM instead of failing")
+    if setup.optimizer_in_backward:
+        notes.append("optimizer in backward: no gradient clipping over the whole model is possible "
+                     "(each parameter is stepped before the others' gradients exist)")
     if gpu_name:
         notes.append(f"capacity: {gpu_name}")
     return MemoryEstimate(model.id, st.total, trainable, devices, notes)
@@ -111,7 +130,7 @@ def _with_lora(setup: TrainingSetup, lora: LoraSettings) -> TrainingSetup:
 
 
 def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, where,
-                         notes: list[str]) -> list[MemoryComponent]:
+                         notes: list[str], host_comps: list[MemoryComponent]) -> list[MemoryComponent]:
     full = where is None
     dpo = setup.method == "dpo"
     seqs = setup.micro_batch * (2 if dpo else 1)  # DPO: chosen + rejected
@@ -135,23 +154,36 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         saved_layers = n * layer
         ckpt_what = f"{n} layers x {per_tok:.0f} B/token x {tokens} tokens" + (
             " + eager scores" if scores else "")
+    if setup.activation_offload:
+        saved_layers, host = offload_activations(saved_layers, n, setup)
+        host_comps.append(host)
+        ckpt_what += "; offloaded to pinned CPU memory, 2 layers' worth on the GPU"
     final = act.final_norm_bytes_per_token(model, setup, full) * tokens
+    final += vision.tower_saved_bytes(model, setup, seqs)
     if dpo:
         # TRL selective_log_softmax keeps the logits (fp32: for logsumexp; 16-bit: per-row
         # log_softmax outputs); its backward holds the gather grad, the per-row grads stacked
         # and the slice grad: 3 logits-sized tensors (calibrated on CPU, bench/memory_accuracy).
         loss_saved, loss_fwd, loss_bwd = a * model.vocab_size, a * model.vocab_size, 3 * a * model.vocab_size
+        loss_saved, loss_fwd, loss_bwd = loss_saved * tokens, loss_fwd * tokens, loss_bwd * tokens
+        loss_what = f"logits + loss: {tokens} tokens x vocab {model.vocab_size} (fp32 log_softmax, its grads)"
     else:
-        loss_saved, loss_fwd, loss_bwd = act.loss_bytes_per_token(model, setup)
-    loss_saved *= tokens
-    loss_fwd *= tokens
-    loss_bwd *= tokens
+        lt = loss_kernels.loss_terms(model, setup, tokens, head_trains=full)
+        loss_saved, loss_fwd, loss_bwd, loss_what = lt.saved, lt.forward, lt.backward, lt.what
     # autocast caches the 16-bit copy of every trained weight that a matmul reads. Under ZeRO-3 /
     # FSDP full shard the engine's mixed precision gathers 16-bit parameters a layer at a time
     # (counted in the gather buffer), so no whole-model cache exists on any GPU.
-    cache = 2.0 * (st.linear + (st.lm_head or st.embedding)) if (mixed and full and setup.zero_stage < 3) else 0.0
+    # FSDP's mixed precision gathers 16-bit parameters (counted in its gather floor), and DeepSpeed's
+    # bf16/fp16 modes cast the module itself to 16 bits (its fp32 master is separate) and run no
+    # autocast (Accelerate leaves native_amp off for DeepSpeed: accelerate/accelerator.py, v1.15.0):
+    # no cast to cache under either engine.
+    deepspeed = setup.zero_stage >= 1 and setup.fsdp_strategy == "none"
+    cache = 2.0 * (st.linear + (st.lm_head or st.embedding)) if (
+        mixed and full and not deepspeed and setup.fsdp_strategy == "none") else 0.0
     # Frozen quantised / 16-bit base: one weight de-quantised (or cast) at a time.
     transient = states.dequant_transient
+    # DoRA's weight-norm temporaries exist only inside a layer's forward, one layer at a time.
+    dora_tmp = dora.forward_transient_bytes(model, setup)
     weights = states.weights + states.quant_overhead + states.lora
     ref = 0.0
     if dpo and setup.dpo_reference == "separate":
@@ -168,7 +200,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dpo and setup.dpo_reference != "precomputed":
         ref_fwd = a * model.vocab_size * tokens + layer / 2
     phases = {
-        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient,
+        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient,
         "optimizer step": base + states.gradients,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
@@ -195,7 +227,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("master_weights", int(states.master_weights), "fp32 master copy (4 B/param, sharded by ZeRO)", True))
     if states.optimizer:
         comps.append(C("optimizer", int(states.optimizer), _opt_what(setup), True))
-    if states.gathered:
+    if states.gathered and setup.fsdp_strategy != "none":
+        comps.append(C("fsdp_gathered", int(states.gathered), gathered_bytes(st, setup, trains_base=full)[1], True))
+    elif states.gathered:
         comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
     if states.buckets:
         comps.append(C("grad_buckets", int(states.buckets), "DDP flat gradient buckets / ZeRO reduce bucket (hidden^2)", True))
@@ -220,10 +254,12 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if cache:
         comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights: 2 B/param", True))
     loss_extra = loss_fwd if where_peak == "forward" else loss_bwd
-    comps.append(C("logits", int(loss_saved + loss_extra),
-                   f"logits + loss: {tokens} tokens x vocab {model.vocab_size} (fp32 log_softmax, its grads)", True))
+    comps.append(C("logits", int(loss_saved + loss_extra), loss_what, True))
     if transient:
         comps.append(C("dequant_transient", int(transient), "largest quantised weight de-quantised to 16-bit", True))
+    if dora_tmp and where_peak == "forward":
+        comps.append(C("dora_transient", int(dora_tmp), "DoRA: B@A, the cast weight and W + s*BA of the largest "
+                       "adapted layer (its forward)", True))
     return comps
 
 
@@ -232,17 +268,24 @@ def _frozen_copy(st, setup: TrainingSetup) -> float:
 
 
 def _weights_what(setup: TrainingSetup) -> str:
+    if setup.quant in quant_formats.PREQUANTISED:
+        return quant_formats.describe(setup.quant)[0]
     if setup.quant in ("nf4", "nf4-dq"):
         return "linear weights NF4 (0.5 B/param); embeddings, norms, lm_head in 16-bit"
     if setup.quant == "int8":
         return "linear weights int8 (1 B/param); embeddings, norms, lm_head in 16-bit"
     b = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2
+    if setup.fsdp_strategy != "none":
+        shards = "" if setup.fsdp_strategy == "no-shard" else f" / {setup.shard_group} GPUs"
+        return f"params x {b} B{shards} (FSDP {setup.fsdp_strategy}: sharded flat parameters are the master copy)"
     if setup.zero_stage >= 1 and setup.precision.endswith("-mixed"):
         b = 2
     return f"params x {b} B" + (f" / {setup.num_gpus} GPUs (ZeRO-3)" if setup.zero_stage == 3 else "")
 
 
 def _quant_what(setup: TrainingSetup) -> str:
+    if setup.quant in quant_formats.PREQUANTISED:
+        return quant_formats.describe(setup.quant)[1]
     if setup.quant == "nf4":
         return "NF4 absmax: one fp32 per 64 weights (0.0625 B/param)"
     if setup.quant == "nf4-dq":
@@ -252,10 +295,13 @@ def _quant_what(setup: TrainingSetup) -> str:
 
 def _opt_what(setup: TrainingSetup) -> str:
     shard = f" / {setup.num_gpus} (ZeRO-{setup.zero_stage})" if setup.zero_stage >= 1 else ""
+    if setup.fsdp_strategy != "none":
+        shard = "" if setup.fsdp_strategy == "no-shard" else f" / {setup.shard_group} (FSDP {setup.fsdp_strategy})"
     return {
         "adamw": "AdamW: 2 moments x param dtype (8 B/param fp32)",
         "adamw-8bit": "8-bit AdamW: 2 x (1 B + fp32 absmax per 256) per param",
         "paged-adamw-8bit": "paged 8-bit AdamW: 2 x (1 B + fp32 absmax per 256) per param",
+        "paged-adamw-32bit": "paged 32-bit AdamW (bitsandbytes): 2 fp32 moments (8 B/param), pageable to CPU RAM",
         "sgd": "SGD: no state",
         "sgd-momentum": "SGD momentum buffer: 1 x param dtype",
         "adafactor": "Adafactor: factored second moments (rows + cols per matrix)",
@@ -264,5 +310,7 @@ def _opt_what(setup: TrainingSetup) -> str:
 
 
 def _grad_what(setup: TrainingSetup, states) -> str:
+    if setup.optimizer_in_backward:
+        return "optimizer in backward: at most the largest parameter's gradient alive"
     why = "alive at the optimizer step" if setup.grad_accum == 1 else "kept across accumulation micro-steps"
     return f"gradients of {states.trainable:,} trainable params ({why})"

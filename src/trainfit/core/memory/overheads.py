@@ -1,18 +1,35 @@
 """Margins on top of the tensor peak, and what each device offers.
 
 None of these are tensors, so a live-tensor counter (or torch.cuda.max_memory_allocated) does not
-see them; nvidia-smi and the OOM killer do. Figures are typical values, stated as assumptions:
+see them; nvidia-smi and the OOM killer do. `reserved_peak_bytes` gives what
+torch.cuda.max_memory_reserved shows (the tensor peak plus the margins inside the caching
+allocator's pool); `total_bytes` is what nvidia-smi shows.
 
-* CUDA context: created by the driver on first use; with lazy module loading (CUDA >= 11.7,
-  default in PyTorch wheels) about 300-600 MiB depending on the GPU generation (PyTorch forum
-  and docs "CUDA semantics"; NVIDIA CUDA C Programming Guide, "Lazy Loading").
+* CUDA context: created by the driver on first use. Since CUDA 11.7 with lazy module loading
+  (PyTorch sets CUDA_MODULE_LOADING=LAZY since 1.13, pytorch/pytorch#86509) a bare context is
+  about 250-430 MiB: 274 MiB vs 636 MiB eager in that PR's test; "~300MB ... before CUDA 11.7 ...
+  >1000MB" (ptrblck, pytorch/pytorch#107667); 256 MiB on an RTX 3090 with torch 2.7.1+cu128
+  (invoke-ai/InvokeAI#9413); 426 MiB on an RTX 6000 Ada with torch 2.10+cu130
+  (unslothai/unsloth-zoo#1053). Training loads more kernels lazily (cuBLASLt, attention, NCCL), so
+  the per-generation figures below sit at the top of that range. Eager loading (CUDA < 11.7 or
+  CUDA_MODULE_LOADING=EAGER) is 2-4x larger and is not modelled.
 * cuBLAS workspace: PyTorch's default CUBLAS_WORKSPACE_CONFIG=:4096:8 -> 32 MiB per handle,
-  plus cuDNN / SDPA workspaces; we count 64 MiB.
-* Caching allocator fragmentation: reserved - allocated is typically 5-15 % of the peak during
-  training (ZeRO paper, section 3.2: OOM with >30 % free in the worst case); we count 10 % for
-  training, 5 % for inference.
+  plus cuBLASLt / cuDNN / SDPA workspaces; we count 64 MiB. PyTorch allocates these through the
+  caching allocator (CublasHandlePool.cpp), so they are inside the reserved pool.
+* Caching allocator slack (reserved - allocated at the peak): blocks > 1 MiB come from 20 MiB
+  segments or cudaMalloc rounded to 2 MiB, and freed blocks are cached and split rather than
+  returned ("CUDA semantics: memory management", PyTorch docs), so transient tensors of varying
+  size leave unusable gaps. Measured from published pairs of peak allocated and peak
+  nvidia-smi / reserved of the same run (bench/data/published_memory.yaml,
+  bench/results/published_memory.md, "Allocator slack"). One GPU: 5-36 %, median 15 % in the
+  fms-acceleration A100 reference runs (HF Trainer, 10 runs), but at most 11 % in a LitGPT run that
+  fit a 40 GB A100 with 38.12 GB allocated; we keep 10 %, the lower quartile, because a higher
+  figure turns that run and others into false "does not fit" verdicts. FSDP full shard / ZeRO-3,
+  where every layer's parameters are gathered and freed each step: median 29 % (13 runs there;
+  12 and 24 % in Answer.AI's fsdp_qlora benchmarks; 26-35 % in meta-llama/llama-cookbook#41) -> 30 %.
+  Inference: 5 % (one forward pass of steady shapes).
 * NCCL: per-peer channel buffers (NCCL_BUFFSIZE 4 MiB x channels x peers) and its own CUDA
-  streams; ~ 300 MiB per GPU for a single-node job.
+  streams; ~ 300 MiB per GPU for a single-node job. NCCL allocates them itself, outside the pool.
 * Apple MPS: Metal's recommendedMaxWorkingSetSize, 2/3 of unified memory up to 36 GiB and 3/4
   above (core.hardware_spec.metal_working_set_bytes, where the reported values are cited).
 * CPU: the PyTorch + transformers runtime itself (~ 600 MiB resident) and malloc fragmentation.
@@ -20,7 +37,7 @@ see them; nvidia-smi and the OOM killer do. Figures are typical values, stated a
 
 from __future__ import annotations
 
-from trainfit.core.memory_types import MemoryComponent
+from trainfit.core.memory_types import DeviceMemory, MemoryComponent
 from trainfit.core.profile import HardwareProfile
 
 MIB = 1024**2
@@ -34,15 +51,30 @@ _CONTEXT_MIB = {
 _CONTEXT_DEFAULT_MIB = {"cuda": 450, "rocm": 400, "xpu": 400, "mps": 0, "cpu": 0}
 
 
+# Caching-allocator slack as a share of the tensor peak (published runs, see above).
+SLACK_TRAINING = 0.10
+SLACK_TRAINING_SHARDED = 0.30  # ZeRO-3 / FSDP full shard: per-layer gather and free every step
+SLACK_INFERENCE = 0.05
+
+
+def slack_fraction(*, training: bool, zero_stage: int = 0) -> float:
+    """Reserved-over-allocated slack of the caching allocator, as a share of the tensor peak."""
+    if not training:
+        return SLACK_INFERENCE
+    return SLACK_TRAINING_SHARDED if zero_stage >= 3 else SLACK_TRAINING
+
+
 def margins(device: str, tensor_peak: float, *, architecture: str | None, num_gpus: int,
-            training: bool) -> list[MemoryComponent]:
-    """Named margins (in_tensor_peak=False) for one device of kind `device`."""
+            training: bool, zero_stage: int = 0) -> list[MemoryComponent]:
+    """Named margins (in_tensor_peak=False) for one device of kind `device`. `zero_stage` >= 3
+    (parameters sharded and gathered per layer) raises the allocator slack on multi-GPU runs."""
     out: list[MemoryComponent] = []
-    frag = 0.10 if training else 0.05
+    frag = slack_fraction(training=training, zero_stage=zero_stage if num_gpus > 1 else 0)
     if device in ("cuda", "rocm", "xpu"):
         ctx = _CONTEXT_MIB.get((architecture or "").lower(), _CONTEXT_DEFAULT_MIB[device])
         out.append(MemoryComponent("cuda_context", ctx * MIB,
-                                   f"driver context for {architecture or device}: ~{ctx} MiB (assumed)", False))
+                                   f"driver context for {architecture or device}: ~{ctx} MiB (lazy module loading)",
+                                   False))
         out.append(MemoryComponent("framework_overhead", 64 * MIB,
                                    "cuBLAS (:4096:8 = 32 MiB) + cuDNN/SDPA workspaces: 64 MiB", False))
         if num_gpus > 1:
@@ -54,10 +86,25 @@ def margins(device: str, tensor_peak: float, *, architecture: str | None, num_gp
     else:
         out.append(MemoryComponent("framework_overhead", 600 * MIB,
                                    "PyTorch + transformers runtime resident in RAM: ~600 MiB", False))
+    what = "caching allocator slack (reserved - allocated)" if device != "cpu" else "malloc fragmentation"
     out.append(MemoryComponent("fragmentation", int(tensor_peak * frag),
-                               f"allocator rounding and fragmentation: {int(frag * 100)} % of the tensor peak",
-                               False))
+                               f"{what}: {int(round(frag * 100))} % of the tensor peak", False))
     return out
+
+
+# Margins that live inside PyTorch's CUDA caching allocator, so torch.cuda.max_memory_reserved sees
+# them: the cuBLAS / cuBLASLt workspaces are allocated through it (CublasHandlePool.cpp
+# getNewWorkspace -> CUDACachingAllocator) and the slack is, by definition, reserved - allocated.
+# The driver context and NCCL's own cudaMalloc'd channel buffers are outside it: only nvidia-smi
+# (and the OOM) sees those.
+IN_ALLOCATOR_POOL = ("framework_overhead", "fragmentation")
+
+
+def reserved_peak_bytes(device: DeviceMemory) -> int:
+    """What torch.cuda.max_memory_reserved would show: the tensor peak plus the margins inside the
+    caching allocator's pool (``total_bytes`` is what nvidia-smi shows)."""
+    pool = sum(c.bytes for c in device.components if not c.in_tensor_peak and c.name in IN_ALLOCATOR_POOL)
+    return int(device.tensor_peak_bytes + pool)
 
 
 def gpu_capacity(profile: HardwareProfile) -> int | None:

@@ -11,6 +11,7 @@ Sources:
   stores the absmax as uint8 with one fp32 scale per 256 absmax values (+ a 256-entry fp32
   code table per tensor). LLM.int8 (Dettmers et al. 2022): int8 weights + one fp32 scale per
   output row (SCB). Embeddings, norms and lm_head stay in the compute dtype.
+* GPTQ / AWQ pre-quantised 4-bit checkpoints (group 128): core/memory/quant_formats.py.
 * 8-bit optimizers (Dettmers et al. 2021, arXiv 2110.02861): uint8 states, block-wise with one
   fp32 absmax per 256 values. Adafactor (Shazeer & Stern 2018): row + column second moments
   for matrices, full for vectors, no first moment by default. Lion (Chen et al. 2023): one.
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes
+from trainfit.core.memory.quant_formats import (PREQUANTISED, group_index_bytes, metadata_bytes_per_param,
+                                                packed_bytes_per_param)
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -51,6 +55,10 @@ def optimizer_bytes_per_param(setup: TrainingSetup, param_bytes: int) -> float:
         return 2 * param_bytes
     if o in ("adamw-8bit", "paged-adamw-8bit"):
         return 2 * (1 + 4 / OPT8_BLOCK)
+    if o == "paged-adamw-32bit":
+        # bitsandbytes' 32-bit optimizers keep both moments in fp32 whatever the parameter dtype
+        # (Optimizer2State.init_state, optim_bits=32).
+        return 8.0
     if o == "sgd":
         return 0.0
     if o in ("sgd-momentum", "lion"):
@@ -71,7 +79,7 @@ def adafactor_bytes(spec: ModelSpec, st: ModelStats, trainable: int, rank: int |
     return 4 * (n * per_layer + emb * (1 if spec.tie_embeddings else 2) + st.norms)
 
 
-def weight_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, float, float]:
+def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = None) -> tuple[float, float, float]:
     """(weights, quantisation overhead, largest de-quantised weight) of the base model."""
     p = setup.precision
     dense = 4 if p in ("fp32", "bf16-mixed", "fp16-mixed") and setup.quant == "none" else 2
@@ -84,6 +92,9 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, float, fl
     rest = (st.total - st.linear) * dense
     if setup.quant == "int8":
         return st.linear * 1 + rest, st.linear_out_rows * 4, st.largest_linear * 2
+    if setup.quant in PREQUANTISED:  # GPTQ / AWQ 4-bit, group 128 (core/memory/quant_formats.py)
+        meta = st.linear * metadata_bytes_per_param() + (group_index_bytes(spec, setup.quant) if spec else 0.0)
+        return st.linear * packed_bytes_per_param() + rest, meta, st.largest_linear * 2
     blocks = st.linear / NF4_BLOCK
     if setup.quant == "nf4":
         overhead = blocks * 4
@@ -96,7 +107,7 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
     n = setup.shard_group  # ranks a ZeRO shard is split over: one node's GPUs under hybrid sharding
     host_ranks = setup.gpus_per_node  # ranks whose offloaded states share one host's RAM
     z = setup.zero_stage
-    w, qover, deq = weight_bytes(st, setup)
+    w, qover, deq = weight_bytes(st, setup, spec)
     if setup.method == "inference":
         return States(w, qover, 0, 0, 0, 0, 0, 0, 0, "", 0, deq)
     lora_mode = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
@@ -109,7 +120,7 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
         trainable = st.total
         pbytes = 2 if setup.precision in ("bf16", "fp16") else 4
         lora_w = 0.0
-    deepspeed = z > 0
+    deepspeed = z > 0 and setup.fsdp_strategy == "none"  # FSDP keeps fp32 flat parameters (fsdp.py)
     if deepspeed and not lora_mode and setup.precision.endswith("-mixed"):
         # DeepSpeed bf16/fp16: 16-bit weights and grads, fp32 master + fp32 grad partition.
         w = st.total * 2.0
@@ -124,6 +135,10 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
         opt = adafactor_bytes(spec, st, trainable, setup.lora.rank if lora_mode and setup.lora else None) * (pbytes / 4)
     else:
         opt = trainable * optimizer_bytes_per_param(setup, pbytes)
+    if setup.fsdp_strategy != "none":
+        return _fsdp_states(st, setup, w, qover, deq, lora_w, trainable, pbytes, opt, lora_mode)
+    if setup.optimizer_in_backward:
+        grads32 = _in_backward_gradient(st, trainable, pbytes)
     # Sharding (per GPU).
     gathered = buckets = 0.0
     if setup.num_gpus > 1 and z == 0:
@@ -152,6 +167,12 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
         cpu_what = "optimizer states, fp32 master weights and fp32 gradients (all ranks on this host)"
         opt = master = 0.0
         grads32 = 0.0 if deepspeed and grads16 else grads32
+        if deepspeed and z >= 2:
+            # ZeRO-Offload stage 2/3: each reduced gradient partition is copied into the fp32 CPU
+            # partition; the GPU keeps only the reduce bucket (DeepSpeed's own estimators:
+            # estimate_zero2_model_states_mem_needs with cpu_offload = 2 B/param on the GPU, stage 3
+            # = largest layer + 2 B/param / N, or the largest layer alone with offload_param).
+            grads16 = 0.0
         if setup.offload == "optimizer+params":
             cpu += w * host_ranks
             cpu_what += " + 16-bit parameters"
@@ -159,3 +180,26 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
     grads = grads16 + grads32
     return States(w, qover / (n if z == 3 else 1), lora_w, grads, opt, master, gathered, buckets,
                   cpu, cpu_what, trainable, deq)
+
+
+def _in_backward_gradient(st: ModelStats, trainable: int, pbytes: int) -> float:
+    """Optimizer in backward: each parameter is stepped and its gradient freed as soon as it is
+    made, so at most the largest parameter's gradient is alive (torchtune optimizer_in_bwd)."""
+    return float(min(trainable, st.largest_param) * pbytes)
+
+
+def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, deq: float, lora_w: float,
+                 trainable: int, pbytes: int, opt: float, lora_mode: bool) -> States:
+    """PyTorch FSDP (trainfit.core.memory.fsdp): sharded flat parameters in their own dtype are the
+    master weights; gradients sharded in that dtype; no DDP buckets; the floor is the gathered units."""
+    n = fsdp_shards(setup)
+    grads = trainable * float(pbytes) / n
+    gathered, _ = gathered_bytes(st, setup, trains_base=not lora_mode)
+    w, qover, lora_w, opt = w / n, qover / n, lora_w / n, opt / n
+    cpu, cpu_what = 0.0, ""
+    if setup.offload == "optimizer+params":
+        cpu = (w + qover + lora_w + grads + opt) * setup.gpus_per_node
+        cpu_what = ("FSDP CPU offload: sharded parameters, their gradients and optimizer states "
+                    "(all ranks on this host)")
+        w = qover = lora_w = grads = opt = 0.0
+    return States(w, qover, lora_w, grads, opt, 0.0, gathered, 0.0, cpu, cpu_what, trainable, deq)

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.memory.knob_checks import knob_problems
 from trainfit.core.plan.multinode import coherent_hybrid
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
@@ -24,7 +25,7 @@ def coherent(s: TrainingSetup) -> bool:
         return False  # one GPU: ZeRO only makes sense to offload
     if s.zero_stage and s.device not in ("cuda", "rocm", "xpu"):
         return False
-    if s.zero_stage and s.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+    if s.zero_stage and s.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw-32bit"):
         return False  # DeepSpeed runs its own (CPU) Adam under ZeRO; bitsandbytes optimizers are not ZeRO-aware
     if s.quant != "none" and s.method in ("full", "pretrain"):
         return False
@@ -32,6 +33,8 @@ def coherent(s: TrainingSetup) -> bool:
         return False
     if not coherent_hybrid(s):
         return False  # hybrid sharding: ZeRO-3 / FSDP full shard inside each of several nodes
+    if knob_problems(s):
+        return False  # FSDP / activation offload / optimizer-in-backward combinations no tool runs
     return True
 
 

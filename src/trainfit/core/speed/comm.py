@@ -39,6 +39,16 @@ HOP_LATENCY_SECONDS = 20e-6
 DDP_OVERLAP = 0.9  # share of the backward pass that hides gradient buckets
 ZERO3_OVERLAP = 0.85  # share of a micro-batch that prefetching hides
 MIN_EXPOSED = 0.05
+# GPUs that talk over PCIe (no NVLink) hide much less of the ZeRO-3 / FSDP gathers: on the same
+# machines, FSDP full-shard runs were slower than DDP runs of the same model although the model
+# predicted the gathers hidden (2x RTX 4090: Llama-2 7B LoRA 2,180 vs 2,400 tokens/s per GPU;
+# 2x RTX 3090: 874 vs 1,190; Answer.AI fsdp_qlora benchmarks, bench/data/published_speed.yaml).
+# NCCL over PCIe (through host memory where GeForce cards have no P2P) competes with the
+# compute kernels: at least half of that traffic stays exposed.
+PCIE_MIN_EXPOSED = 0.5
+# Bytes per stored weight a ZeRO-3 / FSDP all-gather moves: 16-bit parameters, or the packed
+# 4-bit / 8-bit storage of a quantised base (FSDP + QLoRA gathers the quantised weights).
+GATHER_BYTES = {"nf4": 0.5625, "nf4-dq": 0.5625, "int8": 1.0}
 
 
 @dataclass(frozen=True)
@@ -110,8 +120,10 @@ def communication(setup: TrainingSetup, rates: DeviceRates, *, n_stored: float, 
     else:
         # ZeRO-3 / FSDP FULL_SHARD: gather params for forward, again for backward (and recompute),
         # reduce-scatter grads; prefetching hides most of it behind compute.
-        per_micro = ring * (gathers * n_stored * 2.0 + trainable * grad_bytes) / link + 3 * latency
-        exposed = accum * max(per_micro - ZERO3_OVERLAP * micro_s, MIN_EXPOSED * per_micro)
+        gather_bytes = GATHER_BYTES.get(setup.quant, 2.0)
+        per_micro = ring * (gathers * n_stored * gather_bytes + trainable * grad_bytes) / link + 3 * latency
+        floor = PCIE_MIN_EXPOSED if rates.link_kind == "pcie-p2p" and nodes <= 1 else MIN_EXPOSED
+        exposed = accum * max(per_micro - ZERO3_OVERLAP * micro_s, floor * per_micro)
         total_traffic = accum * per_micro
     inter_s = total_traffic if nodes > 1 else 0.0
     if nodes > 1:

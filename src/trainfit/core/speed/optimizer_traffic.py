@@ -6,6 +6,7 @@ OPTIMIZER_BYTES = {
     "adamw": 32.0,
     "adamw-8bit": 18.0,
     "paged-adamw-8bit": 18.0,
+    "paged-adamw-32bit": 32.0,  # AdamW's traffic: fp32 moments (bitsandbytes' 32-bit paged AdamW)
     "sgd": 16.0,
     "sgd-momentum": 24.0,
     "adafactor": 20.0,

@@ -2,7 +2,8 @@
 plus memory-bound work, host overhead, optimizer step, offload and communication.
 
 Per micro-batch on one device (kernels run one after another, so the parts add up):
-    matmuls      max(FLOPs / (peak x efficiency), weight bytes / bandwidth)   (roofline per GEMM)
+    matmuls      max(FLOPs / (peak x efficiency), weight bytes / bandwidth)   (roofline per GEMM);
+                 the attention core of flash / SDPA kernels at its own, lower efficiency
     elementwise  activation bytes (norms, rotary, activations, residuals, logits) / bandwidth
     overhead     kernels launched x per-kernel host overhead
     dequant      QLoRA: NF4 -> bf16 weight traffic at every pass
@@ -22,7 +23,7 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
 from trainfit.core.speed.cpu import cpu_step
-from trainfit.core.speed.comm import communication
+from trainfit.core.speed.comm import MIN_EXPOSED, ZERO3_OVERLAP, communication
 from trainfit.core.speed.optimizer_traffic import OPTIMIZER_BYTES, OPTIMIZER_PASSES
 from trainfit.core.speed.rates import DeviceRates, compute_precision, device_rates
 from trainfit.core.speed.types import Bottleneck, SpeedEstimate, Workload
@@ -31,6 +32,14 @@ from trainfit.errors import BadInputError
 # Logits: bf16 logits, fp32 upcast, log-softmax and its gradient: bytes per vocab entry per token.
 LOGIT_BYTES_TRAIN = 20.0
 LOGIT_BYTES_FORWARD = 6.0
+# QLoRA: extra time per weight per pass over the weights, as bytes at streaming bandwidth. The
+# step-time gap between QLoRA and LoRA at the same shape, where both were published, is ~0.2 s
+# per micro-batch for a 7B model and ~0.45 s for 14B on one A100 whatever the sequence length
+# (Qwen README, GPTQ int4 base, 256-8192 tokens), and 0.37 s per step for Llama 3.1 8B on an RTX
+# 4090 (torchtune README, NF4): 13-18 bytes per weight per pass, where dequantisation moves
+# only 2.6 (4-bit read + bf16 write): the lookup / double-dequantised absmax kernels run far
+# below streaming bandwidth. bench/published_speed.py checks it on every QLoRA row.
+NF4_DEQUANT_BYTES_PER_WEIGHT = 14.0
 # Kernels per layer in an eager forward (HF Llama-style block); backward launches ~2x.
 KERNELS_PER_LAYER_FORWARD = 40
 
@@ -133,10 +142,12 @@ def _gpu_parts(
         passes += 1.0
     grad_bytes = 2.0 if setup.precision in ("bf16", "fp16") else 4.0
     weight_traffic = passes * n_stored * w_bytes + 3.0 * trainable * grad_bytes  # + grad accumulate
-    matmul_s = max(sf.total_flops / (peak * eff), weight_traffic / bw)
+    gemm_flops, attention_s = _attention_split(spec, setup, rates, sf, peak)
+    flops_s = gemm_flops / (peak * eff) + attention_s
+    matmul_s = max(flops_s, weight_traffic / bw)
 
     # Elementwise (memory-bound) work. Training runs it ~3x (forward + 2x backward) + recompute.
-    per_token_layer = F.elementwise_elements_per_token_layer(spec) * act_bytes
+    per_token_layer = _gpu_elementwise_elements(spec) * act_bytes
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
     ref_tokens = tokens if sf.reference_flops else 0
     elementwise_bytes = per_token_layer * spec.num_layers * (tokens * fwd_equiv + ref_tokens)
@@ -146,8 +157,12 @@ def _gpu_parts(
         elementwise_bytes += 3.0 * 8.0 * spec.num_layers * spec.num_heads * setup.seq_len * tokens
     memory_s = (elementwise_bytes + logits_bytes) / bw
     dequant_s = 0.0
-    if setup.quant in ("nf4", "nf4-dq", "int8"):
-        # bitsandbytes dequantises every weight to bf16 before each use: read 4 bit, write 16 bit.
+    if setup.quant in ("nf4", "nf4-dq"):
+        # Every 4-bit weight is dequantised to bf16 before each use (forward, backward, recompute).
+        # Measured, this costs far more than the 2.6 bytes it moves: see NF4_DEQUANT_BYTES_PER_WEIGHT.
+        dequant_s = passes * n_stored * NF4_DEQUANT_BYTES_PER_WEIGHT / bw
+    elif setup.quant == "int8":
+        # bitsandbytes int8: read 1 byte, write 2 per weight and use (no published figure to fit).
         dequant_s = passes * n_stored * (w_bytes + 2.0) / bw
     kernels = KERNELS_PER_LAYER_FORWARD * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
     overhead_s = kernels * rates.op_overhead_seconds
@@ -167,9 +182,13 @@ def _gpu_parts(
         offload_s = host_s + pcie_s
         optimizer_s = 0.0
         if setup.offload == "optimizer+params":
-            # Parameters stream in from host memory at every pass, half hidden behind compute.
-            stream = passes * n_stored / n_dev * 2.0 / rates.pcie_bytes_per_s
-            offload_s += setup.grad_accum * max(stream - 0.5 * micro_s, 0.5 * stream)
+            # Parameters stream in from host memory at every pass, in their stored width (4-bit
+            # QLoRA weights move 0.56 bytes, not 2), prefetched behind compute like ZeRO-3 gathers:
+            # published FSDP CPU-offload runs take the time of the same run without offload (2x
+            # RTX 4090: Yi-34B QLoRA 2,061 s vs 2,072 s, Llama-2 7B LoRA 482 s vs 481 s; Answer.AI
+            # fsdp_qlora benchmarks, bench/data/published_speed.yaml).
+            stream = passes * n_stored / n_dev * w_bytes / rates.pcie_bytes_per_s
+            offload_s += setup.grad_accum * max(stream - ZERO3_OVERLAP * micro_s, MIN_EXPOSED * stream)
     else:
         optimizer_s = opt_bytes / bw
 
@@ -177,7 +196,7 @@ def _gpu_parts(
 
     compute_total = setup.grad_accum * matmul_s
     parts = {
-        "compute": compute_total if matmul_s * peak * eff >= 0.999 * sf.total_flops else 0.0,
+        "compute": compute_total if flops_s >= 0.999 * matmul_s else 0.0,
         "memory bandwidth": setup.grad_accum * (memory_s + dequant_s) + optimizer_s,
         "framework overhead": setup.grad_accum * overhead_s,
         "communication": comm_s,
@@ -186,6 +205,47 @@ def _gpu_parts(
     if parts["compute"] == 0.0:  # the GEMMs themselves were bound by weight reads
         parts["memory bandwidth"] += compute_total
     return eff, micro_s, optimizer_s, offload_s, comm_s, parts
+
+
+# flops.ELEMENTWISE_PER_HIDDEN charges each norm ~12h elements: RMSNorm in eager PyTorch is ~6
+# kernels (fp32 upcast, pow, mean, rsqrt, mul, cast) - what the CPU benchmark measures. On CUDA,
+# torch.nn.functional.layer_norm is one fused kernel forward and one backward (read x, write y:
+# ~3h), so each LayerNorm costs ~9h fewer elements. Checked on the LayerNorm (MPT) rows of
+# bench/data/published_speed.yaml: small models at short sequences were 20-30 % too slow.
+FUSED_LAYERNORM_SAVING_PER_HIDDEN = 9.0
+
+
+def _gpu_elementwise_elements(spec: ModelSpec) -> float:
+    """Elements the memory-bound ops of one layer touch per token on a GPU (forward)."""
+    elements = F.elementwise_elements_per_token_layer(spec)
+    if spec.norm == "layernorm":
+        norms = spec.block_norms or (1 if spec.parallel_attention else 2)
+        elements -= FUSED_LAYERNORM_SAVING_PER_HIDDEN * norms * spec.hidden_size
+    return elements
+
+
+# FlashAttention's backward recomputes the score matrix: 5 matmuls against the forward's 2, i.e.
+# 2.5 forward-equivalents (Dao 2023, arXiv 2307.08691 §3.1); the FLOP count (flops.py) says 2.
+FLASH_BACKWARD_FORWARDS = 2.5
+
+
+def _attention_split(
+    spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, peak: float
+) -> tuple[float, float]:
+    """(FLOPs left for the GEMMs, seconds of the attention core) of one micro-batch.
+
+    Fused kernels (flash / SDPA) run the attention core at their own efficiency
+    (DeviceRates.attention_efficiency) and their backward costs 2.5 forwards; eager attention is
+    batched GEMMs and stays with them (its score-matrix traffic is costed as memory)."""
+    if not F.causal_skip(setup):
+        return sf.total_flops, 0.0
+    fwd = F.attention_core_flops_per_token(spec, setup.seq_len, True) * sf.tokens
+    reruns = 1.0 if setup.grad_checkpointing in ("full", "selective") else 0.0
+    if sf.reference_flops:
+        reruns += 1.0
+    counted = fwd * (1.0 + 2.0 + reruns)  # what step_flops put in total_flops
+    executed = fwd * (1.0 + FLASH_BACKWARD_FORWARDS + reruns)
+    return sf.total_flops - counted, executed / (peak * rates.attention_efficiency(setup.seq_len))
 
 
 def _cpu_parts(

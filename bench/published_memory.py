@@ -1,0 +1,314 @@
+"""Memory model vs. published GPU peak-memory measurements.
+
+Every run in bench/data/published_memory.yaml is a fine-tuning run someone measured on a GPU and
+published (the source, section and settings are in the file). For each we call trainfit's
+`estimate_memory` (the core function, no subprocess) with the published settings and compare the
+metric the source reports:
+
+* allocated (torch.cuda.max_memory_allocated)  <->  tensor_peak_bytes
+* reserved (torch.cuda.max_memory_reserved)     <->  tensor peak + the margins inside the caching
+                                                     allocator (overheads.reserved_peak_bytes)
+* nvidia-smi                                    <->  total_bytes (+ CUDA context and NCCL buffers)
+
+Signed error = (predicted - published) / published: negative means under-predicted, the direction
+that turns into an OOM. A published OOM is "caught" when trainfit says the run does not fit.
+
+Run:  .venv/bin/python bench/published_memory.py [--only SUBSTRING]
+Writes bench/results/published_memory.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from trainfit import yaml_io  # noqa: E402
+from trainfit.core.hardware_spec import resolve_hardware  # noqa: E402
+from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory.overheads import reserved_peak_bytes  # noqa: E402
+from trainfit.core.model_catalog import get_model  # noqa: E402
+from trainfit.core.model_loader import spec_from_config  # noqa: E402
+from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "published_memory.yaml"
+RESULTS = HERE / "results"
+
+UNIT_BYTES = {"B": 1.0, "GB": 1e9, "GiB": 2.0**30, "MB": 1e6, "MiB": 2.0**20}
+METRICS = ("allocated", "reserved", "nvidia-smi")
+SHARDING_ZERO_STAGE = {"none": 0, "ddp": 0, "fsdp-full-shard": 3, "zero3": 3, "zero2": 2, "fsdp-shard-grad-op": 2}
+REQUIRED = ("id", "source", "section", "framework", "model", "method", "precision", "optimizer", "micro_batch",
+            "seq_len", "grad_checkpointing", "quant", "hardware", "sharding", "metric", "unit", "oom")
+UNDER_LIMIT = -0.10  # "under-predicted by more than 10 %"
+
+
+def load(path: Path = DATA) -> dict[str, Any]:
+    return yaml_io.load_yaml(path.read_text())
+
+
+def schema_problems(doc: dict[str, Any]) -> list[str]:
+    """Every row names a known source (with a URL), a metric, and a figure unless it is an OOM."""
+    problems = []
+    sources = doc.get("sources") or {}
+    for name, src in sources.items():
+        if not str((src or {}).get("url", "")).startswith("https://"):
+            problems.append(f"source {name}: no https url")
+    seen = set()
+    for i, row in enumerate(doc.get("runs") or []):
+        rid = row.get("id", f"#{i}")
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            problems.append(f"{rid}: missing {', '.join(missing)}")
+        if rid in seen:
+            problems.append(f"{rid}: duplicate id")
+        seen.add(rid)
+        if row.get("source") not in sources:
+            problems.append(f"{rid}: source {row.get('source')!r} is not in `sources`")
+        if row.get("metric") not in METRICS:
+            problems.append(f"{rid}: metric {row.get('metric')!r} not one of {METRICS}")
+        if row.get("unit") not in UNIT_BYTES:
+            problems.append(f"{rid}: unit {row.get('unit')!r} not one of {tuple(UNIT_BYTES)}")
+        if row.get("sharding") not in SHARDING_ZERO_STAGE:
+            problems.append(f"{rid}: sharding {row.get('sharding')!r} not one of {tuple(SHARDING_ZERO_STAGE)}")
+        if bool(row.get("oom")) == (row.get("figure") is not None):
+            problems.append(f"{rid}: a run has a figure or is an OOM, exactly one")
+        if row.get("method") in ("lora", "qlora") and not (row.get("lora") or {}).get("targets"):
+            problems.append(f"{rid}: LoRA run without lora.targets")
+    return problems
+
+
+def model_for(row: dict[str, Any], models: dict[str, dict[str, Any]]) -> ModelSpec:
+    name = row["model"]
+    if name in models:
+        return spec_from_config(dict(models[name]), origin="bench/data/published_memory.yaml", model_id=name)
+    return get_model(name)
+
+
+def setup_for(row: dict[str, Any]) -> TrainingSetup:
+    lora = None
+    if row.get("lora"):
+        targets = list(row["lora"]["targets"])
+        # PEFT's "all-linear" is a string, not a module name
+        lora = LoraSettings(rank=int(row["lora"]["rank"]),
+                            target_modules="all-linear" if targets == ["all-linear"] else targets)
+    num_gpus = int(str(row["hardware"]).split("x", 1)[0]) if "x " in str(row["hardware"]) else 1
+    return TrainingSetup(
+        method=row["method"], precision=row["precision"], optimizer=row["optimizer"],
+        micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+        grad_accum=int(row.get("grad_accum", 1)), grad_checkpointing=row["grad_checkpointing"],
+        lora=lora, quant=row["quant"], num_gpus=num_gpus, zero_stage=SHARDING_ZERO_STAGE[row["sharding"]],
+        offload=row.get("offload", "none"), attention=row.get("attention", "sdpa"), device="cuda")
+
+
+def evaluate(row: dict[str, Any], models: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    est = estimate_memory(model_for(row, models), setup_for(row), resolve_hardware(row["hardware"]))
+    gpu = est.devices[0]
+    predicted = {"allocated": gpu.tensor_peak_bytes, "reserved": reserved_peak_bytes(gpu),
+                 "nvidia-smi": gpu.total_bytes}[row["metric"]]
+    out = {
+        "id": row["id"], "framework": row["framework"], "method": row["method"], "model": row["model"],
+        "hardware": row["hardware"], "metric": row["metric"], "multi_gpu": setup_for(row).num_gpus > 1,
+        "predicted_bytes": int(predicted), "tensor_peak_bytes": int(gpu.tensor_peak_bytes),
+        "reserved_bytes": reserved_peak_bytes(gpu), "total_bytes": int(gpu.total_bytes),
+        "capacity_bytes": gpu.capacity_bytes,
+        "predicted_fits": gpu.fits, "published_oom": bool(row["oom"]),
+        "unmodelled": row.get("unmodelled"),
+    }
+    if row.get("figure") is not None:
+        published = float(row["figure"]) * UNIT_BYTES[row["unit"]]
+        out["published_bytes"] = int(published)
+        out["error"] = (predicted - published) / published
+    return out
+
+
+def group_medians(rows: list[dict[str, Any]], key) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if "error" in r:
+            groups.setdefault(key(r), []).append(r["error"])
+    return {k: {"n": len(v), "median_abs_error": statistics.median(abs(e) for e in v),
+                "median_signed_error": statistics.median(v),
+                "under_10pct_share": sum(e < UNDER_LIMIT for e in v) / len(v)}
+            for k, v in sorted(groups.items())}
+
+
+def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = [r for r in results if "error" in r]
+    errors = [r["error"] for r in scored]
+    ooms = [r for r in results if r["published_oom"]]
+    missed = [r["id"] for r in ooms if r["predicted_fits"]]
+    return {
+        "runs": len(results), "scored_runs": len(scored), "published_ooms": len(ooms),
+        "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
+        "under_10pct_share": sum(e < UNDER_LIMIT for e in errors) / len(errors) if errors else None,
+        "over_10pct_share": sum(e > 0.10 for e in errors) / len(errors) if errors else None,
+        "ooms_predicted_fitting": missed,
+        "fitting_runs_predicted_oom": [r["id"] for r in scored if r["predicted_fits"] is False],
+        "by_method": group_medians(scored, lambda r: r["method"]),
+        "by_gpus": group_medians(scored, lambda r: "multi-GPU" if r["multi_gpu"] else "single GPU"),
+        "by_framework": group_medians(scored, lambda r: r["framework"]),
+        "by_modelled": group_medians(scored, lambda r: "has unmodelled knobs" if r["unmodelled"] else "fully modelled"),
+    }
+
+
+def run(only: str | None = None, path: Path = DATA) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    doc = load(path)
+    problems = schema_problems(doc)
+    if problems:
+        raise SystemExit("published_memory.yaml: " + "; ".join(problems))
+    models = doc.get("models") or {}
+    rows = [r for r in doc["runs"] if not only or only in r["id"]]
+    results = [evaluate(r, models) for r in rows]
+    return results, summarise(results)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f} %"
+
+
+def _abs_pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def to_markdown(results: list[dict[str, Any]], summary: dict[str, Any], findings: str = "",
+                slack: dict[str, Any] | None = None) -> str:
+    lines = ["# Memory model vs. published GPU measurements", "",
+             "Generated by `bench/published_memory.py` from `bench/data/published_memory.yaml` (sources,",
+             "settings and assumptions cited there). Error = (predicted - published) / published; the metric",
+             "compared is the one each source reports (allocated <-> tensor_peak_bytes,",
+             "reserved <-> overheads.reserved_peak_bytes, nvidia-smi <-> total_bytes).", "",
+             f"* runs: {summary['runs']} ({summary['scored_runs']} with a figure, "
+             f"{summary['published_ooms']} published OOMs)",
+             f"* median |error|: {_abs_pct(summary['median_abs_error'])} (target <= 10 %)",
+             f"* under-predicted by > 10 %: {_abs_pct(summary['under_10pct_share'])} of runs (target < 5 %)",
+             f"* over-predicted by > 10 %: {_abs_pct(summary['over_10pct_share'])} of runs",
+             f"* published OOMs predicted as fitting: {len(summary['ooms_predicted_fitting'])} "
+             f"{summary['ooms_predicted_fitting'] or ''}",
+             f"* runs that fit but are predicted not to: {len(summary['fitting_runs_predicted_oom'])} "
+             f"{summary['fitting_runs_predicted_oom'] or ''}", ""]
+    for title, key in (("method", "by_method"), ("GPUs", "by_gpus"), ("framework", "by_framework"),
+                       ("knobs", "by_modelled")):
+        lines += [f"## By {title}", "", "| group | n | median abs error | median signed | under > 10 % |",
+                  "|---|---|---|---|---|"]
+        for g, s in summary[key].items():
+            lines.append(f"| {g} | {s['n']} | {_abs_pct(s['median_abs_error'])} | {_pct(s['median_signed_error'])} "
+                         f"| {_abs_pct(s['under_10pct_share'])} |")
+        lines.append("")
+    if slack:
+        lines += ["## Allocator slack (published pairs)", "",
+                  "(reserved or nvidia-smi - CUDA context - NCCL - allocated) / allocated, same run:", "",
+                  "| group | n | median | min | max |", "|---|---|---|---|---|"]
+        for g, v in slack.items():
+            lines.append(f"| {g} | {v['n']} | {_abs_pct(v['median'])} | {_abs_pct(v['min'])} | {_abs_pct(v['max'])} |")
+        lines.append("")
+    if findings:
+        lines += [findings.rstrip(), ""]
+    lines += ["## Runs", "", "| id | framework | method | hardware | metric | published GB | predicted GB | error "
+              "| fits? |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        pub = f"{r['published_bytes'] / 1e9:.2f}" if "published_bytes" in r else "OOM"
+        err = _pct(r.get("error")) if "error" in r else ("caught" if r["predicted_fits"] is False else "MISSED")
+        lines.append(f"| {r['id']} | {r['framework']} | {r['method']} | {r['hardware']} | {r['metric']} | {pub} "
+                     f"| {r['predicted_bytes'] / 1e9:.2f} | {err} | {r['predicted_fits']} |")
+    return "\n".join(lines) + "\n"
+
+
+def allocator_slack(doc: dict[str, Any]) -> dict[str, Any]:
+    """Reserved-over-allocated slack from runs whose source publishes both peak allocated and peak
+    reserved / nvidia-smi: (other - allocated - margins outside the pool) / allocated, where the
+    margins outside the pool (context, NCCL) are trainfit's. Independent of trainfit's tensor model."""
+    rows = {r["id"]: r for r in doc["runs"]}
+    models = doc.get("models") or {}
+    groups: dict[str, list[float]] = {}
+    for rid, row in rows.items():
+        if row["metric"] != "allocated" or row.get("figure") is None:
+            continue
+        other = rows.get(rid + "-smi") or rows.get(rid.removesuffix("-alloc"))
+        if other is None or other is row or other.get("figure") is None:
+            continue
+        alloc = float(row["figure"]) * UNIT_BYTES[row["unit"]]
+        seen = float(other["figure"]) * UNIT_BYTES[other["unit"]]
+        if other["metric"] == "nvidia-smi":
+            gpu = evaluate(row, models)
+            seen -= gpu["total_bytes"] - gpu["reserved_bytes"]  # context + NCCL: outside the pool
+        # the workspaces are inside the pool too: count what is left as slack
+        sharded = SHARDING_ZERO_STAGE[row["sharding"]] >= 3
+        groups.setdefault("FSDP full shard / ZeRO-3" if sharded else "unsharded", []).append((seen - alloc) / alloc)
+    return {k: {"n": len(v), "median": statistics.median(v), "min": min(v), "max": max(v)}
+            for k, v in sorted(groups.items())}
+
+
+FINDINGS = """## What the errors show
+
+Figures are signed errors (predicted - published) / published of individual rows (see the table).
+The model files these point at are named; only overheads.py was changed in this round.
+
+1. **Allocator slack depends on sharding** (overheads.py). Published pairs of peak allocated and
+   peak reserved / nvidia-smi of the same run (section "Allocator slack") give a median slack of
+   15 % of the allocated peak on one GPU (10 pairs) and 26 % under FSDP full shard (15 pairs; also
+   26-35 % in meta-llama/llama-cookbook#41, not in this table). overheads.py
+   now applies 30 % when `zero_stage >= 3` on more than one GPU; estimate.py must pass
+   `zero_stage=setup.zero_stage` to `margins()` for it to take effect (one line, not done here:
+   estimate.py belongs to another change). Measured with it wired (a what-if run of this harness):
+   median |error| 16.8 % -> 14.0 %, under-predicted > 10 % 46.5 % -> 36.2 %, and on the reserved /
+   nvidia-smi rows 14.5 % -> 10.3 % (under 64 % -> 33 %); Answer.AI rows (not used to pick 30 %)
+   11.6 % -> 4.4 %; one more false "does not fit" (aai-yi34b-qlora-bs2, a 24 GB card at 23 GiB
+   reserved). One GPU keeps 10 %: a LitGPT run fit a 40 GB A100 with 38.12 GB allocated (slack
+   <= 11 %), while HF Trainer runs show 5-36 %.
+2. **reserved is not nvidia-smi**: max_memory_reserved excludes the CUDA context and NCCL's own
+   buffers. The first version of this harness compared reserved with total_bytes, which hid the
+   sharded under-count behind the context (that comparison read 16.7 % median, 43.3 % under on
+   these rows); `overheads.reserved_peak_bytes` is now the prediction for reserved (tensor peak +
+   workspaces + slack): 16.8 %, 46.5 % until item 1 is wired.
+3. **LitGPT FSDP + LoRA keeps a near-unsharded floor** (states.py, for the sharding change):
+   2-GPU FSDP LoRA uses as much per GPU as 1 GPU (Llama 2 7B: 22.18 GB on 2 GPUs vs 21.30 GB on
+   one; 13B on 4 GPUs: 35.57 GB), so rt-*-2gpu / -4gpu are under-predicted by 21-75 % and two of
+   the missed OOMs are of this kind. Answer.AI's FSDP LoRA of the same model is exact
+   (aai-llama2-7b-lora-*-alloc: -1.2 %, -0.4 %), so the floor is framework-specific (Lightning's
+   FSDP of that version), not FSDP's. LitGPT full fine-tunes on 4x A10G (Llama 2 7B, Llama 3 8B)
+   OOM where 14.6 / 18.0 GB are predicted: a floor of the same kind.
+4. **Full fine-tune step temporaries** (states.py / estimate.py): HF Trainer's default
+   `adamw_torch` (foreach) peaks at weights + states + gradients + one more parameter-sized set
+   (Mistral 7B bf16: 72.4 GB allocated vs 43.5 GB at rest, -20 % predicted); trainfit assumes the
+   fused step.
+5. **QLoRA activations are under-counted** (activations.py): -10 to -19 % on LitGPT, -25 to -28 %
+   on HF Trainer single-GPU rows. bitsandbytes' MatMul4Bit saves its input for every 4-bit linear
+   (`ctx.tensors = (A, B)`), adapter or not, and PEFT's prepare_model_for_kbit_training upcasts
+   the non-quantised parameters to fp32. Two missed OOMs (Falcon 40B nf4-dq on 40 GB, Llama 2 70B
+   QLoRA on 80 GB) are this.
+6. **Knobs trainfit cannot express** (issue item 5): LitGPT computes the loss in 128-token bf16
+   chunks (LoRA on all layers + head: phi-2 +86 %, TinyLlama +62 %, phi-1.5 +32..59 %); torchtune's
+   chunked loss, optimizer-in-backward and compile (+36..+144 %). These rows are flagged
+   `unmodelled` where the source states the knob.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run only rows whose id contains this")
+    args = ap.parse_args(argv)
+    results, summary = run(args.only)
+    if not args.only:
+        slack = allocator_slack(load())
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "published_memory.json").write_text(
+            json.dumps({"summary": summary, "allocator_slack": slack, "runs": results}, indent=1))
+        (RESULTS / "published_memory.md").write_text(to_markdown(results, summary, FINDINGS, slack))
+    print(json.dumps({k: v for k, v in summary.items() if not k.startswith("by_")}, indent=1))
+    for key in ("by_method", "by_gpus", "by_framework", "by_modelled"):
+        print(key, {g: f"n={s['n']} med|e|={s['median_abs_error']:.3f} med={s['median_signed_error']:+.3f}"
+                    for g, s in summary[key].items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

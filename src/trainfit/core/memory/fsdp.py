@@ -1,0 +1,74 @@
+"""PyTorch FSDP model states per GPU, with FSDP's real floor instead of total / N.
+
+What FSDP keeps (https://pytorch.org/docs/stable/fsdp.html, FullyShardedDataParallel,
+MixedPrecision, BackwardPrefetch; FSDP2: https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html):
+* the flat parameters sharded in their original dtype (fp32 under mixed precision: they are the
+  optimizer's master weights, no separate copy), their gradients sharded in the same dtype, the
+  optimizer states of the shard;
+* each wrapped unit (trainfit wraps every decoder layer, TRANSFORMER_BASED_WRAP) all-gathered in the
+  compute dtype (MixedPrecision.param_dtype) while it runs. With the default
+  BackwardPrefetch.BACKWARD_PRE (and forward prefetch / FSDP2's implicit prefetch) the next unit's
+  all-gather is issued while the current one computes, so two layers are unsharded at once;
+* the root unit (embeddings, final norm, lm_head: everything not inside a decoder layer) stays
+  gathered from its forward to its backward (FSDP does not reshard the root after forward);
+* in backward, one unit's unsharded gradient before reduce-scatter, in MixedPrecision.reduce_dtype.
+  PyTorch: reduce_dtype None with a param_dtype set reduces in the compute dtype; no policy at all
+  keeps everything in the parameters' dtype (fp32). Accelerate (which the HF Trainer uses) sets
+  MixedPrecision(param_dtype=bf16, reduce_dtype=bf16) for mixed_precision bf16
+  (accelerate/utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision, v1.15.0), so
+  gradients are reduced in 16 bits there; a policy with reduce_dtype=fp32 adds 2 B x layer (not a
+  trainfit knob: the exporters write Accelerate's default).
+* SHARD_GRAD_OP keeps the gathered parameters from forward to backward: the whole model unsharded
+  in the compute dtype at the backward, plus the sharded fp32 states.
+* NO_SHARD is DDP's memory (all states replicated), with the low-precision compute copy of the
+  flat parameters under mixed precision and the gradients all-reduced in place (no DDP buckets).
+* CPUOffload(offload_params=True) moves the sharded parameters, their gradients and the optimizer
+  step to the CPU; the GPU keeps only the gathered units and the gradient being reduced.
+"""
+
+from __future__ import annotations
+
+from trainfit.core.memory.stats import ModelStats
+from trainfit.core.setup import TrainingSetup
+
+# FSDP strategy -> the ZeRO stage that shards the same states (zero_stage holds it alongside).
+FSDP_EQUIVALENT_STAGE = {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}
+
+
+def compute_bytes(setup: TrainingSetup) -> int:
+    """Bytes per element of the gathered (compute-dtype) parameters."""
+    return 4 if setup.precision == "fp32" else 2
+
+
+def root_params(st: ModelStats) -> int:
+    """Parameters of FSDP's root unit: embeddings and the untied lm_head (the final norm is tiny)."""
+    return st.embedding + st.lm_head
+
+
+def gathered_bytes(st: ModelStats, setup: TrainingSetup, *, trains_base: bool) -> tuple[float, str]:
+    """(bytes, what) of the unsharded parameters and gradient FSDP holds on each GPU at its peak.
+
+    trains_base: every weight trains (a frozen base under LoRA has no gradient to reduce).
+    """
+    c = compute_bytes(setup)
+    layer = st.per_layer
+    # one unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above)
+    reduce_grad = layer * c if trains_base else 0.0
+    strategy = setup.fsdp_strategy
+    if strategy == "full-shard":
+        root = root_params(st)
+        return (root * c + 2 * layer * c + reduce_grad,
+                f"FSDP full shard: root unit (embeddings, lm_head) + current and prefetched decoder layer "
+                f"gathered in {c}-byte compute dtype + one layer's unsharded gradient")
+    if strategy == "shard-grad-op":
+        return (st.total * c + reduce_grad,
+                f"FSDP SHARD_GRAD_OP: every parameter gathered in {c}-byte compute dtype from forward to "
+                f"backward + one layer's unsharded gradient")
+    if strategy == "no-shard" and setup.precision.endswith("-mixed"):
+        return st.total * c, f"FSDP NO_SHARD: {c}-byte compute copy of the flat parameters"
+    return 0.0, ""
+
+
+def fsdp_shards(setup: TrainingSetup) -> int:
+    """Ranks FSDP splits the states over (NO_SHARD: none)."""
+    return 1 if setup.fsdp_strategy == "no-shard" else setup.shard_group

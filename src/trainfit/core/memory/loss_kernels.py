@@ -1,0 +1,77 @@
+"""The logits term under the three ways the causal-LM loss meets the logits.
+
+* standard: transformers' ForCausalLMLoss materialises batch x seq x vocab logits, upcasts them to
+  fp32 and keeps log_softmax's output for backward (activations.loss_bytes_per_token).
+* fused: Liger-Kernel's fused linear cross-entropy (LigerFusedLinearCrossEntropyFunction,
+  github.com/linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py, read
+  2026-11-23). It never builds the whole logits: the BT tokens go through the lm_head in chunks
+  of chunk = next_power_of_2(ceil(BT / ceil(V / H))) tokens (at most BT), so one chunk's logits
+  are about BT x H elements; the cross-entropy kernel writes each chunk's gradient into the same
+  buffer in place, and the gradients of the hidden states (BT x H, the input's dtype), of the
+  lm_head weight (V x H, when it trains) and an fp32 loss per token are computed in the forward
+  and kept for backward, which only scales them.
+* chunked: the tokens are split into CHUNKS pieces (torchtune's CEWithChunkedOutputLoss default
+  num_output_chunks = 8) and each piece's lm_head + cross-entropy is recomputed in backward
+  (checkpointed), so the logits, fp32 upcast and gradients of one piece are alive at a time,
+  with the hidden-state gradient and a trained lm_head's gradient (plus one piece's share of it
+  being added in) during the loss backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainfit.core.model_spec import ModelSpec
+from trainfit.core.setup import TrainingSetup
+
+CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    saved: float  # bytes kept from the forward to the loss backward
+    forward: float  # transient bytes during the loss forward
+    backward: float  # transient bytes during the loss backward
+    what: str
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
+    """Liger's chunk: bounds one chunk's logits to about tokens x hidden elements."""
+    inc_factor = math.ceil(vocab / hidden)
+    return min(_next_power_of_2(math.ceil(tokens / inc_factor)), tokens)
+
+
+def chunked_chunk_tokens(tokens: int) -> int:
+    return math.ceil(tokens / CHUNKS)
+
+
+def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_trains: bool) -> LossTerms:
+    """Bytes of the logits + loss for `tokens` tokens of one micro-batch."""
+    from trainfit.core.memory.activations import dtype_bytes, loss_bytes_per_token
+
+    r, a, _ = dtype_bytes(setup)
+    v, h = spec.vocab_size, spec.hidden_size
+    saved, fwd, bwd = loss_bytes_per_token(spec, setup)
+    head_bytes = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2
+    head_grad = v * h * head_bytes if head_trains else 0.0
+    if setup.loss == "fused":
+        chunk = liger_chunk_tokens(tokens, v, h)
+        kept = tokens * (r * h + 4) + head_grad
+        return LossTerms(kept, chunk * v * a, 0.0,
+                         f"fused linear cross-entropy (Liger): {chunk} of {tokens} tokens' logits at a time, "
+                         "hidden-state grads (+ lm_head grad) kept from the forward")
+    if setup.loss == "chunked":
+        chunk = chunked_chunk_tokens(tokens)
+        # One piece alive: its 16-bit logits, the fp32 log_softmax, and in backward their grads. Each
+        # piece's backward runs the lm_head's too: the hidden-state grad fills piece by piece, and a
+        # trained lm_head's grad exists from the first piece on, with the next piece's grad as a
+        # second copy while it is added in (measured on CPU: tests/memory/test_dora_loss_vision.py).
+        return LossTerms(0.0, chunk * (a * v + saved + fwd), chunk * (a * v + saved + bwd) + tokens * r * h + 2 * head_grad,
+                         f"chunked cross-entropy: {CHUNKS} pieces of {chunk} tokens, one piece's logits + grads alive")
+    return LossTerms(saved * tokens, fwd * tokens, bwd * tokens,
+                     f"logits + loss: {tokens} tokens x vocab {v} (fp32 log_softmax, its grads)")

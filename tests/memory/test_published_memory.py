@@ -1,0 +1,105 @@
+"""The published-measurements benchmark (bench/published_memory.py) cannot rot: its data file keeps
+a cited source and a metric on every row, and the harness still runs trainfit on a few rows."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import published_memory as bench  # noqa: E402
+
+from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory.overheads import margins, reserved_peak_bytes, slack_fraction  # noqa: E402
+from trainfit.core.model_catalog import get_model  # noqa: E402
+from trainfit.core.setup import TrainingSetup  # noqa: E402
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return bench.load()
+
+
+def test_every_row_cites_a_source_and_names_its_metric(doc):
+    assert bench.schema_problems(doc) == []
+    runs = doc["runs"]
+    assert len(runs) >= 60
+    assert {r["method"] for r in runs} >= {"full", "lora", "qlora"}
+    assert {r["framework"] for r in runs} >= {"litgpt", "torchtune", "fsdp_qlora", "hf-trainer-fms"}
+    assert any(r["oom"] for r in runs) and any(r["sharding"] != "none" for r in runs)
+    assert {r["metric"] for r in runs} == set(bench.METRICS)
+    for row in runs:
+        assert doc["sources"][row["source"]]["url"].startswith("https://github.com/")
+
+
+def test_schema_check_names_the_broken_row(doc):
+    broken = copy.deepcopy(doc)
+    del broken["runs"][0]["metric"]
+    broken["runs"][1]["source"] = "nowhere"
+    broken["runs"][2]["figure"] = None  # neither a figure nor an OOM
+    problems = " ".join(bench.schema_problems(broken))
+    assert f"{doc['runs'][0]['id']}: missing metric" in problems
+    assert f"{doc['runs'][1]['id']}: source 'nowhere'" in problems
+    assert doc["runs"][2]["id"] in problems
+
+
+def _row(doc, row_id):
+    return next(r for r in doc["runs"] if r["id"] == row_id)
+
+
+def test_each_metric_is_compared_with_its_own_prediction(doc):
+    models = doc["models"]
+    alloc = bench.evaluate(_row(doc, "fms-mistral7b-lora-1gpu-bs4"), models)
+    smi = bench.evaluate(_row(doc, "fms-mistral7b-lora-1gpu-bs4-smi"), models)
+    reserved = bench.evaluate(_row(doc, "aai-llama2-7b-lora-2048"), models)
+    assert alloc["predicted_bytes"] == alloc["tensor_peak_bytes"]
+    assert smi["predicted_bytes"] == smi["total_bytes"]
+    # reserved sits between the live tensors and what nvidia-smi shows (no context, no NCCL)
+    assert reserved["tensor_peak_bytes"] < reserved["predicted_bytes"] == reserved["reserved_bytes"]
+    assert reserved["predicted_bytes"] < reserved["total_bytes"]
+    assert alloc["error"] == pytest.approx((alloc["predicted_bytes"] - alloc["published_bytes"])
+                                           / alloc["published_bytes"])
+    assert alloc["published_bytes"] == 26704571904  # the figure in the CSV, in bytes
+
+
+def test_published_oom_is_scored_by_the_fit_verdict(doc):
+    out = bench.evaluate(_row(doc, "hub-gemma7b-lora"), doc["models"])  # OOM on one A10G
+    assert out["published_oom"] and "error" not in out
+    assert out["predicted_fits"] is False
+    summary = bench.summarise([out])
+    assert summary["published_ooms"] == 1 and summary["ooms_predicted_fitting"] == []
+
+
+def test_markdown_report_states_the_targets(doc):
+    rows = [bench.evaluate(_row(doc, i), doc["models"]) for i in ("rt-llama2-7b-lora-mb1", "hub-gemma7b-lora")]
+    text = bench.to_markdown(rows, bench.summarise(rows))
+    assert "median |error|" in text and "(target <= 10 %)" in text
+    assert "| rt-llama2-7b-lora-mb1 |" in text and "caught" in text
+
+
+def test_allocator_slack_is_larger_when_parameters_are_gathered_per_layer():
+    assert slack_fraction(training=True) == 0.10
+    assert slack_fraction(training=True, zero_stage=3) == 0.30
+    assert slack_fraction(training=False, zero_stage=3) == 0.05
+    one = {c.name: c.bytes for c in margins("cuda", 10 * GIB, architecture="ampere", num_gpus=1,
+                                             training=True, zero_stage=3)}
+    many = {c.name: c.bytes for c in margins("cuda", 10 * GIB, architecture="ampere", num_gpus=4,
+                                              training=True, zero_stage=3)}
+    assert one["fragmentation"] == GIB  # nothing is sharded on one GPU
+    assert many["fragmentation"] == 3 * GIB
+
+
+def test_reserved_peak_leaves_out_the_context_and_nccl():
+    est = estimate_memory(get_model("Qwen/Qwen2.5-0.5B"), TrainingSetup(num_gpus=2, zero_stage=2))
+    dev = est.devices[0]
+    outside = {c.name: c.bytes for c in dev.components if c.name in ("cuda_context", "nccl_buffers")}
+    assert set(outside) == {"cuda_context", "nccl_buffers"}
+    assert reserved_peak_bytes(dev) == dev.total_bytes - sum(outside.values())
+    assert reserved_peak_bytes(dev) > dev.tensor_peak_bytes
