@@ -108,3 +108,20 @@ def test_every_combination_loads(bundle, method, strategy, procs, device):
     _, kwargs, args = load_args(out / "training_args.yaml", drop=("ddp_backend",), use_cpu=True)
     assert ("ddp_backend" in kwargs) is (procs > 1) and kwargs["use_cpu"] is (device == "cpu")
     assert bool(args.fsdp) is (strategy == "fsdp") and (args.deepspeed is not None) is (strategy == "deepspeed")
+
+
+def test_adamw_on_a_gpu_is_the_fused_kernel():
+    """The foreach kernel ("adamw_torch" on CUDA) allocates a second-moment-sized temporary at each
+    step that the memory model does not charge: GPU runs use the fused kernel, as Transformers does."""
+    from trainfit.export.training_args import optim_name
+    from trainfit.train.run_config import parse_run_config
+
+    def training(**t):
+        return parse_run_config({"version": 1, "method": "full", "model": {"shape": {"layers": 2, "hidden": 64,
+                                 "heads": 4}}, "data": {"paths": ["builtin:tiny-chat"]}, "schedule": {"max_steps": 1},
+                                 "training": t}, source="t.yaml").training
+
+    assert optim_name(training(), device="cuda", deepspeed=False) == "adamw_torch_fused"
+    assert optim_name(training(), device="cpu", deepspeed=False) == "adamw_torch"
+    assert optim_name(training(), device="cuda", deepspeed=True) == "adamw_torch"
+    assert optim_name(training(optimizer="sgd"), device="cuda", deepspeed=False) == "sgd"

@@ -113,3 +113,22 @@ STORED_HASHES = [
 @pytest.mark.parametrize("raw,stored", STORED_HASHES)
 def test_hash_of_earlier_run_directories_is_unchanged(raw, stored):
     assert parse_run_config(raw, source="x").config_hash()[:16] == stored
+
+
+# The hash of run directories written before the global batch replaced its split (runner.legacy_config_hash):
+# keys added since must leave it unchanged too.
+LEGACY_HASHES = [
+    ({"version": 1, "method": "pretrain", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+      "data": {"paths": ["builtin:tiny-corpus"]}, "training": {"micro_batch": 2, "seq_len": 64, "precision": "fp32"},
+      "schedule": {"max_steps": 10}}, "d7c45a9c64dd679d"),
+    ({"version": 1, "method": "lora", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+      "data": {"paths": ["builtin:tiny-chat"]}, "training": {"micro_batch": 2, "seq_len": 64, "precision": "fp32"},
+      "schedule": {"max_steps": 10}}, "f645e44cb5a2e474"),
+]
+
+
+@pytest.mark.parametrize("raw,stored", LEGACY_HASHES)
+def test_legacy_hash_of_older_run_directories_is_unchanged(raw, stored):
+    from trainfit.train.runner import legacy_config_hash
+
+    assert legacy_config_hash(parse_run_config(raw, source="x"))[:16] == stored

@@ -27,6 +27,17 @@ NEEDS_BITSANDBYTES = frozenset({"adamw-8bit", "paged-adamw-8bit", "paged-adamw-3
 CONFIG_MODULES = {"TrainingArguments": "transformers", "SFTConfig": "trl", "DPOConfig": "trl"}
 
 
+def optim_name(t, *, device: str, deepspeed: bool) -> str:
+    """TrainingArguments `optim` for the run's optimizer. AdamW on a GPU is torch's fused kernel
+    (Transformers' own default since torch 2.8): the foreach kernel that "adamw_torch" selects on CUDA
+    allocates a temporary the size of the optimizer's second moment (4 bytes per trainable
+    parameter) at every step, which the memory model does not charge. DeepSpeed and CPU offload
+    bring their own optimizer path, and on CPU the loop kernel is what the CPU models were checked on."""
+    if t.optimizer == "adamw" and device == "cuda" and not deepspeed and t.offload == "none":
+        return "adamw_torch_fused"
+    return OPTIM_NAMES[t.optimizer]
+
+
 def training_arguments(cfg: RunConfig, *, device: str, output_dir: str, world_size: int, transformers_major: int,
                        deepspeed_file: str | None = None) -> dict[str, Any]:
     """TrainingArguments kwargs (the keys every Trainer config class shares).
@@ -41,7 +52,7 @@ def training_arguments(cfg: RunConfig, *, device: str, output_dir: str, world_si
         output_dir=output_dir, per_device_train_batch_size=t.micro_batch,
         gradient_accumulation_steps=t.grad_accum, learning_rate=s.lr, lr_scheduler_type=s.scheduler,
         warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
-        seed=s.seed, data_seed=s.seed, optim=OPTIM_NAMES[t.optimizer],
+        seed=s.seed, data_seed=s.seed, optim=optim_name(t, device=device, deepspeed=deepspeed_file is not None),
         save_strategy="steps", save_steps=cfg.checkpointing.every_steps,
         logging_strategy="steps", logging_steps=cfg.logging.every_steps,
         report_to="none", disable_tqdm=True, use_cpu=device == "cpu",

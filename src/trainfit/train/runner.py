@@ -27,6 +27,7 @@ callbacks see on_train_begin .. on_train_end once per attempt (also when an atte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -201,11 +202,25 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     (every training key, precision resolved): such a run directory still resumes."""
     import hashlib
 
+    from trainfit.train.run_config import DataConfig, TrainingConfig
+
     data = cfg.to_dict()
     for key in ("logging", "safety", "monitoring"):
         data.pop(key, None)
     data["checkpointing"].pop("keep_last", None)
+    # Keys that did not exist when this hash was written: left out while at their default.
+    for section, cls, keys in (("training", TrainingConfig, LEGACY_ABSENT_TRAINING), ("data", DataConfig, LEGACY_ABSENT_DATA)):
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        for key in keys:
+            if data[section].get(key) == defaults[key]:
+                data[section].pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# Run-config keys added after legacy_config_hash's run directories were written.
+LEGACY_ABSENT_TRAINING = ("num_nodes", "hybrid_shard", "fsdp_strategy", "activation_offload", "optimizer_in_backward",
+                          "loss", "dora", "image_size", "images_per_example")
+LEGACY_ABSENT_DATA = ("keep_in_memory", "num_workers", "prefetch_factor", "packing")
 
 
 def write_run_files(cfg: RunConfig, run_dir: Path, resume_step: int | None, *, processes: int | None = None) -> None:
