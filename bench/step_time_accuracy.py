@@ -1,21 +1,27 @@
 """Step-time model vs timed training steps on this CPU.
 
-Builds small Llama-shaped models from configs (random weights, no hub), times real training
-steps (forward + backward + AdamW step + zero_grad) with torch threads = the usable cores, and
-compares the median with `trainfit.core.speed.predict_step` for device "cpu" on this machine's
-profile (`build_profile(benchmark=True)`: measured matmul GFLOP/s and memory bandwidth).
+Builds small models from transformers configs (random weights, no hub): Llama rows, then other
+families and knobs (grouped-query attention and tied embeddings in Qwen2 shape, a 4-expert Mixtral,
+GPT-2, GPT-NeoX with parallel attention, Gemma-2 with a 256k vocabulary, SGD, LoRA on all linear
+layers, sequences of 512 and 1024, bf16 autocast). It times real training steps (forward +
+backward + optimizer step + zero_grad) with torch threads = the usable cores, and compares the
+median with `trainfit.core.speed.predict_step` for device "cpu" with the rates a fresh machine
+predicts with when no --hardware is given: `build_profile()` with an empty trainfit cache, i.e.
+the default measured CPU rates (hardware.cpu_measure), recorded in the results.
 
-    .venv/bin/python bench/step_time_accuracy.py            # ~3.5 min, writes bench/results/step_time_accuracy.{json,md}
+    .venv/bin/python bench/step_time_accuracy.py            # ~7.5 min, writes bench/results/step_time_accuracy.{json,md}
     .venv/bin/python bench/step_time_accuracy.py --large    # + 2 Qwen2.5-0.5B-wide shapes (~2 min, ~13 GB RAM)
-    .venv/bin/python bench/step_time_accuracy.py --quick    # 8 configurations, for a smoke test
+    .venv/bin/python bench/step_time_accuracy.py --quick    # every third configuration, for a smoke test
     .venv/bin/python bench/step_time_accuracy.py --calibrate  # also fit the FITTED CPU constants on the
                                                               # even configurations, report on the odd
     .venv/bin/python bench/step_time_accuracy.py --from bench/results/step_time_accuracy.json --out /tmp/x
                                                     # re-predict stored timings (no timing run)
 
-Timings are only meaningful on a quiet machine: the load average before and after is recorded;
-re-run it when nothing else runs. Even then this VM has slow spells (the matmul rate drops by up
-to a third for seconds), hence several rounds and the lower median per configuration.
+Timings are only meaningful on a quiet machine (1-minute load below ~0.7 before the start): the
+load average before and after is recorded; re-run it when nothing else runs. Even then this VM
+has slow spells (the matmul rate drops by up to a third for seconds), hence several rounds and
+the lower median per configuration. On a CPU without bf16 instructions a bf16-autocast step takes
+seconds (the emulated path, ~50x slower than fp32): those rows run one round of BF16_STEPS.
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from trainfit.core.model_spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
 from trainfit.core.speed import DeviceRates, cpu_rates, predict_step  # noqa: E402
 
-# (hidden, layers, heads, ffn, vocab, micro_batch, seq, method, precision, checkpointing)
-CONFIGS = [
+# Llama rows: (hidden, layers, heads, ffn, vocab, micro_batch, seq, method, precision, checkpointing)
+LLAMA = [
     (64, 2, 4, 172, 2048, 1, 64, "full", "fp32", "none"),
     (64, 2, 4, 172, 2048, 4, 128, "full", "fp32", "none"),
     (128, 2, 4, 344, 4096, 2, 128, "full", "fp32", "none"),
@@ -63,61 +69,151 @@ CONFIGS = [
     (768, 4, 12, 2048, 16384, 1, 256, "full", "fp32", "none"),
     (768, 4, 12, 2048, 16384, 2, 256, "lora", "fp32", "none"),
 ]
+KEYS = ("hidden", "layers", "heads", "ffn", "vocab", "micro_batch", "seq", "method", "precision", "ckpt")
+
+
+def row_config(values: tuple, family: str = "llama", **extra) -> dict:
+    """One configuration as a dict: the Llama tuple's fields plus family, kv_heads, optimizer and
+    LoRA targets (defaults: Llama, kv_heads = heads, AdamW, LoRA on the attention projections)."""
+    cfg = {"family": family, **dict(zip(KEYS, values)), "optimizer": "adamw", "lora_targets": "attention"}
+    cfg["kv_heads"] = cfg["heads"]
+    cfg.update(extra)
+    return cfg
+
+
+# Beyond Llama: one knob or family per row (shapes of the Llama rows where one fits).
+# GQA + tied + qkv bias (Qwen2-shaped, 4 query heads per KV head as Qwen2.5-0.5B's 14/2 ~ 7);
+# MoE (Mixtral: 4 experts, top 2); GPT-2 (GELU, LayerNorm, learned positions, tied, biases,
+# dropout 0: the model has no dropout term); GPT-NeoX (parallel attention + MLP, partial rotary,
+# GELU, LayerNorm); Gemma-2 (256k vocabulary on a 128-wide model, GQA, soft-capped attention
+# scores and logits, GELU-tanh); SGD; LoRA on all linear layers; sequences of 512 and 1024.
+OTHERS = [
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "llama", kv_heads=2),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "qwen2", kv_heads=2),
+    row_config((512, 4, 8, 1376, 16384, 1, 256, "full", "fp32", "none"), "qwen2", kv_heads=2),
+    row_config((384, 4, 6, 1032, 8192, 2, 256, "lora", "fp32", "none"), "qwen2", kv_heads=2),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "mixtral", kv_heads=2),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "lora", "fp32", "none"), "mixtral", kv_heads=2),
+    row_config((256, 4, 8, 1024, 8192, 2, 256, "full", "fp32", "none"), "gpt2"),
+    row_config((512, 4, 8, 2048, 16384, 1, 256, "full", "fp32", "none"), "gpt2"),
+    row_config((256, 4, 8, 1024, 8192, 2, 256, "full", "fp32", "none"), "gpt_neox"),
+    row_config((384, 4, 6, 1536, 8192, 2, 256, "lora", "fp32", "none"), "gpt_neox"),
+    row_config((128, 2, 4, 512, 256000, 1, 256, "full", "fp32", "none"), "gemma2", kv_heads=2),
+    row_config((128, 2, 4, 512, 256000, 1, 256, "lora", "fp32", "none"), "gemma2", kv_heads=2),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), optimizer="sgd"),
+    row_config((512, 4, 8, 1376, 16384, 1, 256, "full", "fp32", "none"), optimizer="sgd"),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "lora", "fp32", "none"), lora_targets="all-linear"),
+    row_config((512, 4, 8, 1376, 16384, 2, 256, "lora", "fp32", "none"), lora_targets="all-linear"),
+    row_config((256, 4, 8, 688, 8192, 1, 1024, "full", "fp32", "none")),
+    row_config((256, 4, 8, 688, 8192, 1, 1024, "full", "fp32", "full")),
+    row_config((384, 4, 6, 1032, 8192, 1, 512, "lora", "fp32", "none")),
+    row_config((128, 4, 4, 344, 4096, 1, 1024, "lora", "fp32", "none"), "qwen2", kv_heads=2),
+    row_config((128, 2, 4, 344, 4096, 1, 128, "full", "bf16-mixed", "none")),
+    row_config((128, 2, 4, 512, 4096, 1, 128, "full", "bf16-mixed", "none"), "gpt2"),
+]
+CONFIGS = [row_config(c) for c in LLAMA] + OTHERS
 # Out-of-sample shapes (--large): Qwen2.5-0.5B widths and vocabulary, 8 layers, untied.
 LARGE = [
-    (896, 8, 14, 4864, 151936, 1, 512, "full", "fp32", "none"),
-    (896, 8, 14, 4864, 151936, 2, 512, "lora", "fp32", "none"),
+    row_config((896, 8, 14, 4864, 151936, 1, 512, "full", "fp32", "none")),
+    row_config((896, 8, 14, 4864, 151936, 2, 512, "lora", "fp32", "none")),
 ]
-LORA = LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+LORA_RANK, LORA_ALPHA = 8, 16
+# A 16-bit step on a CPU without native bf16 (no AVX512-BF16 / AMX) takes the emulated path,
+# ~50x slower than fp32 (hardware.cpu_measure): such rows get fewer steps (BF16_STEPS).
+BF16_STEPS, BF16_WARMUP = 1, 1
 
 
-def spec_for(h: int, layers: int, heads: int, ffn: int, vocab: int) -> ModelSpec:
-    return ModelSpec(
-        id=f"bench-llama-h{h}-l{layers}", architecture="llama", vocab_size=vocab, hidden_size=h,
-        num_layers=layers, num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
-        intermediate_size=ffn, activation="silu", gated_mlp=True, tie_embeddings=False, position="rope",
-        max_position_embeddings=4096, norm="rmsnorm", qkv_bias=False, o_bias=False, mlp_bias=False,
-        lm_head_bias=False, stored_dtype="float32", source="bench",
-    )  # fmt: skip
+def normalise(config) -> dict:
+    """A stored configuration: a dict, or the 10-field Llama list of results before families."""
+    return dict(config) if isinstance(config, dict) else row_config(tuple(config))
 
 
-def setup_for(cfg) -> TrainingSetup:
-    h, layers, heads, ffn, vocab, mb, seq, method, precision, ckpt = cfg
+def lora_settings(cfg: dict, spec: ModelSpec | None = None) -> LoraSettings:
+    """LoRA on all linear layers, or on the attention projections as trainfit names them per family."""
+    from trainfit.core.params import attention_module_names
+
+    targets = "all-linear"
+    if cfg["lora_targets"] != "all-linear":
+        targets = attention_module_names(spec or spec_for(cfg))
+    return LoraSettings(rank=LORA_RANK, alpha=LORA_ALPHA, dropout=0.0, target_modules=targets)
+
+
+def hf_config(cfg: dict):
+    """The transformers config of a configuration (random weights are built from it, no hub)."""
+    import transformers as T
+
+    h, layers, heads, kv, ffn, vocab = (cfg[k] for k in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"))
+    common = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                  intermediate_size=ffn, max_position_embeddings=4096)
+    fam = cfg["family"]
+    if fam == "llama":
+        conf = T.LlamaConfig(**common, num_key_value_heads=kv, tie_word_embeddings=False)
+    elif fam == "qwen2":
+        conf = T.Qwen2Config(**common, num_key_value_heads=kv, tie_word_embeddings=True)
+    elif fam == "mixtral":
+        conf = T.MixtralConfig(**common, num_key_value_heads=kv, num_local_experts=4, num_experts_per_tok=2,
+                               tie_word_embeddings=False)
+    elif fam == "gpt2":
+        conf = T.GPT2Config(vocab_size=vocab, n_embd=h, n_layer=layers, n_head=heads, n_inner=ffn, n_positions=4096,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    elif fam == "gpt_neox":
+        conf = T.GPTNeoXConfig(**common, use_parallel_residual=True, rotary_pct=0.25, hidden_dropout=0.0,
+                               attention_dropout=0.0, tie_word_embeddings=False)
+    elif fam == "gemma2":
+        conf = T.Gemma2Config(**common, num_key_value_heads=kv, head_dim=h // heads, sliding_window=4096,
+                              query_pre_attn_scalar=h // heads, tie_word_embeddings=True)
+    else:
+        raise ValueError(f"unknown family {fam!r}")
+    conf._attn_implementation = attention_for(cfg)
+    return conf
+
+
+def attention_for(cfg: dict) -> str:
+    # Gemma-2 soft-caps its attention scores, which SDPA cannot: transformers runs it eager.
+    return "eager" if cfg["family"] == "gemma2" else "sdpa"
+
+
+def spec_for(cfg: dict) -> ModelSpec:
+    from trainfit.core.model_loader import spec_from_config
+
+    data = hf_config(cfg).to_dict()
+    data["torch_dtype"] = data["dtype"] = "float32"
+    return spec_from_config(data, origin="bench", model_id=f"bench-{cfg['family']}-h{cfg['hidden']}-l{cfg['layers']}")
+
+
+def setup_for(cfg: dict, spec: ModelSpec | None = None) -> TrainingSetup:
     return TrainingSetup(
-        method=method, precision=precision, micro_batch=mb, seq_len=seq, grad_checkpointing=ckpt,
-        attention="sdpa", lora=LORA if method == "lora" else None, device="cpu",
+        method=cfg["method"], precision=cfg["precision"], micro_batch=cfg["micro_batch"], seq_len=cfg["seq"],
+        grad_checkpointing=cfg["ckpt"], attention=attention_for(cfg), optimizer=cfg["optimizer"],
+        lora=lora_settings(cfg, spec) if cfg["method"] == "lora" else None, device="cpu",
     )  # fmt: skip
 
 
-def time_config(cfg, steps: int, warmup: int) -> tuple[float, float]:
-    """Median seconds of one training step (fwd + bwd + AdamW + zero_grad) and of its optimizer part."""
+def time_config(cfg: dict, steps: int, warmup: int) -> tuple[float, float]:
+    """Median seconds of one training step (fwd + bwd + optimizer step + zero_grad) and of its optimizer part."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    h, layers, heads, ffn, vocab, mb, seq, method, precision, ckpt = cfg
     torch.manual_seed(0)
-    conf = LlamaConfig(
-        vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=heads, intermediate_size=ffn, max_position_embeddings=4096,
-        tie_word_embeddings=False, attn_implementation="sdpa",
-    )  # fmt: skip
-    model = LlamaForCausalLM(conf)
-    if method == "lora":
+    model = AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation=attention_for(cfg))
+    if cfg["method"] == "lora":
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, lora_dropout=0.0,
-                                                 target_modules=list(LORA.target_modules)))  # fmt: skip
-    if ckpt == "full":
+        lora = lora_settings(cfg)
+        model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
+                                                 target_modules=lora.target_modules))  # fmt: skip
+    if cfg["ckpt"] == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if method == "lora":
+        if cfg["method"] == "lora":
             model.enable_input_require_grads()
     model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    ids = torch.randint(0, vocab, (mb, seq))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=1e-4) if cfg["optimizer"] == "sgd" else torch.optim.AdamW(params, lr=1e-4)
+    ids = torch.randint(0, cfg["vocab"], (cfg["micro_batch"], cfg["seq"]))
     times, opt_times = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["precision"] == "bf16-mixed"):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         t1 = time.perf_counter()
@@ -131,23 +227,28 @@ def time_config(cfg, steps: int, warmup: int) -> tuple[float, float]:
 
 
 def machine_rates():
-    """Rates from the best of two benchmarked profiles: a peak is a best-of figure, and a single
-    profile taken while the host VM is briefly slowed can read a matmul rate half the true one."""
+    """The rates a fresh machine predicts with, no --hardware: `build_profile()` with an empty
+    trainfit cache (a temporary TRAINFIT_CACHE_DIR), i.e. the default measured CPU rates
+    (hardware.cpu_measure), not a --benchmark profile nor a best-of figure."""
+    import tempfile
+
     from trainfit.hardware.profiler import build_profile
 
-    profiles = [build_profile(benchmark=True, quick=False) for _ in range(2)]
-    best = {}
-    for name in ("cpu_fp32_gflops", "cpu_bf16_gflops", "memory_bandwidth_gbps"):
-        values = [getattr(p.benchmark, name) for p in profiles if p.benchmark and getattr(p.benchmark, name)]
-        best[name] = max(values) if values else None
-    profile = profiles[0]
-    if profile.benchmark:
-        profile = dataclasses.replace(profile, benchmark=dataclasses.replace(profile.benchmark, **best))
+    before = os.environ.get("TRAINFIT_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="trainfit-fresh-") as cache:
+        os.environ["TRAINFIT_CACHE_DIR"] = cache
+        try:
+            profile = build_profile(quick=True)
+        finally:
+            if before is None:
+                os.environ.pop("TRAINFIT_CACHE_DIR", None)
+            else:
+                os.environ["TRAINFIT_CACHE_DIR"] = before
     return profile, cpu_rates(profile)
 
 
 def predict(cfg, rates) -> float:
-    return predict_step(spec_for(*cfg[:5]), setup_for(cfg), rates).step_seconds
+    return predict_step(spec_for(cfg), setup_for(cfg), rates).step_seconds
 
 
 # The CPU model's constants the calibration may scale (trainfit.core.speed.cpu); the others
@@ -206,14 +307,23 @@ def calibrate(rows: list[dict], rates) -> dict:
             for n, x in fitted.items()}
 
 
+def describe(cfg: dict) -> str:
+    extra = "".join(f" {k}={cfg[k]}" for k in ("kv_heads", "optimizer", "lora_targets")
+                    if cfg[k] != row_config(tuple(cfg[x] for x in KEYS))[k])
+    return f"{cfg['family']} " + " ".join(str(cfg[k]) for k in KEYS) + extra
+
+
 def run_timings(configs, steps: int, warmup: int, rounds: int) -> tuple[list[dict], DeviceRates, dict]:
     """Profile the machine (measured rates), then time every configuration."""
     import torch
+
+    from trainfit.hardware.cpu_measure import native_bf16
 
     load_before = os.getloadavg()  # before anything of ours runs: what else loads the machine
     profile, rates = machine_rates()
     threads = max(1, int(profile.cpu.usable_cores))
     torch.set_num_threads(threads)
+    native16 = native_bf16(profile.cpu)
     # Each configuration is timed in `rounds` rounds (every other round in reverse order, a fresh
     # model each time) and the round with the lower median step kept: the host VM has slow spells
     # of several seconds (matmul rate down by up to a third) that one round can fall into.
@@ -221,11 +331,14 @@ def run_timings(configs, steps: int, warmup: int, rounds: int) -> tuple[list[dic
     for r in range(rounds):
         order = list(range(len(configs)))[:: -1 if r % 2 else 1]
         for i in order:
-            step, opt = time_config(configs[i], steps, warmup)
+            slow = configs[i]["precision"] != "fp32" and not native16
+            if slow and r > 0:
+                continue  # one round of BF16_STEPS for an emulated 16-bit row (seconds per step)
+            step, opt = time_config(configs[i], *((BF16_STEPS, BF16_WARMUP) if slow else (steps, warmup)))
             if i not in best or step < best[i][0]:
                 best[i] = (step, opt)
-            print(f"round {r + 1} {configs[i]}  measured {step * 1e3:8.1f} ms (optimizer {opt * 1e3:.1f})", flush=True)
-    rows = [{"config": list(cfg), "measured_seconds": best[i][0], "measured_optimizer_seconds": best[i][1]}
+            print(f"round {r + 1} {describe(configs[i])}  measured {step * 1e3:8.1f} ms (optimizer {opt * 1e3:.1f})", flush=True)
+    rows = [{"config": cfg, "measured_seconds": best[i][0], "measured_optimizer_seconds": best[i][1]}
             for i, cfg in enumerate(configs)]
     bench = profile.benchmark
     return rows, rates, {
@@ -236,6 +349,11 @@ def run_timings(configs, steps: int, warmup: int, rounds: int) -> tuple[list[dic
         "measured_fp32_gflops": bench.cpu_fp32_gflops if bench else None,
         "measured_bf16_gflops": bench.cpu_bf16_gflops if bench else None,
         "measured_bandwidth_gbps": bench.memory_bandwidth_gbps if bench else None,
+        "measured_at": bench.measured_at if bench else None,
+        # Only what bears on the rates (e.g. "under_load"), not the figures the CPU measurement skips.
+        "measurement_notes": {k: v for k, v in (bench.unavailable if bench else {}).items()
+                              if k not in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")},
+        "native_bf16": native16,
     }
 
 
@@ -245,7 +363,7 @@ def predicted_terms(cfg, rates) -> dict:
     from trainfit.core.speed.flops import step_flops
     from trainfit.core.speed.rates import compute_precision
 
-    spec, setup = spec_for(*cfg[:5]), setup_for(cfg)
+    spec, setup = spec_for(cfg), setup_for(cfg)
     precision = compute_precision(setup.precision, setup.method)
     peak, used = rates.flops_for(precision)
     c = cpu_step(spec, setup, rates, step_flops(spec, setup), used, peak)
@@ -254,7 +372,7 @@ def predicted_terms(cfg, rates) -> dict:
 
 def evaluate(rows: list[dict], rates) -> None:
     for row in rows:
-        est = predict_step(spec_for(*row["config"][:5]), setup_for(row["config"]), rates)
+        est = predict_step(spec_for(row["config"]), setup_for(row["config"]), rates)
         row["predicted_seconds"] = est.step_seconds
         row["error"] = est.step_seconds / row["measured_seconds"] - 1
         row["bottleneck"] = est.bottleneck
@@ -263,26 +381,55 @@ def evaluate(rows: list[dict], rates) -> None:
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
-        "| hidden | layers | vocab | batch | seq | method | precision | ckpt | measured ms | predicted ms | error "
-        "| optimizer measured / predicted ms | bottleneck |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| family | hidden | layers | heads/kv | vocab | batch | seq | method | precision | ckpt | optimizer "
+        "| measured ms | predicted ms | error | optimizer measured / predicted ms | bottleneck |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        h, layers, heads, ffn, vocab, mb, seq, method, precision, ckpt = r["config"]
-        t = r["predicted_terms_ms"]
+        c, t = r["config"], r["predicted_terms_ms"]
         opt = f"{r['measured_optimizer_seconds'] * 1e3:.1f} / {t['optimizer_seconds'] + t['step_first_touch_seconds']:.1f}"
-        lines.append(f"| {h} | {layers} | {vocab} | {mb} | {seq} | {method} | {precision} | {ckpt} | "
+        method = c["method"] + (" (all-linear)" if c["method"] == "lora" and c["lora_targets"] == "all-linear" else "")
+        lines.append(f"| {c['family']} | {c['hidden']} | {c['layers']} | {c['heads']}/{c['kv_heads']} | {c['vocab']} "
+                     f"| {c['micro_batch']} | {c['seq']} | {method} | {c['precision']} | {c['ckpt']} | {c['optimizer']} | "
                      f"{r['measured_seconds'] * 1e3:.1f} | {r['predicted_seconds'] * 1e3:.1f} | {r['error']:+.1%} | "
                      f"{opt} | {r['bottleneck']} |")  # fmt: skip
     return lines
 
 
+def group(cfg: dict) -> str:
+    """The row's group for the by-family medians: its family, or the knob it varies on Llama."""
+    if cfg["family"] != "llama":
+        return cfg["family"]
+    if cfg["optimizer"] != "adamw":
+        return "llama, " + cfg["optimizer"]
+    if cfg["method"] == "lora" and cfg["lora_targets"] == "all-linear":
+        return "llama, lora all-linear"
+    if cfg["kv_heads"] != cfg["heads"]:
+        return "llama, gqa"
+    if cfg["precision"] != "fp32":
+        return "llama, " + cfg["precision"]
+    if cfg["seq"] > 256:
+        return "llama, seq 512-1024"
+    return "llama"
+
+
+def by_group(rows: list[dict]) -> dict:
+    groups: dict[str, list[float]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(group(r["config"]), []).append((i, r["error"]))
+    return {g: {"rows": len(v), "median_abs_error": round(statistics.median(abs(e) for _, e in v), 4),
+                "median_error": round(statistics.median(e for _, e in v), 4),
+                "held_out_median_abs_error": (round(statistics.median(abs(e) for i, e in v if i % 2), 4)
+                                              if any(i % 2 for i, _ in v) else None)}
+            for g, v in groups.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="8 configurations only")
+    ap.add_argument("--quick", action="store_true", help="every third configuration only")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per configuration and round (median)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds over all configurations; the lower median is kept")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds over all configurations; the lower median is kept")
     ap.add_argument("--large", action="store_true",
                     help=f"also time {len(LARGE)} larger out-of-sample configurations once (~2 min, ~13 GB RAM)")
     ap.add_argument("--calibrate", action="store_true", help="fit the CPU model's FITTED constants on the even rows")
@@ -296,8 +443,8 @@ def main() -> int:
     keys = ("config", "measured_seconds", "measured_optimizer_seconds")
     if args.from_json:
         prev = json.loads(Path(args.from_json).read_text())
-        rows = [{k: r[k] for k in keys} for r in prev["rows"]]
-        large = [{k: r[k] for k in keys} for r in prev.get("large_rows", [])]
+        rows = [{**{k: r[k] for k in keys}, "config": normalise(r["config"])} for r in prev["rows"]]
+        large = [{**{k: r[k] for k in keys}, "config": normalise(r["config"])} for r in prev.get("large_rows", [])]
         rates = DeviceRates(**prev["summary"]["rates"])
         measured_at = prev["summary"]
     else:
@@ -305,8 +452,8 @@ def main() -> int:
         large = []
         for cfg in LARGE if args.large else []:
             step, opt = time_config(cfg, 3, 1)
-            large.append({"config": list(cfg), "measured_seconds": step, "measured_optimizer_seconds": opt})
-            print(f"large {cfg}  measured {step * 1e3:8.1f} ms", flush=True)
+            large.append({"config": cfg, "measured_seconds": step, "measured_optimizer_seconds": opt})
+            print(f"large {describe(cfg)}  measured {step * 1e3:8.1f} ms", flush=True)
         if large:
             measured_at["loadavg_after"] = os.getloadavg()
     threads = measured_at["threads"]
@@ -321,10 +468,14 @@ def main() -> int:
         "max_abs_error": max(errs),
         "median_abs_error_even_rows": statistics.median(errs[0::2]),
         "median_abs_error_odd_rows": statistics.median(errs[1::2]) if len(errs) > 1 else None,
+        "by_family": by_group(rows),
         "large_errors": [round(r["error"], 4) for r in large],
-        **{k: measured_at[k] for k in ("threads", "loadavg_before", "loadavg_after", "cpu", "measured_fp32_gflops",
-                                       "measured_bf16_gflops", "measured_bandwidth_gbps")},
+        **{k: measured_at.get(k) for k in ("threads", "loadavg_before", "loadavg_after", "cpu", "measured_fp32_gflops",
+                                           "measured_bf16_gflops", "measured_bandwidth_gbps", "measured_at",
+                                           "measurement_notes", "native_bf16")},
         "fitted_constants": fitted,
+        "timing_command": measured_at.get("timing_command") or ".venv/bin/python bench/step_time_accuracy.py" + "".join(
+            f" --{name}" for name in ("quick", "large") if getattr(args, name)),
         "torch": torch.__version__,
         "rates": dataclasses.asdict(rates),  # the measured machine, so --from can re-predict offline
     }
@@ -336,18 +487,32 @@ def main() -> int:
         "# Step-time accuracy on CPU",
         "",
         f"Command: `.venv/bin/python bench/step_time_accuracy.py{flags}`  ",
-        f"CPU: {summary['cpu']}, {threads} threads, torch {torch.__version__}; measured (best of two profiles) "
-        f"{summary['measured_fp32_gflops']:.0f} GFLOP/s fp32, {summary['measured_bf16_gflops'] or 0:.0f} GFLOP/s bf16, "
-        f"{summary['measured_bandwidth_gbps']:.1f} GB/s.  ",
+        f"CPU: {summary['cpu']}, {threads} threads, torch {torch.__version__}, native bf16: "
+        f"{ {True: 'yes', False: 'no'}.get(summary['native_bf16'], 'not recorded')}. Rates of a fresh machine with no --hardware (`build_profile()` "
+        f"with an empty trainfit cache: the default measurement of hardware.cpu_measure, taken "
+        f"{summary['measured_at'] or 'at an unknown time'}): {summary['measured_fp32_gflops']:.1f} GFLOP/s fp32, "
+        f"{summary['measured_bf16_gflops'] or 0:.1f} GFLOP/s bf16 (autocast training matmul), "
+        f"{summary['measured_bandwidth_gbps']:.1f} GB/s{' ' + str(summary['measurement_notes']) if summary['measurement_notes'] else ''}.  ",
+        *([f"Timings taken by `{summary['timing_command']}`; this file re-predicts them with the current model.  "]
+          if args.from_json else []),
         f"Load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
         f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} (the run itself keeps {threads} cores busy; "
         "before > ~0.5 means other jobs shared the cores).  ",
-        "Each configuration: median of the timed steps, lower of the rounds' medians. Model: "
+        "Each configuration: median of the timed steps, lower of the rounds' medians (16-bit rows on a CPU without "
+        f"native bf16: one round, {BF16_STEPS} timed step(s) after {BF16_WARMUP} warm-up, each step takes seconds). Model: "
         "`trainfit.core.speed.cpu` (terms per configuration in the JSON).",
         "",
         f"**Median |error| {summary['median_abs_error']:.1%}**, max {summary['max_abs_error']:.1%} over {len(rows)} "
-        f"configurations; even rows (the configurations the FITTED constants were refined on, in an earlier run) median "
+        f"configurations; even rows (where fits are made: --calibrate, and the FITTED constants in an earlier run) median "
         f"{summary['median_abs_error_even_rows']:.1%}, odd (held-out) rows median {summary['median_abs_error_odd_rows']:.1%}.",
+        "",
+        "By family (or the knob varied on Llama): rows, median |error|, median signed error, held-out (odd rows) median |error|:",
+        "",
+        "| group | rows | median abs error | median error | held-out median abs error |",
+        "|---|---|---|---|---|",
+        *[f"| {g} | {v['rows']} | {v['median_abs_error']:.1%} | {v['median_error']:+.1%} | "
+          f"{'-' if v['held_out_median_abs_error'] is None else format(v['held_out_median_abs_error'], '.1%')} |"
+          for g, v in summary["by_family"].items()],
         "",
         *table(rows),
     ]

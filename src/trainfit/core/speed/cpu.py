@@ -21,7 +21,10 @@ bench/step_time_accuracy.py shows six other costs, each costed here by its own t
 Constants were measured on the reference machine (AMD EPYC Zen 4, 2 cores, 32 MiB L3, torch
 2.13 CPU, in a Firecracker VM) by micro-benchmarks of each op family; the five that
 bench/step_time_accuracy.py --calibrate names (FITTED there) were then refined on the even rows
-of that benchmark, the odd rows held out (bench/results/step_time_accuracy.md).
+of that benchmark, the odd rows held out (bench/results/step_time_accuracy.md). The terms for
+families beyond Llama (Gemma-2 soft-capping, MoE routing) are counted from transformers' code and
+the emulated 16-bit GEMM shares timed on a 2-core AVX2 EPYC without bf16 instructions; none of
+them is fitted to the benchmark rows.
 """
 
 from __future__ import annotations
@@ -88,6 +91,31 @@ CPU_OPTIMIZER_OPS_PER_TENSOR = 6  # other optimizers (bytes from optimizer_traff
 CPU_VOCAB_FP32_TENSORS = 4
 CPU_VOCAB_16BIT_TENSORS = 2
 CPU_VOCAB_PASSES = 3.0
+# Gemma-2 soft-caps its final logits, cap * tanh(logits / cap) (final_logit_softcapping 30 in
+# its config): div, tanh, mul in the forward and their three gradients in the backward, six more
+# vocabulary-sized fp32 tensors, each fresh pages at 256k x tokens x 4 B. Its attention scores are
+# capped the same way (attn_logit_softcapping 50, eager attention): six score-sized passes.
+# Counted from transformers' Gemma2ForCausalLM / eager_attention_forward; on the benchmark the two
+# Gemma-2 rows (256k vocabulary, 128 wide) missed by -40 % / -46 % without these terms.
+SOFTCAP_ARCHITECTURES = ("gemma2",)
+CPU_SOFTCAP_VOCAB_TENSORS = 6
+CPU_SOFTCAP_SCORE_PASSES = 6
+# Mixture-of-experts in eager transformers (MixtralExperts / MixtralTopKRouter): the router runs
+# ~12 small ops per layer (linear, softmax, topk, normalise, one_hot, permute, sum, nonzero...),
+# then every expert hit ~14 (where, gather the tokens, select the expert's slice of the 3-D weight,
+# two linears, chunk, activation, mul, routing weight gather and mul, index_add_).
+CPU_MOE_ROUTER_OPS = 12
+CPU_MOE_OPS_PER_EXPERT = 14
+# 16-bit matmuls on a CPU without bf16 instructions (the profile's bf16 rate below its fp32 one):
+# the measured rate (hardware.benchmark.cpu_autocast_bf16_gflops) is forward + input-gradient +
+# weight-gradient of one linear, and almost all of it is the input gradient. Timed on the
+# 2-core AVX2 EPYC (torch 2.13, autocast bf16, tokens x in x out = 256 x 512 x 512): forward
+# 18.5, input gradient 1.3, weight gradient 19.2 GFLOP/s, i.e. shares 0.06 / 0.88 / 0.06 of the
+# benchmark's time (over 6 shapes 128..1024 tokens, 128..16384 wide: forward 9-18, input
+# gradient 0.8-2.5, weight gradient 7-24 GFLOP/s). A frozen (LoRA) weight still needs the input
+# gradient, and a recomputed forward is cheap, so the FLOP count alone misstates both. The
+# emulated kernels show no tile-shape ramp (128-wide as fast as 512-wide): no width/token factor.
+CPU_EMULATED_16BIT_SHARES = {"forward": 0.06, "input_grad": 0.88, "weight_grad": 0.06}
 
 
 @dataclass(frozen=True)
@@ -149,6 +177,20 @@ def stream_seconds(nbytes: float, working_set_bytes: float, rates: DeviceRates) 
     return nbytes * (cached / cache + (1.0 - cached) / dram)
 
 
+def emulated_gemm_seconds(sf: F.StepFlops, attn_fwd: float, gemm_flops: float, peak_flops: float) -> float:
+    """GEMM seconds on the emulated 16-bit path: forward, input-gradient and weight-gradient
+    matmuls at their own shares of the measured training-matmul rate (CPU_EMULATED_16BIT_SHARES)."""
+    shares = CPU_EMULATED_16BIT_SHARES
+    forward = max(sf.forward_flops - attn_fwd, 0.0)
+    backward = min(max(sf.backward_flops - 2.0 * attn_fwd, 0.0), gemm_flops)
+    input_grad = min(forward, backward)  # every linear's input gradient, frozen weights included
+    weight_grad = backward - input_grad
+    other_forward = max(gemm_flops - backward, 0.0)  # forward, recompute and reference passes
+    # peak_flops is 3 matmuls' FLOPs over their summed time: each share of that time per FLOP.
+    return 3.0 * (other_forward * shares["forward"] + input_grad * shares["input_grad"]
+                  + weight_grad * shares["weight_grad"]) / peak_flops
+
+
 def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str,
              peak_flops: float) -> CpuStep:
     """Cost every term of one training step of `setup` on the CPU described by `rates`."""
@@ -177,16 +219,21 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
         # Checkpointing wraps the decoder layers only: the LM head is not run again (step_flops
         # counts a whole forward as recompute, which the GPU calibration was fitted with).
         gemm_flops -= 2.0 * h * spec.vocab_size * tokens
-    gemm_s = max(gemm_flops, 0.0) / (peak_flops * gemm_eff)
+    if precision == "bf16" and peak_flops < rates.peak_flops.get("fp32", 0.0):
+        gemm_s = emulated_gemm_seconds(sf, attn_fwd, max(gemm_flops, 0.0), peak_flops)
+    else:
+        gemm_s = max(gemm_flops, 0.0) / (peak_flops * gemm_eff)
 
     # Elementwise traffic, in forward-equivalent passes: forward 1 + backward 2 (+1 recompute).
     ffn = F.active_ffn_width(spec)
     per_token_layer = F.elementwise_elements_per_token_layer(spec) * act_bytes
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
+    softcap = spec.architecture in SOFTCAP_ARCHITECTURES
     if setup.attention == "eager":
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
-        elem_bytes += 3.0 * 8.0 * layers * spec.num_heads * min(seq, context) * tokens
+        score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if softcap else 0.0)
+        elem_bytes += score_passes * 8.0 * layers * spec.num_heads * min(seq, context) * tokens
     weight_passes = 1.0 + (1.0 if full_ckpt else 0.0) + (1.0 if ref_tokens else 0.0)
     casts = 0.0  # autocast ops casting an fp32 activation to 16 bit (and its gradient back)
     if mixed:
@@ -204,16 +251,20 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
 
     # Vocabulary: logits and the loss over every vocab entry of every token.
     n16 = CPU_VOCAB_16BIT_TENSORS if precision != "fp32" else 0
+    n32 = CPU_VOCAB_FP32_TENSORS + (CPU_SOFTCAP_VOCAB_TENSORS if softcap else 0)
     vocab_tensor = spec.vocab_size * tokens * 4.0
-    vocab_bytes = (CPU_VOCAB_FP32_TENSORS + n16 / 2) * vocab_tensor * CPU_VOCAB_PASSES
+    vocab_bytes = (n32 + n16 / 2) * vocab_tensor * CPU_VOCAB_PASSES
     vocab_bytes += 2.0 * vocab_tensor if ref_tokens else 0.0  # reference logits and log-softmax
     vocabulary_s = stream_seconds(vocab_bytes, 3.0 * vocab_tensor, rates)
-    fresh = fresh_bytes(vocab_tensor, CPU_VOCAB_FP32_TENSORS) + fresh_bytes(vocab_tensor / 2, n16)
+    fresh = fresh_bytes(vocab_tensor, n32) + fresh_bytes(vocab_tensor / 2, n16)
     # Activations saved for backward: the widest per-layer tensors (MLP gate/up/product, hidden).
     fresh += layers * (fresh_bytes(tokens * ffn * act_bytes, 3) + fresh_bytes(tokens * h * act_bytes, 6))
 
     passes = 1.0 + CPU_OPS_BACKWARD_FACTOR + (1.0 if full_ckpt else 0.0)
-    ops = (CPU_OPS_PER_LAYER_FORWARD * layers + 4 * lora_modules + casts) * passes  # LoRA: A, B, scale, add
+    per_layer = CPU_OPS_PER_LAYER_FORWARD
+    if spec.num_experts > 0:  # every expert is hit once a micro-batch has a few tokens per expert
+        per_layer += CPU_MOE_ROUTER_OPS + CPU_MOE_OPS_PER_EXPERT * min(spec.num_experts, tokens * spec.experts_per_token)
+    ops = (per_layer * layers + 4 * lora_modules + casts) * passes  # LoRA: A, B, scale, add
     dispatch_s = ops * CPU_OP_SECONDS
 
     # Once per optimizer step: the big gradients are fresh pages (zero_grad frees them), then the
