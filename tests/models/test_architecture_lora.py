@@ -1,8 +1,6 @@
 """lora_params equals the trainable parameters PEFT creates for Falcon, BLOOM, GPTBigCode, T5 /
 mT5 and BERT / RoBERTa, on tiny models built from the shipped configs (same layout keys)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -12,14 +10,7 @@ from trainfit.core.model_loader import spec_from_config  # noqa: E402
 from trainfit.core.params import lora_params  # noqa: E402
 
 
-def _helpers():
-    spec = importlib.util.spec_from_file_location("family_fixtures", Path(__file__).with_name("family_fixtures.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_ff = _helpers()
+from .family_fixtures import build, shrunk  # noqa: E402
 
 CASES = [
     ("falcon-7b", {}, ["query_key_value", "dense"]),
@@ -45,7 +36,7 @@ def _peft_trainable(cfg, targets, rank):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    model = _ff.build(cfg, device="cpu")
+    model = build(cfg, device="cpu")
     peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets))
     return sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
 
@@ -54,7 +45,7 @@ def _peft_trainable(cfg, targets, rank):
                          ids=[f"{n}-{'+'.join(t) if isinstance(t, list) else t}{'-var' if o else ''}"
                               for n, o, t in CASES])
 def test_lora_params_match_peft(name, overrides, targets):
-    cfg = _ff.shrunk(name, **overrides)
+    cfg = shrunk(name, **overrides)
     assert lora_params(spec_from_config(cfg), targets, 8) == _peft_trainable(cfg, targets, 8)
 
 
@@ -65,7 +56,7 @@ def test_default_targets_mean_the_attention_projections(name):
     from trainfit.core.params import attention_module_names
     from trainfit.core.setup import LoraSettings
 
-    cfg = _ff.shrunk(name)
+    cfg = shrunk(name)
     spec = spec_from_config(cfg)
     keys = attention_module_names(spec)
     assert lora_params(spec, LoraSettings().target_modules, 8) == _peft_trainable(cfg, keys, 8)

@@ -4,8 +4,6 @@ equal the model transformers builds on the meta device; Qwen v1 (remote code, ne
 the total its published safetensors index states."""
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -15,16 +13,7 @@ from trainfit.core.params import count_params, linear_layers, lora_params, modul
 from trainfit.errors import BadInputError
 
 
-def _helpers():
-    """tests/models/family_fixtures.py (pytest runs with --import-mode=importlib: no sys.path)."""
-    spec = importlib.util.spec_from_file_location("family_fixtures", Path(__file__).with_name("family_fixtures.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_ff = _helpers()
-TRANSFORMERS_FAMILIES, build, config, shrunk = _ff.TRANSFORMERS_FAMILIES, _ff.build, _ff.config, _ff.shrunk
+from .family_fixtures import TRANSFORMERS_FAMILIES, build, config, shrunk  # noqa: E402
 
 # Qwen/Qwen-7B model.safetensors.index.json "total_size": 15,442,649,088 bytes of bf16 weights
 # (https://huggingface.co/Qwen/Qwen-7B/blob/main/model.safetensors.index.json) = 2 B x params.
