@@ -90,12 +90,6 @@ def _s(method: str = "full", **kw) -> TrainingSetup:
 _SETUP_FIELDS = {f.name for f in dataclasses.fields(TrainingSetup)}
 
 
-def _if_modelled(**knobs) -> dict:
-    """The knobs this TrainingSetup has (FSDP strategy, activation offload, optimizer-in-backward are
-    recent fields); a knob it lacks would make the row predict something else than what runs, so its row is dropped."""
-    return knobs if set(knobs) <= _SETUP_FIELDS else {}
-
-
 def _lora_for(model_arch: str, setup: TrainingSetup) -> TrainingSetup:
     if setup.lora is not None and model_arch in TARGETS and setup.lora.target_modules == LORA_QV.target_modules:
         return dataclasses.replace(setup, lora=dataclasses.replace(setup.lora, target_modules=TARGETS[model_arch]))
@@ -150,11 +144,9 @@ def cuda_grid() -> list[Case]:
         ("accum4", _s(grad_accum=4)),
         ("paged-adamw-32bit", _s(optimizer="paged-adamw-32bit")),
         ("lion", _s(optimizer="lion")),
+        ("activation-offload b8", _s(micro_batch=8, activation_offload=True)),
+        ("optimizer-in-backward", _s(optimizer_in_backward=True)),
     ]
-    if _if_modelled(activation_offload=True):
-        knobs.append(("activation-offload b8", _s(micro_batch=8, activation_offload=True)))
-    if _if_modelled(optimizer_in_backward=True):
-        knobs.append(("optimizer-in-backward", _s(optimizer_in_backward=True)))
     knobs = [(label, setup) for label, setup in knobs if setup.optimizer in _OPTIMIZERS_MODELLED]
     cases += [Case(f"llama-1b full {label}", base, setup) for label, setup in knobs]
     cases += [
@@ -179,10 +171,10 @@ def cuda_grid() -> list[Case]:
         Case("llama-1b zero3 offload-optimizer full b4 s1024", base,
              _s(zero_stage=3, offload="optimizer"), engine="deepspeed"),
         Case("llama-1b fsdp cpu-offload full b4 s1024", base,
-             _s(zero_stage=3, offload="optimizer+params", **_if_modelled(fsdp_strategy="full-shard")), engine="fsdp"),
+             _s(zero_stage=3, offload="optimizer+params", fsdp_strategy="full-shard"), engine="fsdp"),
         Case("llama-8b fsdp cpu-offload full b1 s1024 ckpt", "llama3.1-8b",
              _s(micro_batch=1, zero_stage=3, offload="optimizer+params", grad_checkpointing="full",
-                **_if_modelled(fsdp_strategy="full-shard")), engine="fsdp"),
+                fsdp_strategy="full-shard"), engine="fsdp"),
     ]
     return cases
 

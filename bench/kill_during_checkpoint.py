@@ -175,12 +175,11 @@ ENTRY = textwrap.dedent('''
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
+    """step -> loss, read by `trainfit report`'s reader of metrics.jsonl."""
+    from trainfit.report.run_data import load_run
+
+    steps = load_run(run_dir).steps
+    return {step: loss for step, loss in zip(steps["step"], steps["loss"]) if loss is not None}
 
 
 def leftovers(ckpt_dir: Path) -> list[str]:

@@ -23,8 +23,9 @@ import pytest
 from trainfit.core.plan.modes import MODES, safety_thresholds
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
 from trainfit.train import checkpoints as ck
+from trainfit.core.checkpoint_cadence import cadence_interval
 from trainfit.train.safety import (CadencePolicy, SafetyContext, SignalPolicy, ThermalPolicy, TrainingStopped,
-                                   cadence_interval, context_of, safety_callbacks)
+                                   context_of, safety_callbacks)
 
 from .conftest import REPO, loss_trajectory, make_config
 

@@ -52,10 +52,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 # The cadence rule and the checkpoint-cost assumptions live in core (the planner and `cloud --spot`
-# price the same interval the trainer uses); Cadence and cadence_interval stay importable from here.
-from trainfit.core.checkpoint_cadence import (ASSUMED_CHECKPOINT_FIXED_SECONDS,  # noqa: F401
-                                              ASSUMED_WRITE_BYTES_PER_SECOND, OPTIMIZER_BYTES_PER_TRAINABLE, Cadence,
-                                              cadence_interval, combined_interruption_seconds)
+# price the same interval the trainer uses).
+from trainfit.core.checkpoint_cadence import (ASSUMED_CHECKPOINT_FIXED_SECONDS, ASSUMED_WRITE_BYTES_PER_SECOND,
+                                              OPTIMIZER_BYTES_PER_TRAINABLE, cadence_interval,
+                                              combined_interruption_seconds)
 from trainfit.core.plan.hardware_rules import power_cap_hint
 from trainfit.core.plan.modes import SafetyThresholds, safety_thresholds
 from trainfit.errors import EXIT_UNAVAILABLE, TrainfitError
@@ -213,6 +213,16 @@ def _last_step(state) -> bool:
     return bool(state.max_steps) and state.global_step >= state.max_steps
 
 
+def _due_sample(policy, state):
+    """(machine sample, now) when a policy's check interval has passed (not at the last step), else
+    (None, now). Thermal and power policies read the machine at most every check_seconds."""
+    now = policy.ctx.clock()
+    if _last_step(state) or now - policy._last_check < policy.ctx.thresholds.check_seconds:
+        return None, now
+    policy._last_check = now
+    return policy.ctx.read(), now
+
+
 def _gpu_reading(g: GpuSample) -> dict[str, Any]:
     return {"index": g.index, "temperature_c": g.temperature_c, "slowdown_temperature_c": g.slowdown_temperature_c,
             "throttle_reasons": list(g.throttle_reasons), "power_watts": g.power_watts,
@@ -303,11 +313,7 @@ class ThermalPolicy(TrainerCallback):
     # -- the callback ------------------------------------------------------------------------
     def on_step_end(self, args, state, control, **kw):
         ctx, th = self.ctx, self.ctx.thresholds
-        now = ctx.clock()
-        if _last_step(state) or now - self._last_check < th.check_seconds:
-            return
-        self._last_check = now
-        sample = ctx.read()
+        sample, now = _due_sample(self, state)
         if sample is None:
             return
         trouble = self.assess(sample, now)
@@ -387,12 +393,8 @@ class PowerPolicy(TrainerCallback):
             self.ctx.device = _vendor_device(args)
 
     def on_step_end(self, args, state, control, **kw):
-        ctx, th = self.ctx, self.ctx.thresholds
-        now = ctx.clock()
-        if _last_step(state) or now - self._last_check < th.check_seconds:
-            return
-        self._last_check = now
-        sample = ctx.read()
+        ctx = self.ctx
+        sample, now = _due_sample(self, state)
         if sample is None:
             return
         h = sample.host
