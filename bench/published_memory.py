@@ -33,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from trainfit import yaml_io  # noqa: E402
 from trainfit.core.hardware_spec import resolve_hardware  # noqa: E402
 from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory.framework_effects import bnb_keeps_input_for  # noqa: E402
 from trainfit.core.memory.overheads import reserved_peak_bytes  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
@@ -93,7 +94,38 @@ def model_for(row: dict[str, Any], models: dict[str, dict[str, Any]]) -> ModelSp
     return get_model(name)
 
 
-def setup_for(row: dict[str, Any]) -> TrainingSetup:
+SHARDING_FSDP = {"fsdp-full-shard": "full-shard", "fsdp-shard-grad-op": "shard-grad-op"}
+
+
+def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The framework's documented behaviour (`frameworks:` in the data file) as TrainingSetup knobs,
+    each where it applies to the row: the AdamW implementation for AdamW runs, bitsandbytes'
+    input-keeping for 4-bit runs, mixed FSDP units for FSDP LoRA runs, the loss kernel. A row's own
+    keys win."""
+    fw = dict(frameworks.get(row["framework"]) or {})
+    fw.update({k: row[k] for k in FRAMEWORK_KEYS if k in row})
+    knobs: dict[str, Any] = {}
+    if row["optimizer"] == "adamw" and fw.get("optimizer_impl"):
+        knobs["optimizer_impl"] = fw["optimizer_impl"]
+    if row["quant"] in ("nf4", "nf4-dq") and fw.get("bitsandbytes"):
+        knobs["bnb_keeps_input"] = bnb_keeps_input_for(str(fw["bitsandbytes"]))
+    if (fw.get("fsdp_mixed_units") and row["sharding"] in SHARDING_FSDP and row["method"] == "lora"
+            and row["quant"] == "none"):
+        knobs["fsdp_mixed_units"] = True
+    if row["quant"] in ("nf4", "nf4-dq", "int8") and "kbit_upcast" in fw:
+        knobs["kbit_upcast"] = bool(fw["kbit_upcast"])
+    if fw.get("loss"):
+        knobs["loss"] = fw["loss"]
+    if fw.get("optimizer_in_backward"):
+        knobs["optimizer_in_backward"] = True
+    return knobs
+
+
+FRAMEWORK_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "optimizer_in_backward",
+                  "kbit_upcast")
+
+
+def setup_for(row: dict[str, Any], frameworks: dict[str, dict[str, Any]] | None = None) -> TrainingSetup:
     lora = None
     if row.get("lora"):
         targets = list(row["lora"]["targets"])
@@ -106,17 +138,20 @@ def setup_for(row: dict[str, Any]) -> TrainingSetup:
         micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
         grad_accum=int(row.get("grad_accum", 1)), grad_checkpointing=row["grad_checkpointing"],
         lora=lora, quant=row["quant"], num_gpus=num_gpus, zero_stage=SHARDING_ZERO_STAGE[row["sharding"]],
-        offload=row.get("offload", "none"), attention=row.get("attention", "sdpa"), device="cuda")
+        offload=row.get("offload", "none"), attention=row.get("attention", "sdpa"), device="cuda",
+        fsdp_strategy=SHARDING_FSDP.get(row["sharding"], "none"), **framework_knobs(row, frameworks or {}))
 
 
-def evaluate(row: dict[str, Any], models: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    est = estimate_memory(model_for(row, models), setup_for(row), resolve_hardware(row["hardware"]))
+def evaluate(row: dict[str, Any], models: dict[str, dict[str, Any]],
+             frameworks: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    setup = setup_for(row, frameworks)
+    est = estimate_memory(model_for(row, models), setup, resolve_hardware(row["hardware"]))
     gpu = est.devices[0]
     predicted = {"allocated": gpu.tensor_peak_bytes, "reserved": reserved_peak_bytes(gpu),
                  "nvidia-smi": gpu.total_bytes}[row["metric"]]
     out = {
         "id": row["id"], "framework": row["framework"], "method": row["method"], "model": row["model"],
-        "hardware": row["hardware"], "metric": row["metric"], "multi_gpu": setup_for(row).num_gpus > 1,
+        "hardware": row["hardware"], "metric": row["metric"], "multi_gpu": setup.num_gpus > 1,
         "predicted_bytes": int(predicted), "tensor_peak_bytes": int(gpu.tensor_peak_bytes),
         "reserved_bytes": reserved_peak_bytes(gpu), "total_bytes": int(gpu.total_bytes),
         "capacity_bytes": gpu.capacity_bytes,
@@ -167,7 +202,8 @@ def run(only: str | None = None, path: Path = DATA) -> tuple[list[dict[str, Any]
         raise SystemExit("published_memory.yaml: " + "; ".join(problems))
     models = doc.get("models") or {}
     rows = [r for r in doc["runs"] if not only or only in r["id"]]
-    results = [evaluate(r, models) for r in rows]
+    frameworks = doc.get("frameworks") or {}
+    results = [evaluate(r, models, frameworks) for r in rows]
     return results, summarise(results)
 
 
@@ -238,7 +274,7 @@ def allocator_slack(doc: dict[str, Any]) -> dict[str, Any]:
         alloc = float(row["figure"]) * UNIT_BYTES[row["unit"]]
         seen = float(other["figure"]) * UNIT_BYTES[other["unit"]]
         if other["metric"] == "nvidia-smi":
-            gpu = evaluate(row, models)
+            gpu = evaluate(row, models, doc.get("frameworks") or {})
             seen -= gpu["total_bytes"] - gpu["reserved_bytes"]  # context + NCCL: outside the pool
         # the workspaces are inside the pool too: count what is left as slack
         sharded = SHARDING_ZERO_STAGE[row["sharding"]] >= 3
@@ -250,45 +286,44 @@ def allocator_slack(doc: dict[str, Any]) -> dict[str, Any]:
 FINDINGS = """## What the errors show
 
 Figures are signed errors (predicted - published) / published of individual rows (see the table).
-The model files these point at are named; only overheads.py was changed in this round.
+Each framework's behaviour is a TrainingSetup knob (core/memory/framework_effects.py), set for a
+framework once in the data file's `frameworks:` section from its code or pinned versions, never per
+row to fit a figure.
 
 1. **Allocator slack depends on sharding** (overheads.py). Published pairs of peak allocated and
    peak reserved / nvidia-smi of the same run (section "Allocator slack") give a median slack of
-   15 % of the allocated peak on one GPU (10 pairs) and 26 % under FSDP full shard (15 pairs; also
-   26-35 % in meta-llama/llama-cookbook#41, not in this table). overheads.py
-   now applies 30 % when `zero_stage >= 3` on more than one GPU; estimate.py must pass
-   `zero_stage=setup.zero_stage` to `margins()` for it to take effect (one line, not done here:
-   estimate.py belongs to another change). Measured with it wired (a what-if run of this harness):
-   median |error| 16.8 % -> 14.0 %, under-predicted > 10 % 46.5 % -> 36.2 %, and on the reserved /
-   nvidia-smi rows 14.5 % -> 10.3 % (under 64 % -> 33 %); Answer.AI rows (not used to pick 30 %)
-   11.6 % -> 4.4 %; one more false "does not fit" (aai-yi34b-qlora-bs2, a 24 GB card at 23 GiB
-   reserved). One GPU keeps 10 %: a LitGPT run fit a 40 GB A100 with 38.12 GB allocated (slack
-   <= 11 %), while HF Trainer runs show 5-36 %.
-2. **reserved is not nvidia-smi**: max_memory_reserved excludes the CUDA context and NCCL's own
-   buffers. The first version of this harness compared reserved with total_bytes, which hid the
-   sharded under-count behind the context (that comparison read 16.7 % median, 43.3 % under on
-   these rows); `overheads.reserved_peak_bytes` is now the prediction for reserved (tensor peak +
-   workspaces + slack): 16.8 %, 46.5 % until item 1 is wired.
-3. **LitGPT FSDP + LoRA keeps a near-unsharded floor** (states.py, for the sharding change):
-   2-GPU FSDP LoRA uses as much per GPU as 1 GPU (Llama 2 7B: 22.18 GB on 2 GPUs vs 21.30 GB on
-   one; 13B on 4 GPUs: 35.57 GB), so rt-*-2gpu / -4gpu are under-predicted by 21-75 % and two of
-   the missed OOMs are of this kind. Answer.AI's FSDP LoRA of the same model is exact
-   (aai-llama2-7b-lora-*-alloc: -1.2 %, -0.4 %), so the floor is framework-specific (Lightning's
-   FSDP of that version), not FSDP's. LitGPT full fine-tunes on 4x A10G (Llama 2 7B, Llama 3 8B)
-   OOM where 14.6 / 18.0 GB are predicted: a floor of the same kind.
-4. **Full fine-tune step temporaries** (states.py / estimate.py): HF Trainer's default
-   `adamw_torch` (foreach) peaks at weights + states + gradients + one more parameter-sized set
-   (Mistral 7B bf16: 72.4 GB allocated vs 43.5 GB at rest, -20 % predicted); trainfit assumes the
-   fused step.
-5. **QLoRA activations are under-counted** (activations.py): -10 to -19 % on LitGPT, -25 to -28 %
-   on HF Trainer single-GPU rows. bitsandbytes' MatMul4Bit saves its input for every 4-bit linear
-   (`ctx.tensors = (A, B)`), adapter or not, and PEFT's prepare_model_for_kbit_training upcasts
-   the non-quantised parameters to fp32. Two missed OOMs (Falcon 40B nf4-dq on 40 GB, Llama 2 70B
-   QLoRA on 80 GB) are this.
-6. **Knobs trainfit cannot express** (issue item 5): LitGPT computes the loss in 128-token bf16
-   chunks (LoRA on all layers + head: phi-2 +86 %, TinyLlama +62 %, phi-1.5 +32..59 %); torchtune's
-   chunked loss, optimizer-in-backward and compile (+36..+144 %). These rows are flagged
-   `unmodelled` where the source states the knob.
+   15 % of the allocated peak on one GPU and 26 % under FSDP full shard (also 26-35 % in
+   meta-llama/llama-cookbook#41): 30 % is applied when `zero_stage >= 3` on more than one GPU,
+   10 % otherwise. reserved is not nvidia-smi: it excludes the CUDA context and NCCL's buffers, so
+   `overheads.reserved_peak_bytes` is the prediction for reserved.
+2. **FSDP rows now run the FSDP model.** The harness used to pass FSDP rows as DeepSpeed ZeRO-3
+   (zero_stage 3 without fsdp_strategy); they now set `fsdp_strategy` (fsdp.py's floor).
+3. **foreach AdamW** (`optimizer_impl: foreach`): torch.optim.AdamW without foreach/fused, as LitGPT
+   and the HF Trainer's `adamw_torch` build it, takes the sqrt of every second moment at once at
+   the step. Mistral 7B full, pure bf16, 1x A100 (fms): -19.7 % -> -0.0 %; phi-2 full on 2x A10G
+   (LitGPT FSDP): -18.9 % -> +3.1 %.
+4. **bitsandbytes before 0.43.2 kept each 4-bit layer's input** (`bitsandbytes:` version; commit
+   9e75374, PR #1270): LitGPT pinned 0.41.1 / 0.42.0. LitGPT QLoRA rows without checkpointing:
+   stablelm-3b -17.0 % -> -8.2 %, Llama 2 7B (config hub) -19.1 % -> -9.7 %.
+5. **PEFT's k-bit preparation casts the non-quantised weights to fp32** (`kbit_upcast`): TRL's
+   SFTTrainer does it for a bitsandbytes base, not for sharded QLoRA. fms single-GPU QLoRA rows:
+   Mistral 7B -24.6 % -> -1.3 %, Mixtral -5.4 % -> +5.9 %, and the 70B OOM on one 80 GB GPU is
+   now caught. trainfit's own runner prepares the base without that cast (2.1 GB less for
+   Llama 3 8B), so the default estimate keeps 16-bit embeddings.
+6. **FSDP units that mix frozen weights and adapters** (`fsdp_mixed_units`): LitGPT wraps each
+   Block with its LoRA weights inside, and FSDP then keeps gradients for the whole unit
+   (Lightning-AI/litgpt#1417, #1538). LitGPT 2-GPU LoRA: Llama 2 7B -61.8 % -> -32.4 %. Still
+   under by 30-57 %: those runs hold about W + 1.25 W / N per GPU (W = the bf16 weights) whatever
+   the micro-batch, which no mechanism found in that code (Lightning FSDPStrategy, full-state-dict
+   loading, the validation sample's KV cache) accounts for; not fitted.
+7. **LitGPT's loss** (`loss: chunked-16bit`): lm_head and cross-entropy in 128-token chunks in bf16,
+   no fp32 upcast. phi-2 LoRA +85.7 % -> +79.8 %, TinyLlama LoRA +62.1 % -> +54.5 %: these small
+   models stay over-predicted; the rest of the gap is in LitGPT's own model code (not HF's).
+8. **What is left under-predicted** (27 rows): the LitGPT FSDP floor above (10 rows); LitGPT full
+   fine-tunes (Gemma 2B on 4x A10G -49 %, TinyLlama -22 %) and config-hub QLoRA (-13 to -16 %);
+   HF Trainer nvidia-smi rows (7, -10 to -18 %: slack above the 10 % / 30 % applied); fms FSDP
+   QLoRA 70B (-15 %); FSDP CPU offload (-12 to -20 %); one fsdp_qlora NO_SHARD row (-15 %).
+   torchtune rows still carry torch.compile (unmodelled).
 """
 
 

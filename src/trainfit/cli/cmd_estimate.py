@@ -10,7 +10,7 @@ import argparse
 import typing
 
 from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
-    LoraSettings, Offload, Optimizer, PrecisionMode, Quant, TrainingSetup, parse_method
+    LoraSettings, LossKernel, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -70,8 +70,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=arg("hidden"))
     p.add_argument("--heads", type=arg("heads"))
     p.add_argument("--vocab", type=arg("vocab"), default=32000)
-    p.add_argument("--loss", choices=("standard", "chunked", "fused"), default="standard",
-                   help="cross-entropy: standard (whole logits), chunked (8 checkpointed pieces) or fused (Liger-Kernel fused linear cross-entropy: one chunk of logits at a time)")
+    p.add_argument("--loss", choices=typing.get_args(LossKernel), default="standard",
+                   help="cross-entropy: standard (whole logits, fp32 upcast), chunked (8 checkpointed pieces), "
+                   "fused (Liger-Kernel fused linear cross-entropy: one chunk of logits at a time) or "
+                   "chunked-16bit (LitGPT: lm_head and loss in 128-token chunks, no fp32 upcast)")
+    p.add_argument("--optimizer-impl", choices=typing.get_args(OptimizerImpl), default="auto",
+                   help="how torch's AdamW steps: auto (what trainfit runs: fused on a GPU), fused, foreach "
+                   "(torch's default on CUDA when a script asks for neither: one more moment-sized temporary "
+                   "at the step) or for-loop")
+    p.add_argument("--bitsandbytes-version", default=None, metavar="VERSION",
+                   help="bitsandbytes of the run (default: a current release); before 0.43.2 every 4-bit "
+                   "layer keeps its input for backward")
+    p.add_argument("--fsdp-mixed-units", action="store_true",
+                   help="FSDP LoRA with the adapters inside their frozen layer's wrapped unit (e.g. LitGPT): "
+                   "gradients kept for the whole unit")
+    p.add_argument("--kbit-upcast", action="store_true",
+                   help="QLoRA prepared by PEFT's prepare_model_for_kbit_training (TRL's SFTTrainer does it): "
+                   "embeddings, norms and lm_head cast to fp32; trainfit's own runs keep them 16-bit")
     p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
                    "output feature; with --method lora/qlora")
     p.add_argument("--image-size", type=arg("image_size"), default=None,
@@ -160,7 +175,36 @@ def _model_knobs(args: argparse.Namespace) -> dict:
     images = args.images_per_example
     if images is None:
         images = 1 if args.image_size else 0
-    return dict(loss=args.loss, dora=bool(args.dora), image_size=args.image_size or 0, images_per_example=images)
+    return dict(loss=args.loss, dora=bool(args.dora), image_size=args.image_size or 0, images_per_example=images,
+                **_framework_knobs(args))
+
+
+def _framework_knobs(args: argparse.Namespace) -> dict:
+    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units as setup fields
+    (trainfit.core.memory.framework_effects)."""
+    from trainfit.core.memory.framework_effects import bnb_keeps_input_for
+
+    version = args.bitsandbytes_version
+    quant = args.quant or ("nf4" if args.method == "qlora" else None)
+    if version is None and args.hardware is None and quant in ("nf4", "nf4-dq"):
+        version = _installed_version("bitsandbytes")  # a run on this machine uses what is installed
+    keeps = False
+    if version is not None:
+        try:
+            keeps = bnb_keeps_input_for(version)
+        except ValueError as e:
+            raise BadInputError(f"--bitsandbytes-version: {e}") from None
+    return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps,
+                fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast))
+
+
+def _installed_version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def load_hardware(spec: str | None):
@@ -364,4 +408,12 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("activation offload")
     if setup.optimizer_in_backward:
         parts.append("optimizer in backward")
+    if setup.optimizer_impl != "auto":
+        parts.append(f"{setup.optimizer_impl} AdamW")
+    if setup.bnb_keeps_input:
+        parts.append("bitsandbytes < 0.43.2")
+    if setup.fsdp_mixed_units:
+        parts.append("adapters in their layer's FSDP unit")
+    if setup.kbit_upcast:
+        parts.append("PEFT fp32 upcast")
     return "".join(f", {p}" for p in parts)

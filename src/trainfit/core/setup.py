@@ -28,8 +28,11 @@ FsdpStrategy = Literal["none", "full-shard", "shard-grad-op", "no-shard"]
 # (group size 128), loaded as they were published (trainfit.core.memory.quant_formats).
 Quant = Literal["none", "nf4", "nf4-dq", "int8", "gptq", "awq"]
 # How the causal-LM loss meets the logits (trainfit.core.memory.loss_kernels): "standard" materialises
-# batch x seq x vocab logits; "chunked" and "fused" hold one chunk of them at a time.
-LossKernel = Literal["standard", "chunked", "fused"]
+# batch x seq x vocab logits; "chunked" and "fused" hold one chunk of them at a time; "chunked-16bit"
+# keeps every chunk's 16-bit logits but never upcasts them to fp32 (LitGPT).
+LossKernel = Literal["standard", "chunked", "fused", "chunked-16bit"]
+# How torch's AdamW steps (trainfit.core.memory.framework_effects): "auto" is what trainfit runs.
+OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
 
 
@@ -118,6 +121,21 @@ class TrainingSetup:
     # resolution); their tokens join the language model's sequence after seq_len text tokens.
     image_size: int = 0
     images_per_example: int = 0
+    # How the framework that runs the setup behaves where frameworks differ; the defaults are what
+    # trainfit's own runs do (modelled in trainfit.core.memory.framework_effects).
+    # AdamW's step: "auto" = torch's fused kernel on a GPU (what trainfit exports), the
+    # per-parameter loop on a CPU; "foreach" (torch's choice on CUDA when neither is asked for)
+    # holds one moment-sized temporary over all parameters at the step.
+    optimizer_impl: OptimizerImpl = "auto"
+    # bitsandbytes before 0.43.2 keeps each 4-bit linear's input for its backward.
+    bnb_keeps_input: bool = False
+    # FSDP with LoRA adapters inside their frozen layer's wrapped unit (use_orig_params=True):
+    # gradients are kept for the whole unit, as if every weight in it trained.
+    fsdp_mixed_units: bool = False
+    # PEFT's prepare_model_for_kbit_training (what TRL's SFTTrainer calls for a bitsandbytes base)
+    # casts every non-quantised weight to fp32, so the residual stream runs in fp32. trainfit's
+    # runner, LitGPT, torchtune and fsdp_qlora keep them 16-bit; sharded QLoRA never casts.
+    kbit_upcast: bool = False
 
     @property
     def global_batch(self) -> int:

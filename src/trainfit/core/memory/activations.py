@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainfit.core.memory.framework_effects import keeps_quantised_inputs, kbit_upcast_applies
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -66,6 +67,8 @@ def dtype_bytes(setup: TrainingSetup) -> tuple[int, int, bool]:
     compute = 4 if p == "fp32" else 2
     if setup.method == "qlora" and not mixed and p != "fp32":
         residual = 2
+    if kbit_upcast_applies(setup):
+        residual = 4  # PEFT's k-bit preparation made the embeddings and norms fp32 (framework_effects.py)
     return residual, compute, mixed
 
 
@@ -196,10 +199,11 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
         mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
     total += mlp + inner(w.f, lw.get("mlp_out", 0))
-    if setup.quant == "int8" and not full:
+    if keeps_quantised_inputs(setup) and not full:
         # LLM.int8 (bitsandbytes MatMul8bitLt, threshold 6.0 as transformers sets it) keeps its 16-bit
         # input A on ctx.tensors for every quantised linear whose input needs a gradient, where 4-bit
-        # layers keep only the weight: the attention and MLP inputs (each shared by its readers),
+        # layers keep only the weight since bitsandbytes 0.43.2 (before, they kept it too:
+        # framework_effects.py): the attention and MLP inputs (each shared by its readers),
         # the attention output's contiguous copy read by o_proj and the gated product read by
         # down_proj (bitsandbytes/autograd/_functions.py, read 2026-11-23). The outlier columns
         # (subA, tokens x outliers) are a few columns and left out.

@@ -17,6 +17,7 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
+from trainfit.core.memory.framework_effects import kbit_upcast_applies, step_temporary_bytes
 from trainfit.core.memory.fsdp import gathered_bytes
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -199,10 +200,12 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     ref_fwd = 0.0
     if dpo and setup.dpo_reference != "precomputed":
         ref_fwd = a * model.vocab_size * tokens + layer / 2
+    # torch's foreach AdamW: one moment-sized temporary over all parameters (framework_effects.py).
+    step_tmp = step_temporary_bytes(setup, states.optimizer)
     phases = {
         "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient,
-        "optimizer step": base + states.gradients,
+        "optimizer step": base + states.gradients + step_tmp,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).
@@ -236,6 +239,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     grads_at_peak = states.gradients if where_peak in ("optimizer step", "backward end") else g_acc
     if grads_at_peak:
         comps.append(C("gradients", int(grads_at_peak), _grad_what(setup, states), True))
+    if where_peak == "optimizer step" and step_tmp:
+        comps.append(C("optimizer_step_temporary", int(step_tmp), "foreach AdamW: sqrt of every second moment "
+                       "at once (torch._foreach_sqrt), one moment's size", True))
     if where_peak == "backward end":
         comps.append(C("embedding_grad", int(emb_grad_tmp), "dense vocab x hidden grad of the embedding backward", True))
     if where_peak in ("optimizer step", "backward end"):
@@ -270,10 +276,11 @@ def _frozen_copy(st, setup: TrainingSetup) -> float:
 def _weights_what(setup: TrainingSetup) -> str:
     if setup.quant in quant_formats.PREQUANTISED:
         return quant_formats.describe(setup.quant)[0]
+    rest = "fp32 (PEFT k-bit preparation)" if kbit_upcast_applies(setup) else "16-bit"
     if setup.quant in ("nf4", "nf4-dq"):
-        return "linear weights NF4 (0.5 B/param); embeddings, norms, lm_head in 16-bit"
+        return f"linear weights NF4 (0.5 B/param); embeddings, norms, lm_head in {rest}"
     if setup.quant == "int8":
-        return "linear weights int8 (1 B/param); embeddings, norms, lm_head in 16-bit"
+        return f"linear weights int8 (1 B/param); embeddings, norms, lm_head in {rest}"
     b = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2
     if setup.fsdp_strategy != "none":
         shards = "" if setup.fsdp_strategy == "no-shard" else f" / {setup.shard_group} GPUs"

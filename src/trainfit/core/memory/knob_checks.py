@@ -18,6 +18,7 @@ Decisions:
 
 from __future__ import annotations
 
+from trainfit.core.memory.framework_effects import framework_problems
 from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError
@@ -47,7 +48,7 @@ def knob_problems(setup: TrainingSetup) -> list[str]:
                             f"device {setup.device!r} has no separate memory to offload from")
     if setup.optimizer_in_backward:
         problems += _in_backward_problems(setup)
-    return problems
+    return problems + framework_problems(setup)
 
 
 def _fsdp_problems(setup: TrainingSetup) -> list[str]:

@@ -15,6 +15,10 @@
   (checkpointed), so the logits, fp32 upcast and gradients of one piece are alive at a time,
   with the hidden-state gradient and a trained lm_head's gradient (plus one piece's share of it
   being added in) during the loss backward.
+* chunked-16bit: LitGPT applies the lm_head to 128-token chunks (lm_head_chunk_size=128) and
+  `chunked_cross_entropy` runs cross_entropy on each chunk in the logits' own dtype, with no fp32
+  upcast (litgpt/utils.py, finetune/*.py): every chunk's logits and log_softmax output stay alive
+  to the loss backward (2 x compute dtype x vocab per token), which then runs chunk by chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 CHUNKS = 8
+LITGPT_CHUNK_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -73,5 +78,11 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
         # second copy while it is added in (measured on CPU: tests/memory/test_dora_loss_vision.py).
         return LossTerms(0.0, chunk * (a * v + saved + fwd), chunk * (a * v + saved + bwd) + tokens * r * h + 2 * head_grad,
                          f"chunked cross-entropy: {CHUNKS} pieces of {chunk} tokens, one piece's logits + grads alive")
+    if setup.loss == "chunked-16bit":
+        chunk = min(LITGPT_CHUNK_TOKENS, tokens)
+        # Backward, one chunk at a time: the grads of its log_softmax and logits, in the compute dtype.
+        return LossTerms(2 * a * v * tokens, chunk * a * v, 2 * chunk * a * v,
+                         f"16-bit chunked cross-entropy: {tokens} tokens' logits and log_softmax kept in "
+                         f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
     return LossTerms(saved * tokens, fwd * tokens, bwd * tokens,
                      f"logits + loss: {tokens} tokens x vocab {v} (fp32 log_softmax, its grads)")

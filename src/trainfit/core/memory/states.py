@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes
+from trainfit.core.memory.framework_effects import kbit_upcast_applies
+from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes, root_params
 from trainfit.core.memory.quant_formats import (PREQUANTISED, group_index_bytes, metadata_bytes_per_param,
                                                 packed_bytes_per_param)
 from trainfit.core.memory.stats import ModelStats
@@ -87,8 +88,8 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
         dense = 2  # inference loads the checkpoint in the 16-bit dtype
     if setup.quant == "none":
         return st.total * dense, 0.0, 0.0
-    if p == "fp32":
-        dense = 4
+    if p == "fp32" or kbit_upcast_applies(setup):
+        dense = 4  # PEFT's k-bit preparation casts the non-quantised weights to fp32 (framework_effects.py)
     rest = (st.total - st.linear) * dense
     if setup.quant == "int8":
         return st.linear * 1 + rest, st.linear_out_rows * 4, st.largest_linear * 2
@@ -194,7 +195,13 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
     master weights; gradients sharded in that dtype; no DDP buckets; the floor is the gathered units."""
     n = fsdp_shards(setup)
     grads = trainable * float(pbytes) / n
-    gathered, _ = gathered_bytes(st, setup, trains_base=not lora_mode)
+    mixed_units = lora_mode and setup.fsdp_mixed_units
+    if mixed_units:
+        # Adapters inside their frozen layer's unit (framework_effects.py): the flat gradient covers
+        # every decoder weight, in the flat parameter's dtype; the root unit (embeddings, lm_head)
+        # holds no adapter and keeps none.
+        grads = (st.total - root_params(st)) * (w / st.total if st.total else 0.0) / n
+    gathered, _ = gathered_bytes(st, setup, trains_base=not lora_mode or mixed_units)
     w, qover, lora_w, opt = w / n, qover / n, lora_w / n, opt / n
     cpu, cpu_what = 0.0, ""
     if setup.offload == "optimizer+params":

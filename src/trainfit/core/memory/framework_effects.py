@@ -1,0 +1,107 @@
+"""Memory that depends on which framework (and which version of it) runs a setup.
+
+trainfit's own runs are the defaults; the knobs describe what other tools do, so an estimate can be
+made for the run a user will actually launch (and published measurements can be compared).
+
+* AdamW's step (TrainingSetup.optimizer_impl). torch.optim.AdamW without foreach/fused picks the
+  foreach implementation on CUDA (torch/optim/optimizer.py `_default_to_fused_or_foreach`, the
+  default since torch 2.0; LitGPT and the HF Trainer's `adamw_torch` build it that way). The
+  foreach step (`_multi_tensor_adam`) takes `torch._foreach_sqrt(exp_avg_sqs)` of every parameter
+  of a device/dtype group at once before the addcdiv, so one second-moment-sized temporary is alive
+  next to weights, gradients and both moments. The fused kernel (`fused=True`, what trainfit
+  exports on a GPU: export/training_args.optim_name) and the per-parameter loop (torch's choice on a
+  CPU) hold at most one parameter's worth. DeepSpeed steps with its own fused or CPU Adam.
+* bitsandbytes' 4-bit matmul (TrainingSetup.bnb_keeps_input). `MatMul4Bit.forward` kept its input A
+  on `ctx.tensors = (A, B)` whenever a gradient was needed, although backward never reads it;
+  bitsandbytes 0.43.2 keeps `(None, B)` (commit 9e75374, "fix QLoRA mem bug: delete useless
+  buffered activation", PR #1270, July 2024). Before that every 4-bit linear kept its input, as
+  LLM.int8 still does: activations.py counts that term for both.
+* FSDP units that mix frozen and trained parameters (TrainingSetup.fsdp_mixed_units). With
+  use_orig_params=True FSDP allows a unit whose flat parameter holds frozen weights and adapters,
+  but "the gradient memory usage will be higher than expected (namely, equivalent to not freezing
+  those parameters)" (torch.distributed.fsdp docs, FullyShardedDataParallel): the flat gradient
+  covers the whole unit. LitGPT wraps each transformer Block with its LoRA weights inside
+  (Lightning-AI/litgpt#1417, #1538); PEFT's fsdp_auto_wrap_policy, which the HF Trainer applies to
+  PEFT models and trainfit runs, wraps the adapters in units of their own.
+* PEFT's k-bit preparation (TrainingSetup.kbit_upcast). `prepare_model_for_kbit_training` casts
+  every 16-bit parameter that is not a bitsandbytes 4-bit weight to fp32 (peft/utils/other.py):
+  embeddings, norms and the lm_head, so the embedding output and the residual stream are fp32
+  while the quantised linears compute in 16 bits. TRL's SFTTrainer calls it for a bitsandbytes
+  base and skips it for sharded QLoRA (FSDP / ZeRO-3 with a 16-bit quant storage), where a flat
+  parameter must hold one dtype. trainfit's runner does the same preparation without the cast
+  (train/runner.prepare_quantized_base), as LitGPT, torchtune and fsdp_qlora keep the 16-bit dtype:
+  for Llama 3 8B the cast alone is 2.1 GB of fp32 embeddings and lm_head.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trainfit.core.setup import TrainingSetup
+
+BNB_INPUT_FIX_VERSION = (0, 43, 2)
+BNB_QUANTS = ("nf4", "nf4-dq")
+PEFT_PREPARED_QUANTS = ("nf4", "nf4-dq", "int8")  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
+
+
+def resolved_optimizer_impl(setup: TrainingSetup) -> str:
+    """The AdamW implementation that runs: 'fused', 'foreach' or 'for-loop'."""
+    if setup.optimizer_impl != "auto":
+        return setup.optimizer_impl
+    return "for-loop" if setup.device == "cpu" else "fused"
+
+
+def step_temporary_bytes(setup: TrainingSetup, optimizer_bytes: float) -> float:
+    """Bytes a foreach AdamW step allocates on top of the states: one of the two moments, per device
+    (optimizer_bytes is what the device holds, after sharding and offload)."""
+    if setup.optimizer != "adamw" or resolved_optimizer_impl(setup) != "foreach":
+        return 0.0
+    deepspeed = setup.zero_stage >= 1 and setup.fsdp_strategy == "none"
+    return 0.0 if deepspeed else optimizer_bytes / 2
+
+
+def keeps_quantised_inputs(setup: TrainingSetup) -> bool:
+    """Every quantised linear keeps its 16-bit input for backward: LLM.int8 always, 4-bit layers
+    with bitsandbytes before 0.43.2."""
+    return setup.quant == "int8" or (setup.bnb_keeps_input and setup.quant in BNB_QUANTS)
+
+
+def kbit_upcast_applies(setup: TrainingSetup) -> bool:
+    """The non-quantised weights and the residual stream are fp32 (PEFT's k-bit preparation)."""
+    sharded = setup.zero_stage >= 3 or setup.fsdp_strategy in ("full-shard", "shard-grad-op")
+    return (setup.kbit_upcast and setup.quant in PEFT_PREPARED_QUANTS and not sharded
+            and setup.method != "inference")
+
+
+def bnb_keeps_input_for(version: str) -> bool:
+    """True for a bitsandbytes release whose 4-bit matmul keeps its input (before 0.43.2);
+    ValueError for a string that is not a release number."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if not m:
+        raise ValueError(f"{version!r} is not a version number (like 0.41.1)")
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) < BNB_INPUT_FIX_VERSION
+
+
+def framework_problems(setup: TrainingSetup) -> list[str]:
+    """Refused framework knobs: each applies to one kind of setup."""
+    out = []
+    if setup.optimizer_impl != "auto" and setup.optimizer != "adamw":
+        out.append(f"--optimizer-impl {setup.optimizer_impl} chooses how torch's AdamW steps; --optimizer "
+                   f"{setup.optimizer} has its own kernel: drop --optimizer-impl or use --optimizer adamw")
+    if setup.bnb_keeps_input and setup.quant not in BNB_QUANTS:
+        out.append(f"--bitsandbytes-version describes the 4-bit (nf4 / nf4-dq) matmul; --quant {setup.quant} "
+                   f"does not use it: drop the flag or use --quant nf4")
+    if setup.fsdp_mixed_units:
+        if setup.fsdp_strategy not in ("full-shard", "shard-grad-op"):
+            out.append("--fsdp-mixed-units describes FSDP's wrapped units: use it with --fsdp full-shard or "
+                       "shard-grad-op")
+        if setup.lora is None and setup.method not in ("lora", "qlora"):
+            out.append("--fsdp-mixed-units is about frozen weights sharing a unit with LoRA adapters: it needs "
+                       "--method lora (full training has no frozen weights)")
+        if setup.quant != "none":
+            out.append(f"--fsdp-mixed-units with --quant {setup.quant}: quantised weights take no gradient and "
+                       f"are wrapped apart from the adapters; drop one of the two")
+    if setup.kbit_upcast and setup.quant not in PEFT_PREPARED_QUANTS:
+        out.append(f"--kbit-upcast describes PEFT's preparation of a bitsandbytes base (--quant nf4, nf4-dq or "
+                   f"int8); --quant {setup.quant} is not one: drop --kbit-upcast")
+    return out

@@ -1,0 +1,164 @@
+"""Framework knobs (trainfit.core.memory.framework_effects): foreach AdamW's step temporary,
+bitsandbytes before 0.43.2 keeping 4-bit inputs, FSDP units mixing frozen weights and adapters,
+PEFT's fp32 upcast of a k-bit base, and LitGPT's 16-bit chunked loss.
+
+Each effect is checked against a hand calculation from the model's shapes."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainfit.core.memory import estimate_memory
+from trainfit.core.memory.activations import layer_bytes_per_token
+from trainfit.core.memory.framework_effects import bnb_keeps_input_for
+from trainfit.core.memory.fsdp import root_params
+from trainfit.core.memory.loss_kernels import loss_terms
+from trainfit.core.memory.states import model_states
+from trainfit.core.memory.stats import lora_stats, model_stats
+from trainfit.core.model_catalog import get_model
+from trainfit.core.setup import LoraSettings, TrainingSetup
+from trainfit.errors import BadInputError
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return get_model("meta-llama/Llama-3.1-8B")
+
+
+def _phases(est) -> dict[str, float]:
+    """The phase peaks the estimate notes, in GiB."""
+    note = next(n for n in est.notes if n.startswith("tensor peak at the"))
+    return {k.strip(): float(v) for k, v in (p.rsplit(" ", 1) for p in note.split(": ", 1)[1].split(", "))}
+
+
+def test_foreach_adamw_holds_one_moment_more_at_the_step(llama):
+    st = model_stats(llama)
+    base = TrainingSetup(method="full", precision="bf16", micro_batch=1, seq_len=128)
+    fused = estimate_memory(llama, base)
+    foreach = estimate_memory(llama, dataclasses.replace(base, optimizer_impl="foreach"))
+    # pure bf16: moments are bf16, so the sqrt temporary is 2 B x every parameter
+    step_gib = 2 * st.total / 2**30
+    assert _phases(foreach)["optimizer step"] == pytest.approx(_phases(fused)["optimizer step"] + step_gib, abs=0.01)
+    assert foreach.devices[0].tensor_peak_bytes > fused.devices[0].tensor_peak_bytes
+    names = {c.name for c in foreach.devices[0].components}
+    assert "optimizer_step_temporary" in names
+
+
+def test_foreach_temporary_is_sharded_and_absent_under_deepspeed(llama):
+    st = model_stats(llama)
+    fsdp = TrainingSetup(method="full", precision="bf16-mixed", num_gpus=4, zero_stage=3, fsdp_strategy="full-shard")
+    a = _phases(estimate_memory(llama, fsdp))["optimizer step"]
+    b = _phases(estimate_memory(llama, dataclasses.replace(fsdp, optimizer_impl="foreach")))["optimizer step"]
+    assert b - a == pytest.approx(4 * st.total / 4 / 2**30, abs=0.01)  # fp32 moment, a quarter per GPU
+    ds = TrainingSetup(method="full", precision="bf16-mixed", num_gpus=4, zero_stage=2)
+    assert (_phases(estimate_memory(llama, ds)) ==
+            _phases(estimate_memory(llama, dataclasses.replace(ds, optimizer_impl="foreach"))))
+
+
+def test_old_bitsandbytes_keeps_every_4bit_layer_input(llama):
+    st = model_stats(llama)
+    lora = LoraSettings(rank=16, target_modules=["q_proj", "v_proj"])
+    _, where = lora_stats(llama, lora.target_modules, lora.rank)
+    q = TrainingSetup(method="qlora", precision="bf16", quant="nf4", lora=lora)
+    new, _ = layer_bytes_per_token(llama, st, q, where)
+    old, _ = layer_bytes_per_token(llama, st, dataclasses.replace(q, bnb_keeps_input=True), where)
+    h, f = llama.hidden_size, llama.intermediate_size
+    q_width = llama.num_heads * llama.head_dim
+    # attention input, MLP input, o_proj input, down_proj input: 16-bit each (LLM.int8's term)
+    assert old - new == 2 * (2 * h + q_width + f)
+    int8, _ = layer_bytes_per_token(llama, st, dataclasses.replace(q, quant="int8"), where)
+    assert int8 - layer_bytes_per_token(llama, st, dataclasses.replace(q, quant="int8", bnb_keeps_input=True),
+                                        where)[0] == 0
+
+
+@pytest.mark.parametrize("version,keeps", [("0.41.1", True), ("0.43.1", True), ("0.43.2", False),
+                                           ("0.45.0.dev0", False), ("v0.42", True), ("1.0", False)])
+def test_bitsandbytes_version_boundary(version, keeps):
+    assert bnb_keeps_input_for(version) is keeps
+
+
+def test_fsdp_mixed_units_keep_gradients_for_every_decoder_weight(llama):
+    st = model_stats(llama)
+    lora = LoraSettings(rank=8, target_modules=["q_proj", "v_proj"])
+    params, _ = lora_stats(llama, lora.target_modules, lora.rank)
+    s = TrainingSetup(method="lora", precision="bf16", lora=lora, num_gpus=2, zero_stage=3, fsdp_strategy="full-shard")
+    apart = model_states(llama, st, s, params)
+    mixed = model_states(llama, st, dataclasses.replace(s, fsdp_mixed_units=True), params)
+    assert apart.gradients == pytest.approx(params * 4 / 2)
+    assert mixed.gradients == pytest.approx((st.total - root_params(st)) * 2 / 2)
+    # one decoder layer's unsharded gradient before its reduce-scatter, in the 16-bit compute dtype
+    assert mixed.gathered - apart.gathered == pytest.approx(st.per_layer * 2)
+
+
+def test_peft_kbit_upcast_makes_the_rest_fp32_unless_sharded(llama):
+    st = model_stats(llama)
+    lora = LoraSettings()
+    params, _ = lora_stats(llama, lora.target_modules, lora.rank)
+    q = TrainingSetup(method="qlora", precision="bf16", quant="nf4", lora=lora)
+    kept = model_states(llama, st, q, params)
+    upcast = model_states(llama, st, dataclasses.replace(q, kbit_upcast=True), params)
+    assert upcast.weights - kept.weights == pytest.approx(2 * (st.total - st.linear))
+    with_ckpt = dataclasses.replace(q, grad_checkpointing="full")
+    a = estimate_memory(llama, with_ckpt)
+    b = estimate_memory(llama, dataclasses.replace(with_ckpt, kbit_upcast=True))
+    assert b.devices[0].tensor_peak_bytes > a.devices[0].tensor_peak_bytes
+    sharded = dataclasses.replace(q, num_gpus=2, zero_stage=3, fsdp_strategy="full-shard")
+    assert (model_states(llama, st, sharded, params).weights
+            == model_states(llama, st, dataclasses.replace(sharded, kbit_upcast=True), params).weights)
+
+
+def test_chunked_16bit_loss_keeps_two_16bit_logits_and_no_fp32(llama):
+    s = TrainingSetup(method="lora", precision="bf16", lora=LoraSettings(), loss="chunked-16bit")
+    tokens = 1024
+    t = loss_terms(llama, s, tokens, head_trains=False)
+    v = llama.vocab_size
+    assert t.saved == 2 * 2 * v * tokens
+    assert t.backward == 2 * 2 * v * 128
+    standard = loss_terms(llama, dataclasses.replace(s, loss="standard"), tokens, head_trains=False)
+    assert t.saved + t.backward < standard.saved + standard.backward
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(method="full", optimizer="sgd", optimizer_impl="foreach"), "--optimizer-impl foreach"),
+    (dict(method="lora", lora=LoraSettings(), bnb_keeps_input=True), "--bitsandbytes-version"),
+    (dict(method="lora", lora=LoraSettings(), fsdp_mixed_units=True), "--fsdp full-shard"),
+    (dict(method="full", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard", fsdp_mixed_units=True), "--method lora"),
+    (dict(method="lora", lora=LoraSettings(), kbit_upcast=True), "--kbit-upcast"),
+])
+def test_framework_knobs_refused_where_they_do_not_apply(llama, kw, needle):
+    with pytest.raises(BadInputError, match=needle.replace("+", r"\+")):
+        estimate_memory(llama, TrainingSetup(**kw))
+
+
+def test_cli_flags_and_bad_version():
+    run = [sys.executable, "-m", "trainfit", "estimate", "meta-llama/Llama-3.1-8B", "--method", "qlora",
+           "--hardware", "rtx-3060"]
+    ok = subprocess.run(run + ["--bitsandbytes-version", "0.41.1", "--kbit-upcast", "--json"],
+                        capture_output=True, text=True)
+    assert ok.returncode in (0, 3), ok.stderr
+    setup = json.loads(ok.stdout)["setup"]
+    assert setup["bnb_keeps_input"] is True and setup["kbit_upcast"] is True
+    assert setup["optimizer_impl"] == "auto" and setup["fsdp_mixed_units"] is False
+    bad = subprocess.run(run + ["--bitsandbytes-version", "latest"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "--bitsandbytes-version: 'latest' is not a version number" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_runner_prepares_a_quantised_base_without_the_fp32_cast():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from trainfit.train.runner import prepare_quantized_base
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    prepare_quantized_base(model, gradient_checkpointing=True)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # PEFT would make these fp32
+    assert not any(p.requires_grad for p in model.parameters())
+    out = model.get_input_embeddings()(torch.tensor([[1, 2]]))
+    assert out.requires_grad  # reentrant checkpointing needs an input with a gradient
+    assert model.is_gradient_checkpointing
