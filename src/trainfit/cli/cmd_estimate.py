@@ -180,14 +180,15 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 
 
 def _framework_knobs(args: argparse.Namespace) -> dict:
-    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units as setup fields
+    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units / --kbit-upcast as setup fields
     (trainfit.core.memory.framework_effects)."""
-    from trainfit.core.memory.framework_effects import bnb_keeps_input_for
+    from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for
+    from trainfit.export.versions import installed_version
 
     version = args.bitsandbytes_version
     quant = args.quant or ("nf4" if args.method == "qlora" else None)
-    if version is None and args.hardware is None and quant in ("nf4", "nf4-dq"):
-        version = _installed_version("bitsandbytes")  # a run on this machine uses what is installed
+    if version is None and args.hardware is None and quant in BNB_QUANTS:
+        version = installed_version("bitsandbytes")  # a run on this machine uses what is installed
     keeps = False
     if version is not None:
         try:
@@ -196,15 +197,6 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
             raise BadInputError(f"--bitsandbytes-version: {e}") from None
     return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps,
                 fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast))
-
-
-def _installed_version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def load_hardware(spec: str | None):

@@ -142,6 +142,11 @@ class TrainingSetup:
         return self.micro_batch * self.grad_accum * self.num_gpus
 
     @property
+    def uses_deepspeed(self) -> bool:
+        """A ZeRO stage without FSDP: DeepSpeed runs the setup (its own optimizer, 16-bit modules)."""
+        return self.zero_stage >= 1 and self.fsdp_strategy == "none"
+
+    @property
     def gpus_per_node(self) -> int:
         return max(1, self.num_gpus // max(1, self.num_nodes))
 

@@ -14,13 +14,18 @@ from importlib import metadata
 TRANSFORMERS_MAJOR_DEFAULT = 5
 
 
-def installed_major(distribution: str) -> int | None:
-    """Major version of an installed distribution, None when it is not installed."""
+def installed_version(distribution: str) -> str | None:
+    """Version string of an installed distribution, None when it is not installed."""
     try:
-        version = metadata.version(distribution)
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-    return int(version.split(".")[0])
+
+
+def installed_major(distribution: str) -> int | None:
+    """Major version of an installed distribution, None when it is not installed."""
+    version = installed_version(distribution)
+    return None if version is None else int(version.split(".")[0])
 
 
 def transformers_major() -> int:

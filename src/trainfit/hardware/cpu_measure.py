@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import importlib.metadata
 import json
 import os
 import time
@@ -45,10 +44,9 @@ def identity(src: Sources, cpu: CpuInfo) -> str:
 
 
 def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
+    from trainfit.export.versions import installed_version
+
+    return installed_version(dist) or "none"
 
 
 def _cache_file(key: str):

@@ -178,9 +178,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     # bf16/fp16 modes cast the module itself to 16 bits (its fp32 master is separate) and run no
     # autocast (Accelerate leaves native_amp off for DeepSpeed: accelerate/accelerator.py, v1.15.0):
     # no cast to cache under either engine.
-    deepspeed = setup.zero_stage >= 1 and setup.fsdp_strategy == "none"
     cache = 2.0 * (st.linear + (st.lm_head or st.embedding)) if (
-        mixed and full and not deepspeed and setup.fsdp_strategy == "none") else 0.0
+        mixed and full and setup.zero_stage == 0 and setup.fsdp_strategy == "none") else 0.0
     # Frozen quantised / 16-bit base: one weight de-quantised (or cast) at a time.
     transient = states.dequant_transient
     # DoRA's weight-norm temporaries exist only inside a layer's forward, one layer at a time.
@@ -214,7 +213,6 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         "reference forward": base + g_acc + ref_fwd,
     }
     where_peak = max(phases, key=phases.get)
-    peak = phases[where_peak]
     notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
     comps = [

@@ -56,8 +56,7 @@ def step_temporary_bytes(setup: TrainingSetup, optimizer_bytes: float) -> float:
     (optimizer_bytes is what the device holds, after sharding and offload)."""
     if setup.optimizer != "adamw" or resolved_optimizer_impl(setup) != "foreach":
         return 0.0
-    deepspeed = setup.zero_stage >= 1 and setup.fsdp_strategy == "none"
-    return 0.0 if deepspeed else optimizer_bytes / 2
+    return 0.0 if setup.uses_deepspeed else optimizer_bytes / 2
 
 
 def keeps_quantised_inputs(setup: TrainingSetup) -> bool:

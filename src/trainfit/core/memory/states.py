@@ -121,7 +121,7 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
         trainable = st.total
         pbytes = 2 if setup.precision in ("bf16", "fp16") else 4
         lora_w = 0.0
-    deepspeed = z > 0 and setup.fsdp_strategy == "none"  # FSDP keeps fp32 flat parameters (fsdp.py)
+    deepspeed = setup.uses_deepspeed  # FSDP keeps fp32 flat parameters (fsdp.py)
     if deepspeed and not lora_mode and setup.precision.endswith("-mixed"):
         # DeepSpeed bf16/fp16: 16-bit weights and grads, fp32 master + fp32 grad partition.
         w = st.total * 2.0
