@@ -46,6 +46,19 @@ def test_file_is_what_the_runner_builds(bundle):
     assert args.fsdp_plugin_args["fsdp_version"] == 2 and args.fsdp_plugin_args["reshard_after_forward"] is True
 
 
+def test_fsdp_accumulation_reduce_scatters_every_micro_batch(bundle):
+    # The Trainer's default no_sync would keep every unit's unsharded gradient until the step.
+    cfg = make_cfg("lora", distributed={"strategy": "fsdp"}, training={"zero_stage": 3, "grad_accum": 4})
+    out = bundle(cfg, num_processes=2)
+    _, _, args = load_args(out / "training_args.yaml", drop=("ddp_backend",))
+    assert args.accelerator_config.gradient_accumulation_kwargs == {"sync_each_batch": True}
+    one = make_cfg("lora", distributed={"strategy": "fsdp"}, training={"zero_stage": 3, "grad_accum": 1})
+    ddp = make_cfg("lora", distributed={"strategy": "ddp"}, training={"grad_accum": 4})
+    for c in (one, ddp):
+        _, kw = trainer_config(c, device="cpu", output_dir="out", world_size=2, transformers_major=transformers_major())
+        assert "accelerator_config" not in kw
+
+
 def test_cuda_multi_process_arguments(bundle):
     cfg = make_cfg("sft", training={"precision": "bf16-mixed"})
     out = bundle(cfg, num_processes=4, device="cuda")

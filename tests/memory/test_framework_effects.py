@@ -1,6 +1,6 @@
 """Framework knobs (trainfit.core.memory.framework_effects): foreach AdamW's step temporary,
 bitsandbytes before 0.43.2 keeping 4-bit inputs, FSDP units mixing frozen weights and adapters,
-PEFT's fp32 upcast of a k-bit base, and LitGPT's 16-bit chunked loss.
+PEFT's fp32 upcast of a k-bit base, LitGPT's 16-bit chunked loss, and FSDP's no_sync accumulation.
 
 Each effect is checked against a hand calculation from the model's shapes."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.activations import layer_bytes_per_token
-from trainfit.core.memory.framework_effects import bnb_keeps_input_for
+from trainfit.core.memory.framework_effects import bnb_keeps_input_for, no_sync_gradient_bytes
 from trainfit.core.memory.fsdp import root_params
 from trainfit.core.memory.loss_kernels import loss_terms
 from trainfit.core.memory.states import model_states
@@ -121,7 +121,49 @@ def test_chunked_16bit_loss_keeps_two_16bit_logits_and_no_fp32(llama):
     assert t.saved + t.backward < standard.saved + standard.backward
 
 
+def test_fsdp_no_sync_keeps_every_trained_unit_unsharded_between_micro_batches(llama):
+    st = model_stats(llama)
+    full = TrainingSetup(method="full", precision="bf16", num_gpus=4, zero_stage=3, fsdp_strategy="full-shard",
+                         grad_accum=4, grad_checkpointing="full")
+    synced = _phases(estimate_memory(llama, full))
+    no_sync = _phases(estimate_memory(llama, dataclasses.replace(full, fsdp_no_sync=True)))
+    # accumulation micro-steps: the whole model's bf16 gradient instead of a quarter of it
+    extra_gib = (2 * st.total - 2 * st.total / 4) / 2**30
+    assert no_sync["forward"] == pytest.approx(synced["forward"] + extra_gib, abs=0.01)
+    assert no_sync["optimizer step"] == synced["optimizer step"]  # the last micro-batch reduce-scatters
+    # LoRA: adapters in their own units keep only themselves; inside the frozen layer's unit, every
+    # decoder weight (LitGPT's Blocks)
+    lora = dataclasses.replace(full, method="lora", lora=LoraSettings())
+    trainable, _ = lora_stats(llama, lora.lora.target_modules, lora.lora.rank)
+    assert no_sync_gradient_bytes(st, dataclasses.replace(lora, fsdp_no_sync=True), trainable) == 4 * trainable
+    mixed = dataclasses.replace(lora, fsdp_no_sync=True, fsdp_mixed_units=True)
+    assert no_sync_gradient_bytes(st, mixed, trainable) == 2 * (st.total - root_params(st))
+    one_micro = dataclasses.replace(full, grad_accum=1)
+    with pytest.raises(BadInputError, match="--grad-accum 2"):
+        estimate_memory(llama, dataclasses.replace(one_micro, fsdp_no_sync=True))
+
+
+def test_fsdp_no_sync_reduce_scatters_once_per_step():
+    from trainfit.core.speed.comm import communication
+    from trainfit.core.speed.rates import DeviceRates
+
+    rates = DeviceRates(kind="gpu", name="test", architecture="ada", count=2, peak_flops={"bf16": 300e12},
+                        measured=False, ceiling=0.7, half_hidden=1.0, half_tokens=1.0,
+                        memory_bandwidth_bytes_per_s=1e12, memory_efficiency=0.8, op_overhead_seconds=1e-5,
+                        link_kind="pcie-p2p", link_bytes_per_s=25e9, pcie_bytes_per_s=25e9,
+                        host_bandwidth_bytes_per_s=50e9, tdp_watts=450.0)
+    s = TrainingSetup(method="full", precision="bf16", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard",
+                      grad_accum=8, grad_checkpointing="full")
+    kw = dict(n_stored=1e9, trainable=1e9, micro_s=0.01, bwd_share=0.6, network_bytes_per_s=0.0)
+    each = communication(s, rates, **kw).seconds
+    once = communication(dataclasses.replace(s, fsdp_no_sync=True), rates, **kw).seconds
+    ring, latency = 0.5, 2 * 20e-6  # (N - 1) / N; 2 (N - 1) hops of 20 us
+    # seven of the eight micro-batches skip the 2 GB bf16 reduce-scatter (too long to hide in 0.01 s)
+    assert each - once == pytest.approx(7 * (ring * 2e9 / 25e9 + latency), rel=1e-6)
+
+
 @pytest.mark.parametrize("kw,needle", [
+    (dict(method="full", num_gpus=2, zero_stage=2, grad_accum=4, fsdp_no_sync=True), "--fsdp full-shard"),
     (dict(method="full", optimizer="sgd", optimizer_impl="foreach"), "--optimizer-impl foreach"),
     (dict(method="lora", lora=LoraSettings(), bnb_keeps_input=True), "--bitsandbytes-version"),
     (dict(method="lora", lora=LoraSettings(), fsdp_mixed_units=True), "--fsdp full-shard"),

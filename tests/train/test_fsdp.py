@@ -1,4 +1,5 @@
-"""FSDP (the ZeRO-3 equivalent) across 2 CPU processes with gloo: it trains, checkpoints, and a
+"""FSDP (the ZeRO-3 equivalent) across 2 CPU processes with gloo, accumulating 2 micro-batches
+(reduce-scatter after each: sync_each_batch): it trains, checkpoints, and a
 run interrupted and resumed ends on the same loss as an uninterrupted one."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def test_fsdp_full_shard_resumes_exactly(tmp_path):
-    cfg = make_config(tmp_path, "pretrain", training={"micro_batch": 2, "zero_stage": 3, "num_gpus": 2},
+    cfg = make_config(tmp_path, "pretrain", training={"micro_batch": 1, "grad_accum": 2, "zero_stage": 3,
+                                                       "num_gpus": 2},
                       schedule={"max_steps": 6}, checkpointing={"every_steps": 3, "keep_last": 2},
                       distributed={"strategy": "fsdp"})
 

@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fsdp-mixed-units", action="store_true",
                    help="FSDP LoRA with the adapters inside their frozen layer's wrapped unit (e.g. LitGPT): "
                    "gradients kept for the whole unit")
+    p.add_argument("--fsdp-no-sync", action="store_true",
+                   help="FSDP accumulating micro-batches under no_sync (the HF Trainer's default, Lightning "
+                   "Fabric): every unit's unsharded gradient kept until the last micro-batch; trainfit's own "
+                   "runs reduce-scatter after each one")
     p.add_argument("--kbit-upcast", action="store_true",
                    help="QLoRA prepared by PEFT's prepare_model_for_kbit_training (TRL's SFTTrainer does it): "
                    "embeddings, norms and lm_head cast to fp32; trainfit's own runs keep them 16-bit")
@@ -180,8 +184,8 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 
 
 def _framework_knobs(args: argparse.Namespace) -> dict:
-    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units / --kbit-upcast as setup fields
-    (trainfit.core.memory.framework_effects)."""
+    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units / --kbit-upcast / --fsdp-no-sync as
+    setup fields (trainfit.core.memory.framework_effects)."""
     from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for
     from trainfit.export.versions import installed_version
 
@@ -196,7 +200,8 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
         except ValueError as e:
             raise BadInputError(f"--bitsandbytes-version: {e}") from None
     return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps,
-                fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast))
+                fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
+                fsdp_no_sync=bool(args.fsdp_no_sync))
 
 
 def load_hardware(spec: str | None):
@@ -408,4 +413,6 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("adapters in their layer's FSDP unit")
     if setup.kbit_upcast:
         parts.append("PEFT fp32 upcast")
+    if setup.fsdp_no_sync:
+        parts.append("FSDP no_sync accumulation")
     return "".join(f", {p}" for p in parts)

@@ -136,6 +136,11 @@ class TrainingSetup:
     # casts every non-quantised weight to fp32, so the residual stream runs in fp32. trainfit's
     # runner, LitGPT, torchtune and fsdp_qlora keep them 16-bit; sharded QLoRA never casts.
     kbit_upcast: bool = False
+    # FSDP gradient accumulation under no_sync (the HF Trainer / Accelerate default, Lightning
+    # Fabric's no_backward_sync, fsdp_qlora --no_sync): every unit keeps its unsharded gradient
+    # until the last micro-batch. trainfit's runs reduce-scatter after every micro-batch
+    # (Accelerate's sync_each_batch, written by export/training_args.py).
+    fsdp_no_sync: bool = False
 
     @property
     def global_batch(self) -> int:

@@ -76,6 +76,11 @@ def training_arguments(cfg: RunConfig, *, device: str, output_dir: str, world_si
     if sharded == "fsdp":
         kw.update(fsdp_arguments(t.zero_stage, t.offload != "none", transformers_major=transformers_major,
                                  hybrid_replicas=t.num_nodes if t.hybrid_shard else 1))
+        if t.grad_accum > 1:
+            # Reduce-scatter after every micro-batch: under the Trainer's default no_sync each GPU
+            # would keep every unit's unsharded gradient until the last one (a whole model's
+            # gradient per GPU; trainfit.core.memory.framework_effects, fsdp_no_sync).
+            kw["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     elif sharded == "deepspeed":
         kw["deepspeed"] = deepspeed_file if deepspeed_file is not None else deepspeed_config(cfg)
     return kw

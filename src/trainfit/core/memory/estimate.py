@@ -17,7 +17,8 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import kbit_upcast_applies, step_temporary_bytes
+from trainfit.core.memory.framework_effects import (kbit_upcast_applies, no_sync_applies, no_sync_gradient_bytes,
+                                                    step_temporary_bytes)
 from trainfit.core.memory.fsdp import gathered_bytes
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -189,6 +190,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dpo and setup.dpo_reference == "separate":
         ref = states.weights + states.quant_overhead if not full else _frozen_copy(st, setup)
     g_acc = states.gradients if setup.grad_accum > 1 else 0.0
+    if no_sync_applies(setup):
+        # FSDP no_sync: unsharded gradients between micro-batches (framework_effects.py)
+        g_acc = no_sync_gradient_bytes(st, setup, states.trainable)
     emb_grad_tmp = (model.vocab_size * model.hidden_size * (4 if r == 4 else 2)
                     * (2 if model.tie_embeddings else 1)) if full else 0.0
     # The lm_head (or tied embedding) gradient exists before any layer is recomputed.
@@ -234,9 +238,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
     if states.buckets:
         comps.append(C("grad_buckets", int(states.buckets), "DDP flat gradient buckets / ZeRO reduce bucket (hidden^2)", True))
-    grads_at_peak = states.gradients if where_peak in ("optimizer step", "backward end") else g_acc
+    at_step = where_peak in ("optimizer step", "backward end")
+    grads_at_peak = states.gradients if at_step else g_acc
     if grads_at_peak:
-        comps.append(C("gradients", int(grads_at_peak), _grad_what(setup, states), True))
+        comps.append(C("gradients", int(grads_at_peak), _grad_what(setup, states, at_step=at_step), True))
     if where_peak == "optimizer step" and step_tmp:
         comps.append(C("optimizer_step_temporary", int(step_tmp), "foreach AdamW: sqrt of every second moment "
                        "at once (torch._foreach_sqrt), one moment's size", True))
@@ -314,8 +319,11 @@ def _opt_what(setup: TrainingSetup) -> str:
     }[setup.optimizer] + shard
 
 
-def _grad_what(setup: TrainingSetup, states) -> str:
+def _grad_what(setup: TrainingSetup, states, *, at_step: bool) -> str:
     if setup.optimizer_in_backward:
         return "optimizer in backward: at most the largest parameter's gradient alive"
+    if no_sync_applies(setup) and not at_step:
+        return ("unsharded gradients of every trained FSDP unit, kept across accumulation micro-steps "
+                "(FSDP no_sync: no reduce-scatter until the last micro-batch)")
     why = "alive at the optimizer step" if setup.grad_accum == 1 else "kept across accumulation micro-steps"
     return f"gradients of {states.trainable:,} trainable params ({why})"

@@ -31,12 +31,23 @@ made for the run a user will actually launch (and published measurements can be 
   parameter must hold one dtype. trainfit's runner does the same preparation without the cast
   (train/runner.prepare_quantized_base), as LitGPT, torchtune and fsdp_qlora keep the 16-bit dtype:
   for Llama 3 8B the cast alone is 2.1 GB of fp32 embeddings and lm_head.
+* FSDP gradient accumulation without a reduce-scatter per micro-batch (TrainingSetup.fsdp_no_sync).
+  Under `FullyShardedDataParallel.no_sync()` "FSDP will accumulate the full model gradients
+  (instead of gradient shards) until the eventual sync" (torch.distributed.fsdp docs): every unit
+  that trains keeps its unsharded gradient, in the dtype of its gathered flat parameter, from the
+  first micro-batch to the last. The HF Trainer enters no_sync for every micro-batch but the last
+  unless Accelerate's `sync_each_batch` is set (transformers trainer.py; Accelerate's
+  gradient-synchronization guide: "no_sync requires additional GPU memory when using FSDP",
+  accelerate#2531); Lightning Fabric's `no_backward_sync` and fsdp_qlora's `--no_sync` do the same.
+  trainfit's exports set sync_each_batch (export/training_args.py), so its own runs keep shards.
 """
 
 from __future__ import annotations
 
 import re
 
+from trainfit.core.memory.fsdp import compute_bytes, root_params
+from trainfit.core.memory.stats import ModelStats
 from trainfit.core.setup import TrainingSetup
 
 BNB_INPUT_FIX_VERSION = (0, 43, 2)
@@ -72,6 +83,25 @@ def kbit_upcast_applies(setup: TrainingSetup) -> bool:
             and setup.method != "inference")
 
 
+def no_sync_applies(setup: TrainingSetup) -> bool:
+    """Micro-batches accumulate unsharded FSDP gradients (no reduce-scatter until the last one)."""
+    return (setup.fsdp_no_sync and setup.grad_accum > 1
+            and setup.fsdp_strategy in ("full-shard", "shard-grad-op"))
+
+
+def no_sync_gradient_bytes(st: ModelStats, setup: TrainingSetup, trainable: int) -> float:
+    """Unsharded gradients each GPU keeps across accumulation micro-steps under FSDP no_sync: every
+    unit that trains, whole. Full training: every parameter, in the gathered (compute) dtype;
+    adapters inside their frozen layer's unit: every decoder weight; adapters in units of their own
+    (PEFT's wrap policy): the adapters alone, fp32."""
+    lora_mode = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
+    if not lora_mode:
+        return float(st.total * compute_bytes(setup))
+    if setup.fsdp_mixed_units:
+        return float((st.total - root_params(st)) * compute_bytes(setup))
+    return trainable * 4.0
+
+
 def bnb_keeps_input_for(version: str) -> bool:
     """True for a bitsandbytes release whose 4-bit matmul keeps its input (before 0.43.2);
     ValueError for a string that is not a release number."""
@@ -100,6 +130,13 @@ def framework_problems(setup: TrainingSetup) -> list[str]:
         if setup.quant != "none":
             out.append(f"--fsdp-mixed-units with --quant {setup.quant}: quantised weights take no gradient and "
                        f"are wrapped apart from the adapters; drop one of the two")
+    if setup.fsdp_no_sync:
+        if setup.fsdp_strategy not in ("full-shard", "shard-grad-op"):
+            out.append("--fsdp-no-sync describes FSDP's sharded gradients: use it with --fsdp full-shard or "
+                       "shard-grad-op (DDP and NO_SHARD keep whole gradients either way)")
+        if setup.grad_accum == 1:
+            out.append("--fsdp-no-sync only acts between accumulated micro-batches: use it with --grad-accum 2 "
+                       "or more, or drop it")
     if setup.kbit_upcast and setup.quant not in PEFT_PREPARED_QUANTS:
         out.append(f"--kbit-upcast describes PEFT's preparation of a bitsandbytes base (--quant nf4, nf4-dq or "
                    f"int8); --quant {setup.quant} is not one: drop --kbit-upcast")

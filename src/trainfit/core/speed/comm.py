@@ -7,6 +7,8 @@ T trainable, g bytes per gradient element; Rajbhandari et al. 2020, arXiv 1910.0
                       + bf16 parameter all-gather after the step (N-1)/N x P x 2
     ZeRO-3 / FSDP     per micro-batch: parameter all-gathers in forward and backward (+ recompute)
                       k x (N-1)/N x P x 2, and the gradient reduce-scatter (N-1)/N x T x g
+                      (FSDP under no_sync, TrainingSetup.fsdp_no_sync: the reduce-scatter only in the
+                      last micro-batch of a step)
     hybrid (FSDP HYBRID_SHARD with ZeRO-3, M nodes of G GPUs): the ZeRO-3 traffic above inside each node
                       (N -> G, over NVLink / PCIe), plus one all-reduce of each rank's gradient
                       shard across the nodes per step: 2(M-1)/M x (T x g / G) per rank, the node's
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainfit.core.memory.framework_effects import no_sync_applies
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.rates import DeviceRates
 
@@ -115,16 +118,21 @@ def communication(setup: TrainingSetup, rates: DeviceRates, *, n_stored: float, 
     elif setup.zero_stage == 2:
         per_micro = ring * trainable * grad_bytes / link + latency
         gather = ring * n_stored * 2.0 / link  # updated bf16 params, after the step
-        exposed = accum * max(per_micro - DDP_OVERLAP * bwd_share * micro_s, 0.0) + gather
-        total_traffic = accum * per_micro + gather
+        reducing = 1 if no_sync_applies(setup) else accum  # micro-batches that reduce-scatter
+        exposed = reducing * max(per_micro - DDP_OVERLAP * bwd_share * micro_s, 0.0) + gather
+        total_traffic = reducing * per_micro + gather
     else:
         # ZeRO-3 / FSDP FULL_SHARD: gather params for forward, again for backward (and recompute),
         # reduce-scatter grads; prefetching hides most of it behind compute.
         gather_bytes = GATHER_BYTES.get(setup.quant, 2.0)
-        per_micro = ring * (gathers * n_stored * gather_bytes + trainable * grad_bytes) / link + 3 * latency
+        gather = ring * gathers * n_stored * gather_bytes / link + 2 * latency
+        per_micro = gather + ring * trainable * grad_bytes / link + latency
         floor = PCIE_MIN_EXPOSED if rates.link_kind == "pcie-p2p" and nodes <= 1 else MIN_EXPOSED
-        exposed = accum * max(per_micro - ZERO3_OVERLAP * micro_s, floor * per_micro)
-        total_traffic = accum * per_micro
+        window = ZERO3_OVERLAP * micro_s
+        gathering = accum - 1 if no_sync_applies(setup) else 0  # micro-batches without a reduce-scatter
+        exposed = ((accum - gathering) * max(per_micro - window, floor * per_micro)
+                   + gathering * max(gather - window, floor * gather))
+        total_traffic = (accum - gathering) * per_micro + gathering * gather
     inter_s = total_traffic if nodes > 1 else 0.0
     if nodes > 1:
         bound = "the network" if link < rates.link_bytes_per_s or g <= 1 else "the GPU link"
