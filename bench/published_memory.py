@@ -328,13 +328,20 @@ row to fit a figure.
 8. **LitGPT's loss** (`loss: chunked-16bit`): lm_head and cross-entropy in 128-token chunks in bf16,
    no fp32 upcast. phi-2 LoRA +85.7 % -> +79.8 %, TinyLlama LoRA +62.1 % -> +54.5 %: these small
    models stay over-predicted; the rest of the gap is in LitGPT's own model code (not HF's).
-9. **What is left under-predicted** (16 rows): HF Trainer nvidia-smi rows (7, -10 to -18 %: their
+9. **Quantisation scales are not sharded**: bitsandbytes keeps a 4-bit weight's absmax on its
+   QuantState, not in a parameter, so FSDP and ZeRO-3 leave a whole copy on every rank
+   (fsdp_qlora train.py: "FSDP only syncs parameters and buffers, so the quant_state isn't
+   copied"). fms FSDP QLoRA 70B on 2x A100: -14.8 % -> -10.2 % (2.1 GB of fp32 absmax per GPU).
+   A packed-storage gather floor for QLoRA (what FSDP flattens is the 4-bit storage) was tried and
+   not kept: it moved Mixtral and the ZeRO-3 70B row closer but four FSDP QLoRA rows below -10 %,
+   so those runs hold something the 16-bit floor happens to cover; a GPU measurement must tell.
+10. **What is left under-predicted** (15 rows): HF Trainer nvidia-smi rows (7, -10 to -18 %: their
    slack is 15-40 % of the allocated peak where 10 % / 30 % is applied; the allocated figures of
-   the same runs are within 10 %); LitGPT Gemma 2B full on 4x A10G (-36 %: LitGPT unties Gemma's
-   lm_head, 0.5 B more trained parameters, which covers a third of the gap) and config-hub QLoRA
-   (-13 to -16 %); fms FSDP QLoRA 70B (-15 %, allocated) and one fms 2-GPU LoRA (-10.9 %); FSDP CPU
-   offload (-12 to -20 %); one fsdp_qlora NO_SHARD row (-15 %). torchtune rows still carry
-   torch.compile (unmodelled).
+   the same runs are within 10 %, but one); LitGPT Gemma 2B full on 4x A10G (-36 %: LitGPT unties
+   Gemma's lm_head, 0.5 B more trained parameters, a third of the gap) and config-hub QLoRA (-13
+   to -16 %); fms FSDP QLoRA 70B (-10.2 %) and 2-GPU LoRA (-10.9 %); FSDP CPU offload (-12 and
+   -20 %); one fsdp_qlora NO_SHARD row (-15 %). torchtune rows still carry torch.compile
+   (unmodelled).
 """
 
 

@@ -232,3 +232,14 @@ def test_human_header_names_the_engine():
     out = _run("Qwen/Qwen2.5-0.5B", "--hardware", "2x a100-80gb", "--fsdp", "full-shard", "--activation-offload")
     assert out.returncode == 0, out.stderr
     assert "FSDP full-shard" in out.stdout and "activation offload" in out.stdout
+
+
+@pytest.mark.parametrize("engine", [dict(zero_stage=3), dict(zero_stage=3, fsdp_strategy="full-shard")])
+def test_quantisation_scales_are_not_sharded(llama, engine):
+    # bitsandbytes keeps absmax on the weight's QuantState, which neither FSDP nor ZeRO-3 shards.
+    st = model_stats(llama)
+    kw = dict(method="qlora", quant="nf4", lora=LoraSettings(), precision="bf16", **engine)
+    one = _states(llama, **kw, num_gpus=1)
+    four = _states(llama, **kw, num_gpus=4)
+    assert four.quant_overhead == one.quant_overhead == pytest.approx(st.linear / 64 * 4)
+    assert four.weights == pytest.approx(one.weights / 4)

@@ -179,7 +179,7 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
             cpu_what += " + 16-bit parameters"
             w = 0.0
     grads = grads16 + grads32
-    return States(w, qover / (n if z == 3 else 1), lora_w, grads, opt, master, gathered, buckets,
+    return States(w, qover, lora_w, grads, opt, master, gathered, buckets,  # scales unsharded (see _fsdp_states)
                   cpu, cpu_what, trainable, deq)
 
 
@@ -202,7 +202,10 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
         # holds no adapter and keeps none.
         grads = (st.total - root_params(st)) * (w / st.total if st.total else 0.0) / n
     gathered, _ = gathered_bytes(st, setup, trains_base=not lora_mode or mixed_units)
-    w, qover, lora_w, opt = w / n, qover / n, lora_w / n, opt / n
+    # A quantised weight's scales (bitsandbytes' QuantState absmax, LLM.int8's SCB, GPTQ/AWQ scale
+    # buffers) are neither parameters nor sharded buffers: every rank keeps all of them (fsdp_qlora
+    # train.py: "FSDP only syncs parameters and buffers, so the quant_state isn't copied").
+    w, lora_w, opt = w / n, lora_w / n, opt / n
     cpu, cpu_what = 0.0, ""
     if setup.offload == "optimizer+params":
         cpu = (w + qover + lora_w + grads + opt) * setup.gpus_per_node
