@@ -52,8 +52,11 @@ def gathered_bytes(st: ModelStats, setup: TrainingSetup, *, trains_base: bool) -
     """
     c = compute_bytes(setup)
     layer = st.per_layer
-    # one unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above)
-    reduce_grad = layer * c if trains_base else 0.0
+    # one unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above);
+    # under no_sync accumulation it is part of the whole unsharded gradient counted with the
+    # gradients (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)
+    no_sync = setup.fsdp_no_sync and setup.grad_accum > 1
+    reduce_grad = layer * c if trains_base and not no_sync else 0.0
     strategy = setup.fsdp_strategy
     if strategy == "full-shard":
         root = root_params(st)
