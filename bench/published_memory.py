@@ -321,7 +321,7 @@ row to fit a figure.
    (torch FSDP docs). With mixed units that is every decoder weight's bf16 gradient, unsharded:
    the "W + W / N whatever the micro-batch" floor those runs showed. LitGPT FSDP LoRA (10 runs,
    phi-1.5 / StableLM 3B / Llama 2 7B and 13B, 2 and 4 GPUs, micro-batch 1-4): -30..-57 % ->
-   -1.9..+3.6 %; the 13B on 2x A100-40GB OOM is now caught. Full fine-tunes: TinyLlama -22.0 % ->
+   -5.0..+1.7 %; the 13B on 2x A100-40GB OOM is now caught. Full fine-tunes: TinyLlama -22.0 % ->
    -7.5 % (its 8 accumulated micro-batches keep the whole gradient), Llama 2 7B on 4x A10G OOM
    now caught. The HF Trainer does the same unless Accelerate's sync_each_batch is set, which
    trainfit's exports now set for FSDP with accumulation (export/training_args.py).
@@ -337,7 +337,7 @@ row to fit a figure.
    so those runs hold something the 16-bit floor happens to cover; a GPU measurement must tell.
 10. **What is left under-predicted** (15 rows): HF Trainer nvidia-smi rows (7, -10 to -18 %: their
    slack is 15-40 % of the allocated peak where 10 % / 30 % is applied; the allocated figures of
-   the same runs are within 10 %, but one); LitGPT Gemma 2B full on 4x A10G (-36 %: LitGPT unties
+   the same runs are within 10 %, but one); LitGPT Gemma 2B full on 4x A10G (-37 %: LitGPT unties
    Gemma's lm_head, 0.5 B more trained parameters, a third of the gap) and config-hub QLoRA (-13
    to -16 %); fms FSDP QLoRA 70B (-10.2 %) and 2-GPU LoRA (-10.9 %); FSDP CPU offload (-12 and
    -20 %); one fsdp_qlora NO_SHARD row (-15 %). torchtune rows still carry torch.compile
