@@ -338,7 +338,8 @@ row to fit a figure.
 10. **What is left under-predicted** (15 rows): HF Trainer nvidia-smi rows (7, -10 to -18 %: their
    slack is 15-40 % of the allocated peak where 10 % / 30 % is applied; the allocated figures of
    the same runs are within 10 %, but one); LitGPT Gemma 2B full on 4x A10G (-37 %: LitGPT unties
-   Gemma's lm_head, 0.5 B more trained parameters, a third of the gap) and config-hub QLoRA (-13
+   Gemma's lm_head, 0.5 B more trained parameters, which would make it -21 %; not applied, since
+   LitGPT's QLoRA also quantises that lm_head, which trainfit does not model) and config-hub QLoRA (-13
    to -16 %); fms FSDP QLoRA 70B (-10.2 %) and 2-GPU LoRA (-10.9 %); FSDP CPU offload (-12 and
    -20 %); one fsdp_qlora NO_SHARD row (-15 %). torchtune rows still carry torch.compile
    (unmodelled).
