@@ -57,8 +57,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.framework_effects import no_sync_applies, no_sync_gradient_bytes  # noqa: E402
-from trainfit.core.memory.fsdp import compute_bytes, root_params  # noqa: E402
+from trainfit.core.memory.framework_effects import no_sync_gradient_bytes  # noqa: E402
+from trainfit.core.memory.fsdp import compute_bytes, no_sync_applies, root_params  # noqa: E402
 from trainfit.core.memory.states import model_states  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402

@@ -147,6 +147,11 @@ class TrainingSetup:
         return self.micro_batch * self.grad_accum * self.num_gpus
 
     @property
+    def trains_adapters(self) -> bool:
+        """LoRA adapters train on a frozen base: lora, qlora, or DPO with a LoRA config."""
+        return self.method in ("lora", "qlora") or (self.method == "dpo" and self.lora is not None)
+
+    @property
     def uses_deepspeed(self) -> bool:
         """A ZeRO stage without FSDP: DeepSpeed runs the setup (its own optimizer, 16-bit modules)."""
         return self.zero_stage >= 1 and self.fsdp_strategy == "none"

@@ -17,9 +17,8 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import (kbit_upcast_applies, no_sync_applies, no_sync_gradient_bytes,
-                                                    step_temporary_bytes)
-from trainfit.core.memory.fsdp import gathered_bytes
+from trainfit.core.memory.framework_effects import kbit_upcast_applies, no_sync_gradient_bytes, step_temporary_bytes
+from trainfit.core.memory.fsdp import gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
@@ -49,7 +48,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     setup = vision.with_image_tokens(model, setup)  # image tokens join the language model's sequence
     st = model_stats(model)
     lora = setup.lora
-    uses_lora = setup.method in ("lora", "qlora") or (setup.method == "dpo" and lora is not None)
+    uses_lora = setup.trains_adapters
     if uses_lora and lora is None:
         lora = LoraSettings()
     lora_params, where = (lora_stats(model, lora.target_modules, lora.rank) if uses_lora and lora
@@ -233,7 +232,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if states.optimizer:
         comps.append(C("optimizer", int(states.optimizer), _opt_what(setup), True))
     if states.gathered and setup.fsdp_strategy != "none":
-        comps.append(C("fsdp_gathered", int(states.gathered), gathered_bytes(st, setup, trains_base=full)[1], True))
+        comps.append(C("fsdp_gathered", int(states.gathered), gathered_bytes(st, setup)[1], True))
     elif states.gathered:
         comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
     if states.buckets:

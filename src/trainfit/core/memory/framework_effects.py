@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 
-from trainfit.core.memory.fsdp import compute_bytes, root_params
+from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, compute_bytes, root_params
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.setup import TrainingSetup
 
@@ -78,15 +78,9 @@ def keeps_quantised_inputs(setup: TrainingSetup) -> bool:
 
 def kbit_upcast_applies(setup: TrainingSetup) -> bool:
     """The non-quantised weights and the residual stream are fp32 (PEFT's k-bit preparation)."""
-    sharded = setup.zero_stage >= 3 or setup.fsdp_strategy in ("full-shard", "shard-grad-op")
+    sharded = setup.zero_stage >= 3 or setup.fsdp_strategy in SHARDED_STRATEGIES
     return (setup.kbit_upcast and setup.quant in PEFT_PREPARED_QUANTS and not sharded
             and setup.method != "inference")
-
-
-def no_sync_applies(setup: TrainingSetup) -> bool:
-    """Micro-batches accumulate unsharded FSDP gradients (no reduce-scatter until the last one)."""
-    return (setup.fsdp_no_sync and setup.grad_accum > 1
-            and setup.fsdp_strategy in ("full-shard", "shard-grad-op"))
 
 
 def no_sync_gradient_bytes(st: ModelStats, setup: TrainingSetup, trainable: int) -> float:
@@ -94,8 +88,7 @@ def no_sync_gradient_bytes(st: ModelStats, setup: TrainingSetup, trainable: int)
     unit that trains, whole. Full training: every parameter, in the gathered (compute) dtype;
     adapters inside their frozen layer's unit: every decoder weight; adapters in units of their own
     (PEFT's wrap policy): the adapters alone, fp32."""
-    lora_mode = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
-    if not lora_mode:
+    if not setup.trains_adapters:
         return float(st.total * compute_bytes(setup))
     if setup.fsdp_mixed_units:
         return float((st.total - root_params(st)) * compute_bytes(setup))
@@ -121,7 +114,7 @@ def framework_problems(setup: TrainingSetup) -> list[str]:
         out.append(f"--bitsandbytes-version describes the 4-bit (nf4 / nf4-dq) matmul; --quant {setup.quant} "
                    f"does not use it: drop the flag or use --quant nf4")
     if setup.fsdp_mixed_units:
-        if setup.fsdp_strategy not in ("full-shard", "shard-grad-op"):
+        if setup.fsdp_strategy not in SHARDED_STRATEGIES:
             out.append("--fsdp-mixed-units describes FSDP's wrapped units: use it with --fsdp full-shard or "
                        "shard-grad-op")
         if setup.lora is None and setup.method not in ("lora", "qlora"):
@@ -131,7 +124,7 @@ def framework_problems(setup: TrainingSetup) -> list[str]:
             out.append(f"--fsdp-mixed-units with --quant {setup.quant}: quantised weights take no gradient and "
                        f"are wrapped apart from the adapters; drop one of the two")
     if setup.fsdp_no_sync:
-        if setup.fsdp_strategy not in ("full-shard", "shard-grad-op"):
+        if setup.fsdp_strategy not in SHARDED_STRATEGIES:
             out.append("--fsdp-no-sync describes FSDP's sharded gradients: use it with --fsdp full-shard or "
                        "shard-grad-op (DDP and NO_SHARD keep whole gradients either way)")
         if setup.grad_accum == 1:

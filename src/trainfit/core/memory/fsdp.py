@@ -33,6 +33,14 @@ from trainfit.core.setup import TrainingSetup
 
 # FSDP strategy -> the ZeRO stage that shards the same states (zero_stage holds it alongside).
 FSDP_EQUIVALENT_STAGE = {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}
+# Strategies that shard parameters or gradients (NO_SHARD keeps DDP's memory).
+SHARDED_STRATEGIES = ("full-shard", "shard-grad-op")
+
+
+def no_sync_applies(setup: TrainingSetup) -> bool:
+    """Micro-batches accumulate unsharded FSDP gradients, no reduce-scatter until the last one
+    (TrainingSetup.fsdp_no_sync; the gradient held: framework_effects.no_sync_gradient_bytes)."""
+    return setup.fsdp_no_sync and setup.grad_accum > 1 and setup.fsdp_strategy in SHARDED_STRATEGIES
 
 
 def compute_bytes(setup: TrainingSetup) -> int:
@@ -45,18 +53,17 @@ def root_params(st: ModelStats) -> int:
     return st.embedding + st.lm_head
 
 
-def gathered_bytes(st: ModelStats, setup: TrainingSetup, *, trains_base: bool) -> tuple[float, str]:
-    """(bytes, what) of the unsharded parameters and gradient FSDP holds on each GPU at its peak.
-
-    trains_base: every weight trains (a frozen base under LoRA has no gradient to reduce).
-    """
+def gathered_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, str]:
+    """(bytes, what) of the unsharded parameters and gradient FSDP holds on each GPU at its peak."""
+    # A frozen base under LoRA has no gradient to reduce, unless the adapters share its units
+    # (TrainingSetup.fsdp_mixed_units: FSDP keeps gradients for the whole unit).
+    trains_base = not setup.trains_adapters or setup.fsdp_mixed_units
     c = compute_bytes(setup)
     layer = st.per_layer
     # one unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above);
     # under no_sync accumulation it is part of the whole unsharded gradient counted with the
     # gradients (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)
-    no_sync = setup.fsdp_no_sync and setup.grad_accum > 1
-    reduce_grad = layer * c if trains_base and not no_sync else 0.0
+    reduce_grad = layer * c if trains_base and not no_sync_applies(setup) else 0.0
     strategy = setup.fsdp_strategy
     if strategy == "full-shard":
         root = root_params(st)

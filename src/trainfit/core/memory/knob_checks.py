@@ -19,7 +19,7 @@ Decisions:
 from __future__ import annotations
 
 from trainfit.core.memory.framework_effects import framework_problems
-from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
+from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE, SHARDED_STRATEGIES
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError
 
@@ -68,7 +68,7 @@ def _fsdp_problems(setup: TrainingSetup) -> list[str]:
     elif setup.offload == "optimizer+params" and fsdp != "full-shard":
         out.append(f"--offload optimizer+params with --fsdp {fsdp}: FSDP CPU offload is run with "
                    f"--fsdp full-shard (the sharded parameters are what moves to the CPU)")
-    if fsdp in ("full-shard", "shard-grad-op") and setup.num_gpus == 1 and setup.offload == "none":
+    if fsdp in SHARDED_STRATEGIES and setup.num_gpus == 1 and setup.offload == "none":
         out.append(f"--fsdp {fsdp} on one GPU shards nothing: use --gpus >= 2, or --fsdp full-shard "
                    f"--offload optimizer+params")
     if setup.hybrid_shard and fsdp != "full-shard":

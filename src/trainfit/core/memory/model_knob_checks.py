@@ -14,7 +14,7 @@ MAX_IMAGES = 1024
 
 def check_model_knobs(model: ModelSpec, setup: TrainingSetup) -> None:
     problems: list[str] = []
-    uses_lora = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
+    uses_lora = setup.trains_adapters
     if setup.loss != "standard" and setup.method in ("dpo", "inference"):
         problems.append(f"--loss {setup.loss} replaces the causal-LM cross-entropy of pretrain, full, lora and "
                         f"qlora; method {setup.method} has none (valid here: standard)")

@@ -111,7 +111,7 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
     w, qover, deq = weight_bytes(st, setup, spec)
     if setup.method == "inference":
         return States(w, qover, 0, 0, 0, 0, 0, 0, 0, "", 0, deq)
-    lora_mode = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
+    lora_mode = setup.trains_adapters
     if lora_mode:
         trainable = lora_params
         # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype.
@@ -201,7 +201,7 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
         # every decoder weight, in the flat parameter's dtype; the root unit (embeddings, lm_head)
         # holds no adapter and keeps none.
         grads = (st.total - root_params(st)) * (w / st.total if st.total else 0.0) / n
-    gathered, _ = gathered_bytes(st, setup, trains_base=not lora_mode or mixed_units)
+    gathered, _ = gathered_bytes(st, setup)
     # A quantised weight's scales (bitsandbytes' QuantState absmax, LLM.int8's SCB, GPTQ/AWQ scale
     # buffers) are neither parameters nor sharded buffers: every rank keeps all of them (fsdp_qlora
     # train.py: "FSDP only syncs parameters and buffers, so the quant_state isn't copied").

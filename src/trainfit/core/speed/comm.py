@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import no_sync_applies
+from trainfit.core.memory.fsdp import no_sync_applies
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.rates import DeviceRates
 

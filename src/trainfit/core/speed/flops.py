@@ -151,11 +151,11 @@ def step_flops(spec: ModelSpec, setup: TrainingSetup) -> StepFlops:
     n_mm = matmul_params_per_token(spec)
     attn = attention_core_flops_per_token(spec, setup.seq_len, causal_skip(setup))
     adapters = 0.0
-    if setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None):
+    if setup.trains_adapters:
         lora = setup.lora
         if lora is not None:
             adapters = lora_params_per_token(spec, lora.target_modules, lora.rank)
-    frozen = setup.method in ("lora", "qlora") or (setup.method == "dpo" and setup.lora is not None)
+    frozen = setup.trains_adapters
 
     fwd_per_token = 2.0 * (n_mm + adapters) + attn
     if setup.method == "inference":
