@@ -1,6 +1,7 @@
 """Framework knobs (trainfit.core.memory.framework_effects): foreach AdamW's step temporary,
 bitsandbytes before 0.43.2 keeping 4-bit inputs, FSDP units mixing frozen weights and adapters,
-PEFT's fp32 upcast of a k-bit base, LitGPT's 16-bit chunked loss, and FSDP's no_sync accumulation.
+PEFT's fp32 upcast of a k-bit base, LitGPT's 16-bit chunked loss, FSDP's no_sync accumulation, and
+Lightning's bitsandbytes plugin (quantised lm_head, fp16 quant state).
 
 Each effect is checked against a hand calculation from the model's shapes."""
 
@@ -172,10 +173,82 @@ def test_fsdp_no_sync_reduce_scatters_once_per_step():
     (dict(method="lora", lora=LoraSettings(), fsdp_mixed_units=True), "--fsdp full-shard"),
     (dict(method="full", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard", fsdp_mixed_units=True), "--method lora"),
     (dict(method="lora", lora=LoraSettings(), kbit_upcast=True), "--kbit-upcast"),
+    (dict(method="lora", lora=LoraSettings(), quantize_lm_head=True), "--quantize-lm-head"),
+    (dict(method="qlora", quant="gptq", lora=LoraSettings(), quantize_lm_head=True), "--quantize-lm-head"),
+    (dict(method="qlora", quant="int8", lora=LoraSettings(), bnb_fp16_quant_state=True), "--bnb-fp16-quant-state"),
 ])
 def test_framework_knobs_refused_where_they_do_not_apply(llama, kw, needle):
     with pytest.raises(BadInputError, match=needle.replace("+", r"\+")):
         estimate_memory(llama, TrainingSetup(**kw))
+
+
+def test_quantised_lm_head_is_four_bit_and_becomes_the_largest_dequantised_weight(llama):
+    st = model_stats(llama)
+    q = TrainingSetup(method="qlora", quant="nf4", precision="bf16", lora=LoraSettings(), micro_batch=1, seq_len=256)
+    params, _ = lora_stats(llama, q.lora.target_modules, q.lora.rank)
+    plain = model_states(llama, st, q, params)
+    head_q = model_states(llama, st, dataclasses.replace(q, quantize_lm_head=True), params)
+    head = llama.vocab_size * llama.hidden_size  # 128256 x 4096, untied in Llama 3.1 8B
+    assert plain.weights - head_q.weights == pytest.approx(head * (2 - 0.5))
+    assert head_q.quant_overhead - plain.quant_overhead == pytest.approx(head / 64 * 4)  # one fp32 absmax per 64
+    assert plain.dequant_transient == st.largest_linear * 2  # the MLP's 14336 x 4096 weight
+    assert head_q.dequant_transient == head * 2
+    # int8: one fp32 scale per output row, the vocabulary's rows added
+    i8 = dataclasses.replace(q, quant="int8", method="lora")
+    assert (model_states(llama, st, dataclasses.replace(i8, quantize_lm_head=True), params).quant_overhead
+            - model_states(llama, st, i8, params).quant_overhead) == pytest.approx(llama.vocab_size * 4)
+    # bitsandbytes before 0.43.2 keeps the quantised lm_head's input too (one bf16 hidden state per token)
+    old = dataclasses.replace(q, bnb_keeps_input=True)
+    kept = (_phases(estimate_memory(llama, dataclasses.replace(old, quantize_lm_head=True)))["layer backward"]
+            - _phases(estimate_memory(llama, old))["layer backward"]) * 2**30
+    saved = (head * 0.5 + head / 64 * 4) - head * 2  # the weights' change, then the kept input
+    assert kept == pytest.approx(saved + 2 * llama.hidden_size * 256, abs=0.01 * 2**30)  # phases: 2 decimals
+    from trainfit.core.memory.activations import final_norm_bytes_per_token
+    per_token = (final_norm_bytes_per_token(llama, dataclasses.replace(old, quantize_lm_head=True), False)
+                 - final_norm_bytes_per_token(llama, old, False))
+    assert per_token == 2 * llama.hidden_size
+    assert final_norm_bytes_per_token(llama, dataclasses.replace(q, quantize_lm_head=True), False) == (
+        final_norm_bytes_per_token(llama, q, False))  # bitsandbytes >= 0.43.2 keeps no input
+
+
+def test_quantise_lm_head_leaves_a_tied_head_with_the_embeddings():
+    tied = get_model("Qwen/Qwen2.5-0.5B")
+    assert tied.tie_embeddings
+    q = TrainingSetup(method="qlora", quant="nf4", lora=LoraSettings(), micro_batch=1, seq_len=128)
+    a, b = estimate_memory(tied, q), estimate_memory(tied, dataclasses.replace(q, quantize_lm_head=True))
+    assert a.devices[0].tensor_peak_bytes == b.devices[0].tensor_peak_bytes
+    assert any("tied to the embeddings" in n for n in b.notes)
+
+
+def test_fp16_quant_state_holds_the_dequantised_weight_twice_under_bf16(llama):
+    st = model_stats(llama)
+    q = TrainingSetup(method="qlora", quant="nf4", precision="bf16", lora=LoraSettings(), micro_batch=1, seq_len=256)
+    params, _ = lora_stats(llama, q.lora.target_modules, q.lora.rank)
+    fp16_state = dataclasses.replace(q, bnb_fp16_quant_state=True)
+    assert model_states(llama, st, fp16_state, params).dequant_transient == 2 * model_states(
+        llama, st, q, params).dequant_transient
+    # fp16 compute: dequantize_4bit already returns the compute dtype, no second copy
+    fp16 = dataclasses.replace(q, precision="fp16")
+    assert (model_states(llama, st, dataclasses.replace(fp16, bnb_fp16_quant_state=True), params).dequant_transient
+            == model_states(llama, st, fp16, params).dequant_transient)
+    est = estimate_memory(llama, fp16_state)
+    comp = next(c for c in est.devices[0].components if c.name == "dequant_transient")
+    assert "bf16 cast" in comp.what
+
+
+def test_fp16_quant_state_costs_one_cast_per_weight_and_pass(llama):
+    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.speed import device_rates, predict_step
+    from trainfit.core.speed import flops as F
+
+    hw = resolve_hardware("a100-80gb")
+    q = TrainingSetup(method="qlora", quant="nf4", precision="bf16", lora=LoraSettings(), micro_batch=1, seq_len=512)
+    a = predict_step(llama, q, hw).micro_step_seconds
+    b = predict_step(llama, dataclasses.replace(q, bnb_fp16_quant_state=True), hw).micro_step_seconds
+    rates = device_rates(hw, "cuda")
+    bw = rates.memory_bandwidth_bytes_per_s * rates.memory_efficiency
+    # forward + backward: 2 passes, 4 bytes (read fp16, write bf16) per stored weight
+    assert b - a == pytest.approx(2 * F.matmul_params_stored(llama) * 4.0 / bw, rel=1e-6)
 
 
 def test_cli_flags_and_bad_version():
@@ -187,6 +260,12 @@ def test_cli_flags_and_bad_version():
     setup = json.loads(ok.stdout)["setup"]
     assert setup["bnb_keeps_input"] is True and setup["kbit_upcast"] is True
     assert setup["optimizer_impl"] == "auto" and setup["fsdp_mixed_units"] is False
+    assert setup["quantize_lm_head"] is False and setup["bnb_fp16_quant_state"] is False
+    lightning = subprocess.run(run + ["--quantize-lm-head", "--bnb-fp16-quant-state", "--json"],
+                               capture_output=True, text=True)
+    assert lightning.returncode in (0, 3), lightning.stderr
+    doc = json.loads(lightning.stdout)
+    assert doc["setup"]["quantize_lm_head"] is True and doc["setup"]["bnb_fp16_quant_state"] is True
     bad = subprocess.run(run + ["--bitsandbytes-version", "latest"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "--bitsandbytes-version: 'latest' is not a version number" in bad.stderr

@@ -91,6 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kbit-upcast", action="store_true",
                    help="QLoRA prepared by PEFT's prepare_model_for_kbit_training (TRL's SFTTrainer does it): "
                    "embeddings, norms and lm_head cast to fp32; trainfit's own runs keep them 16-bit")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="QLoRA / int8 with the output layer quantised too (Lightning Fabric's bitsandbytes plugin, "
+                   "LitGPT --quantize bnb.*); Transformers and trainfit's runs keep the lm_head 16-bit")
+    p.add_argument("--bnb-fp16-quant-state", action="store_true",
+                   help="4-bit weights quantised from an fp16 copy (Lightning Fabric's bitsandbytes plugin): with "
+                   "bf16 compute each de-quantised weight is cast again, two copies alive at once")
     p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
                    "output feature; with --method lora/qlora")
     p.add_argument("--image-size", type=arg("image_size"), default=None,
@@ -184,8 +190,8 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 
 
 def _framework_knobs(args: argparse.Namespace) -> dict:
-    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units / --kbit-upcast / --fsdp-no-sync as
-    setup fields (trainfit.core.memory.framework_effects)."""
+    """--optimizer-impl / --bitsandbytes-version / --fsdp-mixed-units / --kbit-upcast / --fsdp-no-sync /
+    --quantize-lm-head / --bnb-fp16-quant-state as setup fields (trainfit.core.memory.framework_effects)."""
     from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for
     from trainfit.export.versions import installed_version
 
@@ -201,7 +207,8 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
             raise BadInputError(f"--bitsandbytes-version: {e}") from None
     return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps,
                 fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
-                fsdp_no_sync=bool(args.fsdp_no_sync))
+                fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
+                bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state))
 
 
 def load_hardware(spec: str | None):
@@ -415,4 +422,8 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("PEFT fp32 upcast")
     if setup.fsdp_no_sync:
         parts.append("FSDP no_sync accumulation")
+    if setup.quantize_lm_head:
+        parts.append("lm_head quantised")
+    if setup.bnb_fp16_quant_state:
+        parts.append("fp16 quant state")
     return "".join(f", {p}" for p in parts)

@@ -141,6 +141,12 @@ class TrainingSetup:
     # until the last micro-batch. trainfit's runs reduce-scatter after every micro-batch
     # (Accelerate's sync_each_batch, written by export/training_args.py).
     fsdp_no_sync: bool = False
+    # The output layer quantised too (Lightning Fabric's BitsandbytesPrecision replaces every
+    # nn.Linear; Transformers' BitsAndBytesConfig keeps the lm_head 16-bit, as trainfit's runs do).
+    quantize_lm_head: bool = False
+    # 4-bit weights quantised from an fp16 copy (Lightning Fabric's BitsandbytesPrecision): with a
+    # bf16 compute dtype each de-quantised weight is fp16 and cast again, two copies at once.
+    bnb_fp16_quant_state: bool = False
 
     @property
     def global_batch(self) -> int:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import keeps_quantised_inputs, kbit_upcast_applies
+from trainfit.core.memory.framework_effects import keeps_quantised_inputs, kbit_upcast_applies, quantised_lm_head
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -236,6 +236,8 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
         saved = 4 * h + 4 + (r * h if full else 0)
     if full:
         saved += 2 * h if mixed else r * h  # lm_head input
+    elif keeps_quantised_inputs(setup) and quantised_lm_head(spec, setup):
+        saved += a * h  # a quantised lm_head's matmul keeps its input like the layers' (framework_effects.py)
     arch = spec.architecture
     if arch == "falcon" and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
         # The ALiBi bias goes to SDPA as one fp32 (batch, heads, s, s) mask shared by all layers.

@@ -17,7 +17,8 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import kbit_upcast_applies, no_sync_gradient_bytes, step_temporary_bytes
+from trainfit.core.memory.framework_effects import (LM_HEAD_QUANTS, dequant_copies, kbit_upcast_applies,
+                                                   no_sync_gradient_bytes, quantised_lm_head, step_temporary_bytes)
 from trainfit.core.memory.fsdp import gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -62,6 +63,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if model.architecture in EAGER_ONLY and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
+    if setup.quantize_lm_head and setup.quant in LM_HEAD_QUANTS and model.tie_embeddings:
+        notes.append("the lm_head is tied to the embeddings: it stays 16-bit with them (--quantize-lm-head "
+                     "quantises an lm_head of its own)")
     lora_params += dora.magnitude_params(model, setup)  # DoRA's trained magnitudes (fp32, like the adapters)
     states = model_states(model, st, setup, lora_params)
     if setup.method == "inference":
@@ -219,7 +223,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
     comps = [
-        C("weights", int(states.weights), _weights_what(setup), True),
+        C("weights", int(states.weights), _weights_what(setup, model), True),
     ]
     if states.quant_overhead:
         comps.append(C("quant_overhead", int(states.quant_overhead), _quant_what(setup), True))
@@ -264,7 +268,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     loss_extra = loss_fwd if where_peak == "forward" else loss_bwd
     comps.append(C("logits", int(loss_saved + loss_extra), loss_what, True))
     if transient:
-        comps.append(C("dequant_transient", int(transient), "largest quantised weight de-quantised to 16-bit", True))
+        comps.append(C("dequant_transient", int(transient), "largest quantised weight de-quantised to 16-bit"
+                       + (" (fp16, and its bf16 cast)" if dequant_copies(setup) == 2 else ""), True))
     if dora_tmp and where_peak == "forward":
         comps.append(C("dora_transient", int(dora_tmp), "DoRA: B@A, the cast weight and W + s*BA of the largest "
                        "adapted layer (its forward)", True))
@@ -275,14 +280,17 @@ def _frozen_copy(st, setup: TrainingSetup) -> float:
     return st.total * (4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2)
 
 
-def _weights_what(setup: TrainingSetup) -> str:
+def _weights_what(setup: TrainingSetup, model: ModelSpec) -> str:
     if setup.quant in quant_formats.PREQUANTISED:
         return quant_formats.describe(setup.quant)[0]
     rest = "fp32 (PEFT k-bit preparation)" if kbit_upcast_applies(setup) else "16-bit"
+    head_q = quantised_lm_head(model, setup) > 0
+    quantised, kept = ("linear weights and lm_head", "embeddings, norms") if head_q else (
+        "linear weights", "embeddings, norms, lm_head")
     if setup.quant in ("nf4", "nf4-dq"):
-        return f"linear weights NF4 (0.5 B/param); embeddings, norms, lm_head in {rest}"
+        return f"{quantised} NF4 (0.5 B/param); {kept} in {rest}"
     if setup.quant == "int8":
-        return f"linear weights int8 (1 B/param); embeddings, norms, lm_head in {rest}"
+        return f"{quantised} int8 (1 B/param); {kept} in {rest}"
     b = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2
     if setup.fsdp_strategy != "none":
         shards = "" if setup.fsdp_strategy == "no-shard" else f" / {setup.shard_group} GPUs"

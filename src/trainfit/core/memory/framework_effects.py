@@ -40,6 +40,16 @@ made for the run a user will actually launch (and published measurements can be 
   gradient-synchronization guide: "no_sync requires additional GPU memory when using FSDP",
   accelerate#2531); Lightning Fabric's `no_backward_sync` and fsdp_qlora's `--no_sync` do the same.
   trainfit's exports set sync_each_batch (export/training_args.py), so its own runs keep shards.
+* Lightning Fabric's bitsandbytes plugin (TrainingSetup.quantize_lm_head, bnb_fp16_quant_state), which
+  LitGPT's `--quantize bnb.*` uses (src/lightning/fabric/plugins/precision/bitsandbytes.py, unchanged
+  on this point since it was added in 2023-09). Its module_init_context replaces `torch.nn.Linear`
+  while the model is built, so the lm_head is quantised too (Transformers' BitsAndBytesConfig skips
+  it: get_keys_to_not_convert). Its 4-bit `quantize` casts every weight with
+  `.to(device=device, dtype=torch.half)` before `quantize_4bit`, so the QuantState's dtype is fp16:
+  bitsandbytes' MatMul4Bit then runs `F.dequantize_4bit(B, quant_state).to(A.dtype)` in forward and
+  backward (autograd/_functions.py, 0.41-0.43), which with a bf16 compute dtype holds the fp16
+  de-quantised weight and its bf16 cast at once: two copies of the largest quantised weight, which
+  for a quantised lm_head at a 128k vocabulary is 2 GB.
 """
 
 from __future__ import annotations
@@ -48,10 +58,12 @@ import re
 
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, compute_bytes, root_params
 from trainfit.core.memory.stats import ModelStats
+from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 BNB_INPUT_FIX_VERSION = (0, 43, 2)
 BNB_QUANTS = ("nf4", "nf4-dq")
+LM_HEAD_QUANTS = ("nf4", "nf4-dq", "int8")  # bitsandbytes' layers, which a plugin can swap in for the lm_head
 PEFT_PREPARED_QUANTS = ("nf4", "nf4-dq", "int8")  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
 
 
@@ -81,6 +93,21 @@ def kbit_upcast_applies(setup: TrainingSetup) -> bool:
     sharded = setup.zero_stage >= 3 or setup.fsdp_strategy in SHARDED_STRATEGIES
     return (setup.kbit_upcast and setup.quant in PEFT_PREPARED_QUANTS and not sharded
             and setup.method != "inference")
+
+
+def quantised_lm_head(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Weights of the lm_head that a bitsandbytes quantisation covers (TrainingSetup.quantize_lm_head):
+    its own weight only; a head tied to the embeddings stays 16-bit with them."""
+    if not (setup.quantize_lm_head and setup.quant in LM_HEAD_QUANTS) or spec.tie_embeddings:
+        return 0
+    return spec.vocab_size * spec.hidden_size
+
+
+def dequant_copies(setup: TrainingSetup) -> int:
+    """De-quantised copies of one 4-bit weight alive at once: 2 when the QuantState is fp16 and the
+    compute dtype bf16 (the fp16 result and its cast), else 1."""
+    bf16_compute = setup.precision in ("bf16", "bf16-mixed")
+    return 2 if setup.bnb_fp16_quant_state and setup.quant in BNB_QUANTS and bf16_compute else 1
 
 
 def no_sync_gradient_bytes(st: ModelStats, setup: TrainingSetup, trainable: int) -> float:
@@ -133,4 +160,10 @@ def framework_problems(setup: TrainingSetup) -> list[str]:
     if setup.kbit_upcast and setup.quant not in PEFT_PREPARED_QUANTS:
         out.append(f"--kbit-upcast describes PEFT's preparation of a bitsandbytes base (--quant nf4, nf4-dq or "
                    f"int8); --quant {setup.quant} is not one: drop --kbit-upcast")
+    if setup.quantize_lm_head and setup.quant not in LM_HEAD_QUANTS:
+        out.append(f"--quantize-lm-head quantises the output layer with bitsandbytes (--quant nf4, nf4-dq or "
+                   f"int8); --quant {setup.quant} is not one: drop --quantize-lm-head")
+    if setup.bnb_fp16_quant_state and setup.quant not in BNB_QUANTS:
+        out.append(f"--bnb-fp16-quant-state describes bitsandbytes' 4-bit weights (--quant nf4 or nf4-dq); "
+                   f"--quant {setup.quant} is not one: drop the flag")
     return out

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import kbit_upcast_applies
+from trainfit.core.memory.framework_effects import dequant_copies, kbit_upcast_applies, quantised_lm_head
 from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes, root_params
 from trainfit.core.memory.quant_formats import (PREQUANTISED, group_index_bytes, metadata_bytes_per_param,
                                                 packed_bytes_per_param)
@@ -90,18 +90,23 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
         return st.total * dense, 0.0, 0.0
     if p == "fp32" or kbit_upcast_applies(setup):
         dense = 4  # PEFT's k-bit preparation casts the non-quantised weights to fp32 (framework_effects.py)
-    rest = (st.total - st.linear) * dense
+    head = quantised_lm_head(spec, setup) if spec else 0  # Lightning's plugin quantises the lm_head too
+    linear = st.linear + head
+    largest = max(st.largest_linear, head)
+    rest = (st.total - linear) * dense
     if setup.quant == "int8":
-        return st.linear * 1 + rest, st.linear_out_rows * 4, st.largest_linear * 2
+        rows = st.linear_out_rows + (spec.vocab_size if head else 0)
+        return linear * 1 + rest, rows * 4, largest * 2
     if setup.quant in PREQUANTISED:  # GPTQ / AWQ 4-bit, group 128 (core/memory/quant_formats.py)
         meta = st.linear * metadata_bytes_per_param() + (group_index_bytes(spec, setup.quant) if spec else 0.0)
         return st.linear * packed_bytes_per_param() + rest, meta, st.largest_linear * 2
-    blocks = st.linear / NF4_BLOCK
+    blocks = linear / NF4_BLOCK
     if setup.quant == "nf4":
         overhead = blocks * 4
     else:
         overhead = blocks * 1 + (blocks / DQ_BLOCK) * 4
-    return st.linear * 0.5 + rest, overhead, st.largest_linear * 2
+    # An fp16 QuantState under bf16 compute: the de-quantised weight and its cast (framework_effects.py)
+    return linear * 0.5 + rest, overhead, largest * 2 * dequant_copies(setup)
 
 
 def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_params: int) -> States:

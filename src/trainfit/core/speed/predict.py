@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from trainfit.core.memory.framework_effects import dequant_copies
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
@@ -160,7 +161,10 @@ def _gpu_parts(
     if setup.quant in ("nf4", "nf4-dq"):
         # Every 4-bit weight is dequantised to bf16 before each use (forward, backward, recompute).
         # Measured, this costs far more than the 2.6 bytes it moves: see NF4_DEQUANT_BYTES_PER_WEIGHT.
-        dequant_s = passes * n_stored * NF4_DEQUANT_BYTES_PER_WEIGHT / bw
+        # An fp16 QuantState under bf16 compute casts each de-quantised weight once more: read 2 B,
+        # write 2 B (framework_effects.dequant_copies).
+        cast = 4.0 if dequant_copies(setup) == 2 else 0.0
+        dequant_s = passes * n_stored * (NF4_DEQUANT_BYTES_PER_WEIGHT + cast) / bw
     elif setup.quant == "int8":
         # bitsandbytes int8: read 1 byte, write 2 per weight and use (no published figure to fit).
         dequant_s = passes * n_stored * (w_bytes + 2.0) / bw
