@@ -147,6 +147,20 @@ def test_fsdp_no_sync_keeps_every_trained_unit_unsharded_between_micro_batches(l
         estimate_memory(llama, dataclasses.replace(one_micro, fsdp_no_sync=True))
 
 
+def test_fsdp_holds_the_lm_head_gradient_unsharded_until_the_root_unit_reduces(llama):
+    full = TrainingSetup(method="full", precision="bf16", num_gpus=8, zero_stage=3, fsdp_strategy="full-shard",
+                         grad_accum=4, micro_batch=1, seq_len=512, grad_checkpointing="full")
+    est = estimate_memory(llama, full)
+    comps = {c.name: c.bytes for c in est.devices[0].components}
+    assert est.notes[0].startswith("tensor peak at the layer backward")
+    head = llama.vocab_size * llama.hidden_size * 2  # bf16, unsharded
+    assert comps["lm_head_gradient"] == head
+    assert comps["gradients"] == pytest.approx(model_stats(llama).total * 2 / 8)  # the accumulated shards
+    # under no_sync it accumulates into the root unit's unsharded gradient: nothing apart
+    no_sync = estimate_memory(llama, dataclasses.replace(full, fsdp_no_sync=True))
+    assert "lm_head_gradient" not in {c.name for c in no_sync.devices[0].components}
+
+
 def test_fsdp_no_sync_reduce_scatters_once_per_step():
     from trainfit.core.speed.comm import communication
     from trainfit.core.speed.rates import DeviceRates

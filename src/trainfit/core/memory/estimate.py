@@ -19,7 +19,7 @@ from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
 from trainfit.core.memory.framework_effects import (LM_HEAD_QUANTS, dequant_copies, kbit_upcast_applies,
                                                    no_sync_gradient_bytes, quantised_lm_head, step_temporary_bytes)
-from trainfit.core.memory.fsdp import gathered_bytes, no_sync_applies
+from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
@@ -200,6 +200,12 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                     * (2 if model.tie_embeddings else 1)) if full else 0.0
     # The lm_head (or tied embedding) gradient exists before any layer is recomputed.
     head_grad = (model.vocab_size * model.hidden_size * (4 if r == 4 else 2)) if full else 0.0
+    # Under FSDP the root unit (embeddings, lm_head) reduce-scatters only after the embedding's
+    # backward, the last of the step: a trained lm_head's unsharded gradient is held next to the
+    # sharded accumulated ones through every layer's backward (bench/fsdp_no_sync_cpu.py, sync). Under
+    # no_sync it accumulates into the root's unsharded gradient, which g_acc already holds.
+    head_apart = full and setup.fsdp_strategy in SHARDED_STRATEGIES and not no_sync_applies(setup)
+    held_grads = g_acc + head_grad if head_apart else max(g_acc, head_grad)
     base = weights + ref + states.optimizer + states.master_weights + states.gathered + states.buckets
     acts = saved_layers + final + cache
     # Reference forward (no_grad) of DPO: logits for all chosen+rejected tokens, one layer's temps.
@@ -216,7 +222,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).
         "backward end": base + states.gradients + emb_grad_tmp,
-        "layer backward": base + max(g_acc, head_grad) + saved_layers + final + recompute + cache,
+        "layer backward": base + held_grads + saved_layers + final + recompute + cache,
         "reference forward": base + g_acc + ref_fwd,
     }
     where_peak = max(phases, key=phases.get)
@@ -259,7 +265,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("activations", int(saved_layers + final + recompute), ckpt_what, True))
         if cache:
             comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights", True))
-        if not g_acc and head_grad:
+        if head_apart and g_acc:
+            comps.append(C("lm_head_gradient", int(head_grad), "lm_head gradient, unsharded until the FSDP root "
+                           "unit's reduce-scatter at the end of backward", True))
+        elif not g_acc and head_grad:
             comps.append(C("gradients", int(head_grad), "lm_head gradient, alive before layers recompute", True))
         return comps
     comps.append(C("activations", int(saved_layers + final), ckpt_what, True))
