@@ -13,9 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
 
-import _cuda_harness as harness  # noqa: E402
+import _cuda_harness as harness
 
 OOM_ROW = "gpt2 full fp32 ckpt b2 s64"
 

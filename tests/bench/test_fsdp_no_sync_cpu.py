@@ -4,15 +4,10 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import fsdp_no_sync_cpu as bench  # noqa: E402
+import fsdp_no_sync_cpu as bench
 
 MIB = 2 ** 20
 

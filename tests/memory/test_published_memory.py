@@ -4,20 +4,15 @@ a cited source and a metric on every row, and the harness still runs trainfit on
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+import published_memory as bench
 
-import published_memory as bench  # noqa: E402
-
-from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.overheads import margins, reserved_peak_bytes, slack_fraction  # noqa: E402
-from trainfit.core.model_catalog import get_model  # noqa: E402
-from trainfit.core.setup import TrainingSetup  # noqa: E402
+from trainfit.core.memory import estimate_memory
+from trainfit.core.memory.overheads import margins, reserved_peak_bytes, slack_fraction
+from trainfit.core.model_catalog import get_model
+from trainfit.core.setup import TrainingSetup
 
 GIB = 2**30
 

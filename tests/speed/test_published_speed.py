@@ -5,16 +5,11 @@ median |error| <= 15 %, no systematic optimism on multi-GPU runs)."""
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import published_speed as bench  # noqa: E402
+import published_speed as bench
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import (LM_HEAD_QUANTS, dequant_copies, kbit_upcast_applies,
-                                                   no_sync_gradient_bytes, quantised_lm_head, step_temporary_bytes)
+from trainfit.core.memory.framework_effects import (dequant_copies, kbit_upcast_applies, no_sync_gradient_bytes,
+                                                   quantised_lm_head, step_temporary_bytes)
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -63,7 +63,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if model.architecture in EAGER_ONLY and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
-    if setup.quantize_lm_head and setup.quant in LM_HEAD_QUANTS and model.tie_embeddings:
+    if setup.quantize_lm_head and model.tie_embeddings:  # check_knobs refused it for a non-bitsandbytes quant
         notes.append("the lm_head is tied to the embeddings: it stays 16-bit with them (--quantize-lm-head "
                      "quantises an lm_head of its own)")
     lora_params += dora.magnitude_params(model, setup)  # DoRA's trained magnitudes (fp32, like the adapters)
