@@ -14,12 +14,13 @@ import pytest
 
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.activations import layer_bytes_per_token
-from trainfit.core.memory.framework_effects import bnb_keeps_input_for, no_sync_gradient_bytes
+from trainfit.core.memory.framework_effects import bnb_keeps_input_for, logits_shift_copy_for, no_sync_gradient_bytes
 from trainfit.core.memory.fsdp import root_params
 from trainfit.core.memory.loss_kernels import loss_terms
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.model_catalog import get_model
+from trainfit.core.model_loader import spec_from_config
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 
@@ -79,6 +80,39 @@ def test_old_bitsandbytes_keeps_every_4bit_layer_input(llama):
                                            ("0.45.0.dev0", False), ("v0.42", True), ("1.0", False)])
 def test_bitsandbytes_version_boundary(version, keeps):
     assert bnb_keeps_input_for(version) is keeps
+
+
+@pytest.mark.parametrize("version,copies", [("4.37.2", True), ("4.39.0.dev0", True), ("4.48.1", True),
+                                            ("4.49.0", False), ("v4.57", False), ("5.0.0", False)])
+def test_transformers_version_boundary(version, copies):
+    assert logits_shift_copy_for(version) is copies
+
+
+def test_old_transformers_loss_copies_the_shifted_fp32_logits(llama):
+    s = TrainingSetup(method="lora", precision="bf16", lora=LoraSettings())
+    tokens = 1024
+    new = loss_terms(llama, s, tokens, head_trains=False)
+    old = loss_terms(llama, dataclasses.replace(s, logits_shift_copy=True), tokens, head_trains=False)
+    v = llama.vocab_size
+    assert old.forward - new.forward == 4 * v * tokens  # the fp32 copy, in the loss forward only
+    assert (old.saved, old.backward) == (new.saved, new.backward)
+    assert "copies the shifted fp32 logits" in old.what
+
+
+def test_old_gpt_bigcode_loss_runs_on_16bit_logits_unless_autocast():
+    bigcode = spec_from_config(dict(model_type="gpt_bigcode", n_embd=2048, n_head=16, n_layer=24, n_inner=8192,
+                                    vocab_size=49280, n_positions=2048, multi_query=True))
+    s = TrainingSetup(precision="bf16", logits_shift_copy=True)
+    tokens = 1024
+    t = loss_terms(bigcode, s, tokens, head_trains=True)
+    v = bigcode.vocab_size
+    # logits, their shifted copy and log_softmax's output, all bf16; no fp32 anywhere
+    assert (t.saved, t.forward, t.backward) == (2 * v * tokens, 4 * v * tokens, 4 * v * tokens)
+    assert "no fp32 upcast" in t.what
+    current = loss_terms(bigcode, dataclasses.replace(s, logits_shift_copy=False), tokens, head_trains=True)
+    assert current.saved == 4 * v * tokens  # 4.49+: ForCausalLMLoss upcasts for every architecture
+    autocast = loss_terms(bigcode, dataclasses.replace(s, precision="bf16-mixed"), tokens, head_trains=True)
+    assert autocast.saved == 4 * v * tokens  # autocast runs log_softmax in fp32
 
 
 def test_fsdp_mixed_units_keep_gradients_for_every_decoder_weight(llama):
@@ -284,6 +318,12 @@ def test_cli_flags_and_bad_version():
     assert bad.returncode == 2
     assert "--bitsandbytes-version: 'latest' is not a version number" in bad.stderr
     assert "Traceback" not in bad.stderr
+    assert setup["logits_shift_copy"] is False  # --hardware: a current transformers release
+    old_tf = subprocess.run(run + ["--transformers-version", "4.48.1", "--json"], capture_output=True, text=True)
+    assert old_tf.returncode in (0, 3), old_tf.stderr
+    assert json.loads(old_tf.stdout)["setup"]["logits_shift_copy"] is True
+    bad_tf = subprocess.run(run + ["--transformers-version", "next"], capture_output=True, text=True)
+    assert bad_tf.returncode == 2 and "--transformers-version: 'next' is not a version number" in bad_tf.stderr
 
 
 def test_runner_prepares_a_quantised_base_without_the_fp32_cast():

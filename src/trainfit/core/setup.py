@@ -147,6 +147,10 @@ class TrainingSetup:
     # 4-bit weights quantised from an fp16 copy (Lightning Fabric's BitsandbytesPrecision): with a
     # bf16 compute dtype each de-quantised weight is fp16 and cast again, two copies at once.
     bnb_fp16_quant_state: bool = False
+    # transformers before 4.49: the causal-LM loss shifts the fp32 logits with
+    # `logits[..., :-1, :].contiguous()`, a second fp32 copy beside the upcast during the loss forward
+    # (4.49 pads the labels instead).
+    logits_shift_copy: bool = False
 
     @property
     def global_batch(self) -> int:

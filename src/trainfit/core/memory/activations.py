@@ -39,7 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import keeps_quantised_inputs, kbit_upcast_applies, quantised_lm_head
+from trainfit.core.memory.framework_effects import (
+    keeps_quantised_inputs,
+    kbit_upcast_applies,
+    legacy_loss_in_16bit,
+    quantised_lm_head,
+)
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -261,13 +266,20 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
 
     transformers' ForCausalLMLoss upcasts logits to fp32 and calls cross_entropy: log_softmax's
     fp32 output is saved; its backward briefly holds grad(log_softmax) and grad(logits) (fp32).
-    Gemma-2's final soft-capping (tanh) saves one more logits-sized tensor.
+    Gemma-2's final soft-capping (tanh) saves one more logits-sized tensor. Before transformers 4.49
+    (TrainingSetup.logits_shift_copy) the shifted logits are copied before cross_entropy, and some
+    architectures ran it on 16-bit logits (framework_effects.legacy_loss_in_16bit).
     """
-    _, a, _ = dtype_bytes(setup)
+    _, a, mixed = dtype_bytes(setup)
     v = spec.vocab_size
+    if legacy_loss_in_16bit(spec, setup, mixed=mixed):
+        # logits, their shifted copy and log_softmax's output, all 16-bit; backward: two grads
+        return a * v, 2 * a * v, 2 * a * v
     saved = 4 * v
     if spec.architecture == "gemma2":
         saved += a * v
     fwd = a * v + (4 * v if a != 4 else 0)
+    if setup.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
+        fwd += 4 * v
     bwd = 8 * v
     return saved, fwd, bwd

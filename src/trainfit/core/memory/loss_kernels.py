@@ -1,7 +1,9 @@
 """The logits term under the three ways the causal-LM loss meets the logits.
 
 * standard: transformers' ForCausalLMLoss materialises batch x seq x vocab logits, upcasts them to
-  fp32 and keeps log_softmax's output for backward (activations.loss_bytes_per_token).
+  fp32 and keeps log_softmax's output for backward (activations.loss_bytes_per_token); before
+  transformers 4.49 it also copied the shifted logits, and some architectures skipped the upcast
+  (TrainingSetup.logits_shift_copy, framework_effects.legacy_loss_in_16bit).
 * fused: Liger-Kernel's fused linear cross-entropy (LigerFusedLinearCrossEntropyFunction,
   github.com/linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py, read
   2026-11-23). It never builds the whole logits: the BT tokens go through the lm_head in chunks
@@ -84,5 +86,12 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
         return LossTerms(2 * a * v * tokens, chunk * a * v, 2 * chunk * a * v,
                          f"16-bit chunked cross-entropy: {tokens} tokens' logits and log_softmax kept in "
                          f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
-    return LossTerms(saved * tokens, fwd * tokens, bwd * tokens,
-                     f"logits + loss: {tokens} tokens x vocab {v} (fp32 log_softmax, its grads)")
+    from trainfit.core.memory.framework_effects import legacy_loss_in_16bit
+
+    if legacy_loss_in_16bit(spec, setup, mixed=setup.precision.endswith("-mixed")):
+        how = f"{a}-byte logits, their shifted copy and log_softmax (transformers < 4.49, no fp32 upcast)"
+    elif setup.logits_shift_copy:
+        how = "fp32 log_softmax, its grads; transformers < 4.49 copies the shifted fp32 logits"
+    else:
+        how = "fp32 log_softmax, its grads"
+    return LossTerms(saved * tokens, fwd * tokens, bwd * tokens, f"logits + loss: {tokens} tokens x vocab {v} ({how})")
