@@ -360,8 +360,11 @@ row to fit a figure.
 12. **What is left under-predicted** (12 rows): nvidia-smi rows of the HF Trainer runs whose
    allocated peak is now predicted closely (SantaCoder 4 rows, -18 to -25 %; Mistral 7B QLoRA 1 GPU
    -12 / -13 %; Mistral full 2 GPUs bs4 -10.5 %): their reserved-over-allocated slack is 20-75 % where
-   10 % / 30 % is applied: what fills that slack (kernel workspaces, the allocation order of the
-   run) is for a GPU allocator trace to show; SantaCoder bs8 allocated (-12.2 %); LitGPT Gemma 2B
+   10 % / 30 % is applied. Replaying the allocation sequence of the same model code, traced at full
+   size on the meta device, through the caching allocator's rules (bench/meta_trace.py) gives 12 and
+   16 % for the Mistral 7B LoRA shapes whose published slack is 14 and 16 %, but 6.5 % for the full
+   fine-tune (11 % published) and 4-40 % across other shapes: the slack follows the run's own sizes
+   and order, which a flat share cannot; SantaCoder bs8 allocated (-12.2 %); LitGPT Gemma 2B
    full on 4x A10G (-37 %: LitGPT unties Gemma's lm_head, 0.5 B more trained parameters, which would
    make it -21 % but its LoRA and QLoRA rows +14..+22 %, so it is not applied); fms FSDP QLoRA 70B
    allocated (-10.2 %); FSDP CPU offload (-12 and -13 %). torchtune rows still carry torch.compile
