@@ -270,9 +270,9 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     (TrainingSetup.logits_shift_copy) the shifted logits are copied before cross_entropy, and some
     architectures ran it on 16-bit logits (framework_effects.legacy_loss_in_16bit).
     """
-    _, a, mixed = dtype_bytes(setup)
+    _, a, _ = dtype_bytes(setup)
     v = spec.vocab_size
-    if legacy_loss_in_16bit(spec, setup, mixed=mixed):
+    if legacy_loss_in_16bit(spec, setup):
         # logits, their shifted copy and log_softmax's output, all 16-bit; backward: two grads
         return a * v, 2 * a * v, 2 * a * v
     saved = 4 * v

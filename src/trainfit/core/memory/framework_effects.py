@@ -73,11 +73,11 @@ BNB_INPUT_FIX_VERSION = (0, 43, 2)
 TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = ("nf4", "nf4-dq", "int8")  # bitsandbytes' layers, which a plugin can swap in for the lm_head
-PEFT_PREPARED_QUANTS = ("nf4", "nf4-dq", "int8")
+PEFT_PREPARED_QUANTS = ("nf4", "nf4-dq", "int8")  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
 # Causal LMs whose own forward in transformers 4.48 (and before) runs CrossEntropyLoss on the shifted
 # 16-bit logits, with no fp32 upcast (modeling_<type>.py, "shift_logits = lm_logits[..., :-1,
 # :].contiguous()"); the others went through ForCausalLMLoss, which upcasts first.
-LEGACY_16BIT_LOSS = frozenset({"gpt_bigcode", "bloom", "falcon", "gpt_neox", "opt", "mpt", "dbrx"})  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
+LEGACY_16BIT_LOSS = frozenset({"gpt_bigcode", "bloom", "falcon", "gpt_neox", "opt", "mpt", "dbrx"})
 
 
 def resolved_optimizer_impl(setup: TrainingSetup) -> str:
@@ -154,10 +154,11 @@ def logits_shift_copy_for(version: str) -> bool:
     return _release(version) < TRANSFORMERS_PADDED_LABELS_VERSION
 
 
-def legacy_loss_in_16bit(spec: ModelSpec, setup: TrainingSetup, *, mixed: bool) -> bool:
+def legacy_loss_in_16bit(spec: ModelSpec, setup: TrainingSetup) -> bool:
     """The loss of a transformers < 4.49 run (logits_shift_copy) is computed on 16-bit logits: the
-    architecture's own forward skips the upcast, and no autocast runs log_softmax in fp32."""
-    return (setup.logits_shift_copy and spec.architecture in LEGACY_16BIT_LOSS and not mixed
+    architecture's own forward skips the upcast, and in pure 16-bit precision no autocast runs
+    log_softmax in fp32."""
+    return (setup.logits_shift_copy and spec.architecture in LEGACY_16BIT_LOSS
             and setup.precision in ("bf16", "fp16") and setup.loss == "standard")
 
 

@@ -88,7 +88,7 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
                          f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
     from trainfit.core.memory.framework_effects import legacy_loss_in_16bit
 
-    if legacy_loss_in_16bit(spec, setup, mixed=setup.precision.endswith("-mixed")):
+    if legacy_loss_in_16bit(spec, setup):
         how = f"{a}-byte logits, their shifted copy and log_softmax (transformers < 4.49, no fp32 upcast)"
     elif setup.logits_shift_copy:
         how = "fp32 log_softmax, its grads; transformers < 4.49 copies the shifted fp32 logits"
