@@ -215,11 +215,15 @@ def measure(spec: ModelSpec, setup: TrainingSetup) -> int:
                     loss = _dpo_loss(model, ref, ids, autocast)
                 else:
                     with autocast():
-                        loss = model(input_ids=ids, labels=ids).loss
+                        out = model(input_ids=ids, labels=ids)
+                    loss = out.loss
+                    if not setup.output_kept:  # the HF Trainer's loop; a hand-written one may keep `out`
+                        del out
                 (loss / setup.grad_accum).backward()
                 del loss
             opt.step()
             opt.zero_grad(set_to_none=True)
+            out = None
     return counter.peak_bytes
 
 

@@ -33,7 +33,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from trainfit import yaml_io  # noqa: E402
 from trainfit.core.hardware_spec import resolve_hardware  # noqa: E402
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.framework_effects import bnb_keeps_input_for, logits_shift_copy_for  # noqa: E402
+from trainfit.core.memory.framework_effects import (  # noqa: E402
+    bnb_keeps_input_for,
+    logits_returned_fp32_for,
+    logits_shift_copy_for,
+)
 from trainfit.core.memory.overheads import reserved_peak_bytes  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
@@ -127,11 +131,15 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
         knobs["bnb_fp16_quant_state"] = True
     if fw.get("transformers") and knobs.get("loss", "standard") == "standard":
         knobs["logits_shift_copy"] = logits_shift_copy_for(str(fw["transformers"]))
+        knobs["logits_returned_fp32"] = logits_returned_fp32_for(str(fw["transformers"]))
+    if fw.get("output_kept"):
+        knobs["output_kept"] = True
     return knobs
 
 
 FRAMEWORK_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "optimizer_in_backward",
-                  "kbit_upcast", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "transformers")
+                  "kbit_upcast", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "transformers",
+                  "output_kept")
 
 
 def setup_for(row: dict[str, Any], frameworks: dict[str, dict[str, Any]] | None = None) -> TrainingSetup:
@@ -355,9 +363,14 @@ row to fit a figure.
    loss forward; gpt_bigcode (and bloom, falcon, gpt_neox, opt, mpt, dbrx) computed the loss in its
    own forward on the 16-bit logits, with the same copy in 16 bits. fms pins 4.48.1: Mistral 7B
    allocated LoRA 1 GPU -4.5 / -6.2 % -> -0.6 / -0.7 %, 2 GPUs -6.6 / -10.9 % -> -3.1 / -6.1 %,
-   QLoRA -1.3..-6.7 % -> -0.2..+6.0 %; SantaCoder allocated +10.6..+22.2 % -> -12.2..+6.5 %. Checked
-   on CPU against transformers 4.48.1 and 5.23 (bench/loss_versions_cpu.py: 12 cases, worst 1.1 %).
-12. **What is left under-predicted** (12 rows): nvidia-smi rows of the HF Trainer runs whose
+   QLoRA -1.3..-6.7 % -> -0.2..+6.0 %; SantaCoder allocated +10.6..+22.2 % -> -12.2..+6.5 %. Before
+   4.46 the forward returns the logits upcast to fp32 (`logits_returned_fp32`), and fsdp_qlora's loop
+   keeps the model output until after the optimizer step (`output_kept`): its fp32 logits live
+   through backward. fsdp_qlora NO_SHARD QLoRA bs8 -14.6 % -> -4.3 %, LoRA CPU offload bs10 -20.2 %
+   -> -6.2 %; its other rows, already over, rise 1-7 points. Checked on CPU under transformers
+   4.37.2, 4.48.1 and 5.23 (bench/loss_versions_cpu.py: 24 cases, median 0.4 %; Llama and Mistral
+   within 0.6 % in every release, the output kept or not).
+12. **What is left under-predicted** (11 rows): nvidia-smi rows of the HF Trainer runs whose
    allocated peak is now predicted closely (SantaCoder 4 rows, -18 to -25 %; Mistral 7B QLoRA 1 GPU
    -12 / -13 %; Mistral full 2 GPUs bs4 -10.5 %): their reserved-over-allocated slack is 20-75 % where
    10 % / 30 % is applied. Replaying the allocation sequence of the same model code, traced at full
@@ -367,8 +380,8 @@ row to fit a figure.
    and order, which a flat share cannot; SantaCoder bs8 allocated (-12.2 %); LitGPT Gemma 2B
    full on 4x A10G (-37 %: LitGPT unties Gemma's lm_head, 0.5 B more trained parameters, which would
    make it -21 % but its LoRA and QLoRA rows +14..+22 %, so it is not applied); fms FSDP QLoRA 70B
-   allocated (-10.2 %); FSDP CPU offload (-12 and -13 %). torchtune rows still carry torch.compile
-   (unmodelled).
+   allocated (-10.2 %); PEFT's FSDP QLoRA 70B with CPU offload (-12.1 %). torchtune rows still carry
+   torch.compile (unmodelled).
 """
 
 

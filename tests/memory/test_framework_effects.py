@@ -14,7 +14,12 @@ import pytest
 
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.activations import layer_bytes_per_token
-from trainfit.core.memory.framework_effects import bnb_keeps_input_for, logits_shift_copy_for, no_sync_gradient_bytes
+from trainfit.core.memory.framework_effects import (
+    bnb_keeps_input_for,
+    logits_returned_fp32_for,
+    logits_shift_copy_for,
+    no_sync_gradient_bytes,
+)
 from trainfit.core.memory.fsdp import root_params
 from trainfit.core.memory.loss_kernels import loss_terms
 from trainfit.core.memory.states import model_states
@@ -97,6 +102,40 @@ def test_old_transformers_loss_copies_the_shifted_fp32_logits(llama):
     assert old.forward - new.forward == 4 * v * tokens  # the fp32 copy, in the loss forward only
     assert (old.saved, old.backward) == (new.saved, new.backward)
     assert "copies the shifted fp32 logits" in old.what
+
+
+@pytest.mark.parametrize("version,fp32", [("4.37.2", True), ("4.45.2", True), ("4.46.0", False), ("4.48.1", False)])
+def test_transformers_returned_fp32_logits_before_4_46(version, fp32):
+    assert logits_returned_fp32_for(version) is fp32
+
+
+def test_before_4_46_the_forward_frees_the_16bit_logits_it_upcast(llama):
+    s = TrainingSetup(method="lora", precision="bf16", lora=LoraSettings(), logits_shift_copy=True)
+    tokens = 1024
+    v = llama.vocab_size
+    v448 = loss_terms(llama, s, tokens, head_trains=False)
+    v437 = loss_terms(llama, dataclasses.replace(s, logits_returned_fp32=True), tokens, head_trains=False)
+    assert v448.forward == (2 + 4 + 4) * v * tokens  # bf16 logits (kept by the caller), fp32 upcast, copy
+    assert v437.forward == (4 + 4) * v * tokens  # fp32 logits and their copy only
+
+
+def test_a_loop_that_keeps_the_output_holds_its_logits_through_backward(llama):
+    s = TrainingSetup(method="lora", precision="bf16", lora=LoraSettings(), micro_batch=2, seq_len=1024,
+                      grad_checkpointing="full")
+    tokens = 2048
+    dropped = estimate_memory(llama, s)
+    kept = estimate_memory(llama, dataclasses.replace(s, output_kept=True))
+    v = llama.vocab_size
+    p0, p1 = _phases(dropped), _phases(kept)
+    for phase in ("loss backward", "layer backward", "optimizer step"):
+        assert (p1[phase] - p0[phase]) * 2**30 == pytest.approx(2 * v * tokens, abs=0.01 * 2**30)  # bf16 logits; notes round to 0.01 GiB
+    assert p1["forward"] == p0["forward"]
+    older = estimate_memory(llama, dataclasses.replace(s, output_kept=True, logits_returned_fp32=True,
+                                                       logits_shift_copy=True))
+    assert (_phases(older)["loss backward"] - p0["loss backward"]) * 2**30 == pytest.approx(4 * v * tokens, abs=0.01 * 2**30)
+    if kept.devices[0].tensor_peak_bytes > dropped.devices[0].tensor_peak_bytes:
+        names = [c.name for c in kept.devices[0].components]
+        assert "kept_output" in names
 
 
 def test_old_gpt_bigcode_loss_runs_on_16bit_logits_unless_autocast():
@@ -322,6 +361,12 @@ def test_cli_flags_and_bad_version():
     old_tf = subprocess.run(run + ["--transformers-version", "4.48.1", "--json"], capture_output=True, text=True)
     assert old_tf.returncode in (0, 3), old_tf.stderr
     assert json.loads(old_tf.stdout)["setup"]["logits_shift_copy"] is True
+    assert json.loads(old_tf.stdout)["setup"]["logits_returned_fp32"] is False
+    kept = subprocess.run(run + ["--transformers-version", "4.40.0", "--output-kept", "--json"],
+                          capture_output=True, text=True)
+    assert kept.returncode in (0, 3), kept.stderr
+    kept_setup = json.loads(kept.stdout)["setup"]
+    assert kept_setup["output_kept"] is True and kept_setup["logits_returned_fp32"] is True
     bad_tf = subprocess.run(run + ["--transformers-version", "next"], capture_output=True, text=True)
     assert bad_tf.returncode == 2 and "--transformers-version: 'next' is not a version number" in bad_tf.stderr
 

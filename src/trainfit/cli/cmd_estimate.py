@@ -85,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="transformers of the run (default: the installed one without --hardware, else a current "
                    "release); before 4.49 the causal-LM loss copies the shifted logits, and some architectures "
                    "(gpt_bigcode, falcon, bloom, gpt_neox, opt, mpt, dbrx) compute it on 16-bit logits")
+    p.add_argument("--output-kept", action="store_true",
+                   help="the training loop keeps the model output through backward and the step "
+                   "(`outputs = model(**batch); outputs.loss.backward()`): its logits stay alive; the HF Trainer "
+                   "and trainfit's runs drop it before backward")
     p.add_argument("--fsdp-mixed-units", action="store_true",
                    help="FSDP LoRA with the adapters inside their frozen layer's wrapped unit (e.g. LitGPT): "
                    "gradients kept for the whole unit")
@@ -194,11 +198,16 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 
 
 def _framework_knobs(args: argparse.Namespace) -> dict:
-    """--optimizer-impl / --bitsandbytes-version / --transformers-version / --fsdp-mixed-units /
+    """--optimizer-impl / --bitsandbytes-version / --transformers-version / --output-kept / --fsdp-mixed-units /
     --kbit-upcast / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state as setup fields
     (trainfit.core.memory.framework_effects). Without --hardware a run on this machine uses the
     installed bitsandbytes and transformers, so their versions are the defaults there."""
-    from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for, logits_shift_copy_for
+    from trainfit.core.memory.framework_effects import (
+        BNB_QUANTS,
+        bnb_keeps_input_for,
+        logits_returned_fp32_for,
+        logits_shift_copy_for,
+    )
     from trainfit.export.versions import installed_version
 
     version = args.bitsandbytes_version
@@ -208,7 +217,7 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
     tf_version = args.transformers_version
     if tf_version is None and args.hardware is None:
         tf_version = installed_version("transformers")
-    keeps = shift_copy = False
+    keeps = shift_copy = returned_fp32 = False
     try:
         if version is not None:
             keeps = bnb_keeps_input_for(version)
@@ -217,9 +226,11 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
     try:
         if tf_version is not None:
             shift_copy = logits_shift_copy_for(tf_version)
+            returned_fp32 = logits_returned_fp32_for(tf_version)
     except ValueError as e:
         raise BadInputError(f"--transformers-version: {e}") from None
     return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps, logits_shift_copy=shift_copy,
+                logits_returned_fp32=returned_fp32, output_kept=bool(args.output_kept),
                 fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
                 fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
                 bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state))
@@ -432,6 +443,8 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("bitsandbytes < 0.43.2")
     if setup.logits_shift_copy:
         parts.append("transformers < 4.49 loss")
+    if setup.output_kept:
+        parts.append("loop keeps the output")
     if setup.fsdp_mixed_units:
         parts.append("adapters in their layer's FSDP unit")
     if setup.kbit_upcast:

@@ -151,6 +151,13 @@ class TrainingSetup:
     # `logits[..., :-1, :].contiguous()`, a second fp32 copy beside the upcast during the loss forward
     # (4.49 pads the labels instead).
     logits_shift_copy: bool = False
+    # transformers before 4.46: the model's forward upcasts the logits it returns to fp32 (the 16-bit
+    # ones are freed at once); from 4.46 it returns them in the compute dtype.
+    logits_returned_fp32: bool = False
+    # The training loop keeps the model's output (its logits) through backward and the optimizer
+    # step: `outputs = model(**batch); outputs.loss.backward()` in a hand-written loop, fsdp_qlora's
+    # train.py. The HF Trainer and trainfit's runner drop it before backward.
+    output_kept: bool = False
 
     @property
     def global_batch(self) -> int:

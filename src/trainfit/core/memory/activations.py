@@ -279,6 +279,8 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     if spec.architecture == "gemma2":
         saved += a * v
     fwd = a * v + (4 * v if a != 4 else 0)
+    if setup.logits_returned_fp32 and a != 4:  # the forward upcast them and freed the 16-bit ones
+        fwd = 4 * v
     if setup.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
         fwd += 4 * v
     bwd = 8 * v

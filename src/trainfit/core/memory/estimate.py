@@ -18,7 +18,7 @@ import dataclasses
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
 from trainfit.core.memory.framework_effects import (dequant_copies, kbit_upcast_applies, no_sync_gradient_bytes,
-                                                   quantised_lm_head, step_temporary_bytes)
+                                                   quantised_lm_head, returned_logits_bytes, step_temporary_bytes)
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -214,15 +214,17 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         ref_fwd = a * model.vocab_size * tokens + layer / 2
     # torch's foreach AdamW: one moment-sized temporary over all parameters (framework_effects.py).
     step_tmp = step_temporary_bytes(setup, states.optimizer)
+    # A loop that keeps the model's output holds its logits from the loss to the step (framework_effects).
+    kept = returned_logits_bytes(model, setup, a) * tokens if setup.output_kept and not dpo else 0.0
     phases = {
         "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp,
-        "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient,
-        "optimizer step": base + states.gradients + step_tmp,
+        "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept,
+        "optimizer step": base + states.gradients + step_tmp + kept,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).
-        "backward end": base + states.gradients + emb_grad_tmp,
-        "layer backward": base + held_grads + saved_layers + final + recompute + cache,
+        "backward end": base + states.gradients + emb_grad_tmp + kept,
+        "layer backward": base + held_grads + saved_layers + final + recompute + cache + kept,
         "reference forward": base + g_acc + ref_fwd,
     }
     where_peak = max(phases, key=phases.get)
@@ -247,6 +249,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
     if states.buckets:
         comps.append(C("grad_buckets", int(states.buckets), "DDP flat gradient buckets / ZeRO reduce bucket (hidden^2)", True))
+    if kept and where_peak not in ("forward", "reference forward"):
+        comps.append(C("kept_output", int(kept), "the model output's logits, kept by the training loop until "
+                       "after the optimizer step", True))
     at_step = where_peak in ("optimizer step", "backward end")
     grads_at_peak = states.gradients if at_step else g_acc
     if grads_at_peak:

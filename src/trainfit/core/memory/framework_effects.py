@@ -57,7 +57,14 @@ made for the run a user will actually launch (and published measurements can be 
   instead and shifts them. gpt_bigcode, bloom, falcon, gpt_neox, opt, mpt and dbrx computed their
   loss in their own forward on the 16-bit logits (no upcast) with the same copy, in 16 bits
   (LEGACY_16BIT_LOSS). fms-acceleration's reference runs pin 4.48.1: with the copy, their Mistral 7B
-  LoRA peak allocated is predicted within 1 % (4.5-6.2 % under without it).
+  LoRA peak allocated is predicted within 1 % (4.5-6.2 % under without it). Before 4.46 the forward
+  itself upcast the logits it returns (modeling_llama.py 4.45.2: `self.lm_head(...).float()`), so
+  the 16-bit logits are freed at once and the returned ones are fp32 (TrainingSetup.logits_returned_fp32).
+* A training loop that keeps the model's output (TrainingSetup.output_kept): `outputs =
+  model(**batch); accelerator.backward(outputs.loss)` (transformers' run_clm_no_trainer.py) or
+  fsdp_qlora's train.py (`output = None` only after the optimizer step) hold the returned logits
+  through the whole backward and the step; the HF Trainer's compute_loss returns the loss alone, so
+  the output is freed before backward, as in trainfit's runner.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ from trainfit.core.setup import TrainingSetup
 
 BNB_INPUT_FIX_VERSION = (0, 43, 2)
 TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
+TRANSFORMERS_16BIT_LOGITS_VERSION = (4, 46, 0)
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = ("nf4", "nf4-dq", "int8")  # bitsandbytes' layers, which a plugin can swap in for the lm_head
 PEFT_PREPARED_QUANTS = ("nf4", "nf4-dq", "int8")  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
@@ -152,6 +160,17 @@ def logits_shift_copy_for(version: str) -> bool:
     """True for a transformers release whose causal-LM loss copies the shifted logits (before 4.49);
     ValueError for a string that is not a release number."""
     return _release(version) < TRANSFORMERS_PADDED_LABELS_VERSION
+
+
+def logits_returned_fp32_for(version: str) -> bool:
+    """True for a transformers release whose causal-LM forward returns fp32 logits (before 4.46)."""
+    return _release(version) < TRANSFORMERS_16BIT_LOGITS_VERSION
+
+
+def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:
+    """Bytes per token of the logits the model's forward returns."""
+    upcast = setup.logits_returned_fp32 and not legacy_loss_in_16bit(spec, setup)
+    return (4 if upcast else compute_bytes) * spec.vocab_size
 
 
 def legacy_loss_in_16bit(spec: ModelSpec, setup: TrainingSetup) -> bool:
