@@ -34,7 +34,7 @@ from pathlib import Path
 import memory_accuracy as ma
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.framework_effects import logits_returned_fp32_for, logits_shift_copy_for
+from trainfit.core.memory.framework_effects import transformers_knobs
 from trainfit.core.model_loader import spec_from_config
 from trainfit.core.setup import LoraSettings
 
@@ -67,46 +67,37 @@ CASES = [
 ]
 
 
-def _build_in_dtype(spec, setup):
-    """memory_accuracy.build without its dtype argument (transformers before 4.56 reads `torch_dtype`),
-    cast afterwards; gpt_bigcode from its own config."""
+def _build(spec, setup):
+    """memory_accuracy.build, and gpt_bigcode from its own config (trainfit's trainer does not build it)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainfit.train.hf_config import build_hf_config
-
-    if spec.architecture == "gpt_bigcode":
-        cfg = dict(BIGCODE_CONFIG)
-        hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    else:
-        hf_config = build_hf_config(spec)
-        for key in ("attention_dropout", "hidden_dropout"):
-            if hasattr(hf_config, key):
-                setattr(hf_config, key, 0.0)
-    hf_config.use_cache = False
+    if spec.architecture != "gpt_bigcode":
+        return _build_catalog(spec, setup)
+    cfg = dict(BIGCODE_CONFIG)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
-    return model.to(torch.bfloat16) if setup.precision == "bf16" else model.float()
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg),
+                                             attn_implementation="sdpa")
+    return model.to(torch.bfloat16 if setup.precision == "bf16" else torch.float32)
 
 
-ma.build = _build_in_dtype
+_build_catalog = ma.build
+ma.build = _build
 
 
 def run() -> tuple[str, list[dict]]:
     import transformers
 
     version = transformers.__version__
-    shift_copy = logits_shift_copy_for(version)
+    knobs = transformers_knobs(version)
     rows = []
     for name, arch, setup in CASES:
-        setup = dataclasses.replace(setup, logits_shift_copy=shift_copy,
-                                    logits_returned_fp32=logits_returned_fp32_for(version))
+        setup = dataclasses.replace(setup, **knobs)
         spec = ARCHS[arch]
         measured = ma.measure(spec, setup)
         predicted = estimate_memory(spec, setup).devices[0].tensor_peak_bytes
         err = (predicted - measured) / measured * 100
-        rows.append(dict(transformers=version, logits_shift_copy=shift_copy,
-                         logits_returned_fp32=setup.logits_returned_fp32, config=name, measured_bytes=measured,
+        rows.append(dict(transformers=version, **knobs, config=name, measured_bytes=measured,
                          predicted_bytes=predicted, error_pct=round(err, 2)))
         print(f"{version:10s} {name:30s} measured {measured / 2**20:8.2f} MiB  predicted "
               f"{predicted / 2**20:8.2f} MiB  error {err:+6.1f} %", flush=True)

@@ -125,9 +125,11 @@ def build(spec: ModelSpec, setup: TrainingSetup):
             setattr(cfg, key, 0.0)  # the memory model assumes dropout-free bases (modern default)
     cfg.use_cache = setup.method == "inference"
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if setup.precision in ("bf16",) else torch.float32
+    # cast after building: transformers before 4.56 reads `torch_dtype`, not `dtype`
+    # (bench/loss_versions_cpu.py runs this under older releases)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=setup.attention if setup.attention != "flash"
-                                             else "sdpa", dtype=dtype)
+                                             else "sdpa")
+    model = model.to(torch.bfloat16 if setup.precision in ("bf16",) else torch.float32)
     if setup.grad_checkpointing == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

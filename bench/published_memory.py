@@ -33,11 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from trainfit import yaml_io  # noqa: E402
 from trainfit.core.hardware_spec import resolve_hardware  # noqa: E402
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.framework_effects import (  # noqa: E402
-    bnb_keeps_input_for,
-    logits_returned_fp32_for,
-    logits_shift_copy_for,
-)
+from trainfit.core.memory.framework_effects import bnb_keeps_input_for, transformers_knobs  # noqa: E402
 from trainfit.core.memory.overheads import reserved_peak_bytes  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
@@ -130,8 +126,7 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
     if fw.get("bnb_fp16_quant_state") and row["quant"] in ("nf4", "nf4-dq"):
         knobs["bnb_fp16_quant_state"] = True
     if fw.get("transformers") and knobs.get("loss", "standard") == "standard":
-        knobs["logits_shift_copy"] = logits_shift_copy_for(str(fw["transformers"]))
-        knobs["logits_returned_fp32"] = logits_returned_fp32_for(str(fw["transformers"]))
+        knobs.update(transformers_knobs(str(fw["transformers"])))
     if fw.get("output_kept"):
         knobs["output_kept"] = True
     return knobs

@@ -202,12 +202,7 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
     --kbit-upcast / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state as setup fields
     (trainfit.core.memory.framework_effects). Without --hardware a run on this machine uses the
     installed bitsandbytes and transformers, so their versions are the defaults there."""
-    from trainfit.core.memory.framework_effects import (
-        BNB_QUANTS,
-        bnb_keeps_input_for,
-        logits_returned_fp32_for,
-        logits_shift_copy_for,
-    )
+    from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for, transformers_knobs
     from trainfit.export.versions import installed_version
 
     version = args.bitsandbytes_version
@@ -217,23 +212,22 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
     tf_version = args.transformers_version
     if tf_version is None and args.hardware is None:
         tf_version = installed_version("transformers")
-    keeps = shift_copy = returned_fp32 = False
-    try:
-        if version is not None:
-            keeps = bnb_keeps_input_for(version)
-    except ValueError as e:
-        raise BadInputError(f"--bitsandbytes-version: {e}") from None
-    try:
-        if tf_version is not None:
-            shift_copy = logits_shift_copy_for(tf_version)
-            returned_fp32 = logits_returned_fp32_for(tf_version)
-    except ValueError as e:
-        raise BadInputError(f"--transformers-version: {e}") from None
-    return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps, logits_shift_copy=shift_copy,
-                logits_returned_fp32=returned_fp32, output_kept=bool(args.output_kept),
-                fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
+    keeps = _from_version("--bitsandbytes-version", version, bnb_keeps_input_for, False)
+    tf_knobs = _from_version("--transformers-version", tf_version, transformers_knobs, {})
+    return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps, **tf_knobs,
+                output_kept=bool(args.output_kept), fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
                 fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
                 bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state))
+
+
+def _from_version(flag: str, version: str | None, parse, default):
+    """`parse(version)`, or `default` when no version is known; a malformed one is the user's error."""
+    if version is None:
+        return default
+    try:
+        return parse(version)
+    except ValueError as e:
+        raise BadInputError(f"{flag}: {e}") from None
 
 
 def load_hardware(spec: str | None):

@@ -152,7 +152,7 @@ def bnb_keeps_input_for(version: str) -> bool:
 def _release(version: str) -> tuple[int, int, int]:
     m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
     if not m:
-        raise ValueError(f"{version!r} is not a version number (like 4.48.1)")
+        raise ValueError(f"{version!r} is not a version number (major.minor[.patch])")
     return int(m[1]), int(m[2]), int(m[3] or 0)
 
 
@@ -165,6 +165,12 @@ def logits_shift_copy_for(version: str) -> bool:
 def logits_returned_fp32_for(version: str) -> bool:
     """True for a transformers release whose causal-LM forward returns fp32 logits (before 4.46)."""
     return _release(version) < TRANSFORMERS_16BIT_LOGITS_VERSION
+
+
+def transformers_knobs(version: str) -> dict[str, bool]:
+    """The TrainingSetup fields a transformers release decides (ValueError for a non-release string)."""
+    return dict(logits_shift_copy=logits_shift_copy_for(version),
+                logits_returned_fp32=logits_returned_fp32_for(version))
 
 
 def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:
