@@ -148,3 +148,19 @@ def replay(events: Iterable[tuple[str, object, int]], capacity_bytes: int | None
         elif kind == "free":
             alloc.free(key)
     return alloc
+
+
+def least_capacity(events: list[tuple[str, object, int]], step_bytes: int = 1 << 24) -> int:
+    """The smallest capacity (to `step_bytes`) the sequence runs in without an OOM: between the
+    allocated peak and the free-running reserved peak, found by bisection. The allocator frees its
+    wholly free segments and retries before failing, as PyTorch's does."""
+    free = replay(events)
+    low, high = free.allocated_peak, free.reserved_peak
+    while high - low > step_bytes:
+        mid = (low + high) // 2
+        try:
+            replay(events, mid)
+            high = mid
+        except MemoryError:
+            low = mid
+    return high

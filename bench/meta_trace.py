@@ -16,7 +16,9 @@ fewer). The loop is the HF Trainer's: the output is dropped before backward, zer
 after the step, torch's foreach AdamW (optimizer_impl "foreach").
 
 The same sequence replayed through PyTorch's caching-allocator rules (bench/_allocator_replay.py)
-gives the reserved peak that sizes and order alone produce.
+gives the reserved peak that sizes and order alone produce, with room to spare, and the least
+capacity the step runs in when the allocator has to free its cache and retry (what the fit verdict
+needs: core.memory.overheads.SLACK_UNDER_PRESSURE).
 
 Run:  .venv/bin/python bench/meta_trace.py [--only TEXT]
 Writes bench/results/meta_trace.md and .json (about a minute on 2 cores).
@@ -37,7 +39,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from _allocator_replay import replay  # noqa: E402
+from _allocator_replay import least_capacity, replay  # noqa: E402
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
@@ -218,12 +220,16 @@ def run(only: str | None = None) -> list[dict]:
         predicted = estimate_memory(spec, setup).devices[0].tensor_peak_bytes
         err = (predicted - traced) / traced * 100
         slack = (alloc.reserved_peak - alloc.allocated_peak) / alloc.allocated_peak * 100
+        least = least_capacity(rec.events)
+        pressure = (least - alloc.allocated_peak) / alloc.allocated_peak * 100
         rows.append(dict(config=name, model=model_id, setup=dataclasses.asdict(setup), traced_bytes=traced,
                          predicted_bytes=predicted, error_pct=round(err, 2),
                          replayed_reserved_bytes=alloc.reserved_peak, replayed_slack_pct=round(slack, 1),
+                         least_capacity_bytes=least, pressure_slack_pct=round(pressure, 2),
                          seconds=round(time.perf_counter() - t0, 1)))
         print(f"{name:40s} traced {traced / 2**30:7.2f} GiB  predicted {predicted / 2**30:7.2f} GiB  "
-              f"error {err:+6.1f} %  replayed reserved {alloc.reserved_peak / 2**30:7.2f} GiB (+{slack:.1f} %)",
+              f"error {err:+6.1f} %  replayed reserved {alloc.reserved_peak / 2**30:7.2f} GiB (+{slack:.1f} %), "
+              f"least capacity +{pressure:.2f} %",
               flush=True)
     return rows
 
@@ -233,7 +239,11 @@ def write(rows: list[dict]) -> None:
     summary = dict(cases=len(rows), median_abs_error_pct=round(statistics.median(errs), 2),
                    worst_abs_error_pct=round(max(errs), 2),
                    replayed_slack_pct=[min(r["replayed_slack_pct"] for r in rows),
-                                       max(r["replayed_slack_pct"] for r in rows)])
+                                       max(r["replayed_slack_pct"] for r in rows)],
+                   pressure_slack_pct=[min(r["pressure_slack_pct"] for r in rows),
+                                       max(r["pressure_slack_pct"] for r in rows)],
+                   pressure_slack_median_pct=round(statistics.median(r["pressure_slack_pct"] for r in rows), 2),
+                   pressure_slack_within_5pct=sum(r["pressure_slack_pct"] <= 5 for r in rows))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "meta_trace.json").write_text(json.dumps(dict(summary=summary, rows=rows), indent=2) + "\n")
     lines = ["# The memory model at full size: training steps traced on the meta device", "",
@@ -242,13 +252,17 @@ def write(rows: list[dict]) -> None:
              f"Summary: {summary['cases']} cases, median |error| {summary['median_abs_error_pct']} %, worst "
              f"{summary['worst_abs_error_pct']} %. Replaying the traces through the caching allocator's rules "
              f"gives a reserved-over-allocated slack of {summary['replayed_slack_pct'][0]}-"
-             f"{summary['replayed_slack_pct'][1]} %.", "",
-             "| config | traced GiB | predicted GiB | error % | replayed reserved GiB | slack % |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"{summary['replayed_slack_pct'][1]} % with room to spare. The least capacity each step runs in "
+             f"(the allocator frees its wholly free segments and retries before an OOM) is "
+             f"{summary['pressure_slack_pct'][0]}-{summary['pressure_slack_pct'][1]} % above the allocated peak, "
+             f"median {summary['pressure_slack_median_pct']} %, at most 5 % in {summary['pressure_slack_within_5pct']} "
+             f"of {summary['cases']}.", "",
+             "| config | traced GiB | predicted GiB | error % | replayed reserved GiB | slack % | least capacity % |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['traced_bytes'] / 2**30:.2f} | {r['predicted_bytes'] / 2**30:.2f} | "
                      f"{r['error_pct']:+.1f} | {r['replayed_reserved_bytes'] / 2**30:.2f} | "
-                     f"{r['replayed_slack_pct']:.1f} |")
+                     f"{r['replayed_slack_pct']:.1f} | +{r['pressure_slack_pct']:.2f} |")
     lines += ["", "What the trace cannot see: memory GPU kernels allocate inside themselves outside PyTorch's "
               "allocator, cuBLAS workspaces, the CUDA context. What the replay cannot see: other streams "
               "(NCCL), and kernels' own allocation order where it differs from the ops'."]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from _allocator_replay import MIB, CachingAllocator, replay
+from _allocator_replay import MIB, CachingAllocator, least_capacity, replay
 
 
 def test_small_requests_share_2mib_segments_and_large_ones_get_their_own():
@@ -50,6 +50,17 @@ def test_at_capacity_free_segments_are_released_and_the_request_retried():
     assert replay(events, capacity_bytes=60 * MIB).reserved_peak == 50 * MIB
     with pytest.raises(MemoryError):
         replay([("alloc", 1, 40 * MIB), ("alloc", 2, 50 * MIB)], capacity_bytes=60 * MIB)
+
+
+def test_least_capacity_lies_between_the_allocated_and_the_free_running_reserved_peak():
+    # a freed 40 MiB block cannot hold 50 MiB: free-running, both stay reserved (90 MiB); with less
+    # room the allocator releases the cached segment and the sequence runs in 50 MiB
+    events = [("alloc", 1, 40 * MIB), ("free", 1, 0), ("alloc", 2, 50 * MIB)]
+    assert 50 * MIB <= least_capacity(events, step_bytes=MIB) <= 51 * MIB  # bisection to 1 MiB
+    # two live blocks in separate segments: nothing to give back, the least capacity is their sum
+    held = [("alloc", 1, 40 * MIB), ("alloc", 2, 50 * MIB), ("free", 1, 0), ("alloc", 3, 45 * MIB)]
+    assert replay(held).reserved_peak == 136 * MIB  # 40 + 50 + 46 (45 MiB rounded up to 2 MiB)
+    assert 96 * MIB <= least_capacity(held, step_bytes=MIB) <= 97 * MIB  # 50 MiB kept + 45 MiB rounded to 46
 
 
 def test_a_traced_step_matches_the_memory_model_and_its_replay_holds_it():

@@ -67,13 +67,15 @@ def test_seed002_llama3_8b_minimums():
 def test_seed002_llama3_70b_qlora_from_40gb():
     """Seed 002: Llama 3 70B QLoRA from 40 GB. Assumed nf4-dq, r=16, batch 1, seq 512, checkpointing.
     NF4 linears are 68.5e9 x 0.516 B = 35.4 GB and the 16-bit embeddings + lm_head (128k vocab) 4.2 GB,
-    so the weights alone are ~39.6 GB: a 40 GiB A100 is right at the edge. With context and 10 %
-    fragmentation we predict ~47 GB total (tensor peak ~42 GB): the seed's minimum is optimistic by ~15 %."""
+    so the weights alone are ~39.6 GB: a 40 GiB A100 is right at the edge. With the context and the
+    allocator slack that survives its free-and-retry (5 %) the run needs ~45 GB (tensor peak ~42 GB;
+    ~49 GB with the free-running 15 %): the seed's minimum is optimistic by ~12 %."""
     est = estimate_memory(get_model("meta-llama/Meta-Llama-3-70B"),
                           TrainingSetup(method="qlora", quant="nf4-dq", precision="bf16", seq_len=512,
                                         grad_checkpointing="full", lora=LoraSettings())).devices[0]
     assert 39 * GB <= est.tensor_peak_bytes <= 45 * GB
-    assert est.total_bytes == pytest.approx(40 * GB, rel=0.2)
+    assert est.needed_bytes == pytest.approx(40 * GB, rel=0.2)
+    assert est.tensor_peak_bytes < est.needed_bytes < est.total_bytes
 
 
 def test_seed003_qwen2_vl_2b_breakdown():

@@ -409,8 +409,7 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
         if dev.capacity_bytes is None:
             out.print("capacity unknown: no verdict")
         else:
-            verdict = "[green]fits[/]" if dev.fits else "[red]does not fit[/]"
-            out.print(f"{verdict}: {dev.total_bytes / GIB:.2f} of {dev.capacity_bytes / GIB:.2f} GiB on {dev.device}")
+            out.print(_verdict_line(dev))
     for note in result.notes:
         out.print(f"note: {note}")
     if result.fits is False:
@@ -418,6 +417,18 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
             out.print("nearest setting that fits: " + "; ".join(changes))
         else:
             out.print("nothing tried fits this hardware (see 'trainfit gpus' for larger GPUs)")
+
+
+def _verdict_line(dev) -> str:
+    """fits / fits under memory pressure / does not fit, with the bytes the verdict compared."""
+    cap = f"{dev.capacity_bytes / GIB:.2f} GiB on {dev.device}"
+    if dev.fits_under_pressure:
+        return (f"[yellow]fits under memory pressure[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}; with room to "
+                f"spare the caching allocator would reserve {dev.total_bytes / GIB:.2f} GiB, so near the limit it "
+                "frees its cache and retries (slower steps; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps)")
+    if dev.fits:
+        return f"[green]fits[/]: {dev.total_bytes / GIB:.2f} of {cap}"
+    return f"[red]does not fit[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}"
 
 
 def _sharding_text(setup: TrainingSetup) -> str:

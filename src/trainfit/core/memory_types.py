@@ -21,10 +21,22 @@ class DeviceMemory:
     total_bytes: int  # tensor peak + margins
     capacity_bytes: int | None  # what the hardware offers (usable), None when no hardware given
     components: list[MemoryComponent]
+    # The least the device must offer: total_bytes less the allocator slack that the caching
+    # allocator gives back when memory runs short (overheads.required_bytes); None: total_bytes.
+    required_bytes: int | None = None
+
+    @property
+    def needed_bytes(self) -> int:
+        return self.total_bytes if self.required_bytes is None else self.required_bytes
 
     @property
     def fits(self) -> bool | None:
-        return None if self.capacity_bytes is None else self.total_bytes <= self.capacity_bytes
+        return None if self.capacity_bytes is None else self.needed_bytes <= self.capacity_bytes
+
+    @property
+    def fits_under_pressure(self) -> bool:
+        """Fits only because the allocator frees its cache and retries near the capacity."""
+        return bool(self.fits) and self.total_bytes > (self.capacity_bytes or 0)
 
 
 @dataclass(frozen=True)

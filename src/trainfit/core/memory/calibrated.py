@@ -36,5 +36,6 @@ def apply_memory_factor(estimate: MemoryEstimate, device_prefix: str, factor: fl
         devices.append(dataclasses.replace(
             dev, tensor_peak_bytes=dev.tensor_peak_bytes + delta, total_bytes=dev.total_bytes + delta,
             components=[*dev.components, component],
+            required_bytes=None if dev.required_bytes is None else dev.required_bytes + delta,
         ))
     return dataclasses.replace(estimate, devices=devices)

@@ -25,7 +25,7 @@ from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, quant_formats, vision
 from trainfit.core.memory.model_knob_checks import check_model_knobs
-from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins
+from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, required_bytes
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
@@ -90,7 +90,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
         capacity = cpu_capacity(hardware) if device == "cpu" else gpu_capacity(hardware)
         if capacity is None:
             notes.append(unknown_capacity_note(hardware, device))
-    devices = [DeviceMemory(label, int(peak), int(total), capacity, total_comps)]
+    devices = [DeviceMemory(label, int(peak), int(total), capacity, total_comps,
+                            required_bytes(device, int(total), total_comps))]
     host_bytes = sum(c.bytes for c in host_comps)
     if (states.cpu or host_bytes) and device != "cpu":
         cpu_comps = [C("offload", int(states.cpu), states.cpu_what, True)] if states.cpu else []

@@ -40,7 +40,7 @@ class Tier:
 class Candidate:
     setup: TrainingSetup
     memory: MemoryEstimate
-    need_ratio: float  # worst device: predicted total / memory budget (<= 1 fits)
+    need_ratio: float  # worst device: predicted need / memory budget (<= 1 fits)
     speed: SpeedEstimate | None = None
 
 
@@ -71,7 +71,8 @@ class Budget:
 
 
 def need_ratio(memory: MemoryEstimate, budget: Budget) -> float:
-    """Worst device's total over its budget; offloaded CPU parts are checked against RAM."""
+    """Worst device's need over its budget; offloaded CPU parts are checked against RAM. The need is
+    what the fit verdict compares (DeviceMemory.needed_bytes), so a search and `estimate` agree."""
     worst = 0.0
     for dev in memory.devices:
         cap = dev.capacity_bytes
@@ -79,7 +80,7 @@ def need_ratio(memory: MemoryEstimate, budget: Budget) -> float:
             limit = float(cap) if cap is not None else math.inf  # offload target: all usable RAM
         else:
             limit = budget.limit(cap)
-        worst = max(worst, dev.total_bytes / limit if limit else math.inf)
+        worst = max(worst, dev.needed_bytes / limit if limit else math.inf)
     return worst
 
 

@@ -53,8 +53,8 @@ def sharding_reasons(model: ModelSpec, s: TrainingSetup, hardware: HardwareProfi
         return out
     twin = dataclasses.replace(s, hybrid_shard=not s.hybrid_shard)
     try:
-        twin_mem = estimate_memory(model, twin, hardware).devices[0].total_bytes
-        mine_mem = estimate_memory(model, s, hardware).devices[0].total_bytes
+        twin_mem = estimate_memory(model, twin, hardware).devices[0].needed_bytes
+        mine_mem = estimate_memory(model, s, hardware).devices[0].needed_bytes
         twin_step = getattr(speed_fn(model, twin), "step_seconds") * step_time_factor
         mine_step = getattr(speed_fn(model, s), "step_seconds") * step_time_factor
     except BadInputError:  # the twin may be refused by the models' own checks: nothing to compare

@@ -336,7 +336,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                            step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
                                                     run_pred.power, best.memory, pretrain_tokens)
-    used = max(d.total_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
+    used = max(d.needed_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
     rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
     tokens = None
@@ -386,7 +386,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         out.append(f"{method_label}: tried first, within {_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} "
                    "usable): " + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
     else:
-        out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].total_bytes)} of this mode's "
+        out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].needed_bytes)} of this mode's "
                    f"{_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} usable)")
     fitting = result.fitting
     order = ("the largest micro-batch that fits" if s.method == "inference" else
@@ -406,7 +406,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     if s.zero_stage or s.offload != "none":
         plain = dataclasses.replace(s, zero_stage=0, offload="none")
         try:
-            need = estimate_memory(model, plain, req.hardware).devices[0].total_bytes
+            need = estimate_memory(model, plain, req.hardware).devices[0].needed_bytes
             what = f"ZeRO-{s.zero_stage}" + (f" + {s.offload} offload to CPU" if s.offload != "none" else "")
             if need > limit:
                 out.append(f"{what}: replicated on each GPU it needs {_gib(need)}, {_gib(limit)} available")
