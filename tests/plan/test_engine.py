@@ -56,3 +56,22 @@ def test_nothing_bitsandbytes_on_apple():
     found = nearest_fitting(model, TrainingSetup(method="dpo", device="mps", precision="bf16-mixed", micro_batch=8,
                                                  seq_len=2048), hw)
     assert found is not None and found.optimizer == "adamw" and found.quant == "none"
+
+
+def test_searches_compare_what_the_run_needs_and_the_plan_warns_when_that_is_only_under_pressure():
+    from trainfit.core.memory import estimate_memory
+    from trainfit.core.plan.engine import need_ratio
+    from trainfit.core.plan.planner import PlanRequest, plan
+
+    # Qwen2.5 1.5B full fine-tune on a 24 GB card, extreme (95 %): the chosen setting needs about
+    # 22.7 GiB, and with room to spare the allocator would reserve about 24.8 GiB
+    hw = resolve_hardware("1x rtx-4090")
+    spec = resolve_model("Qwen/Qwen2.5-1.5B")
+    mode = plan(PlanRequest(hw, method="full", model=spec, examples=1000, modes=("extreme",))).modes[0]
+    dev = mode.memory.devices[0]
+    assert dev.fits_under_pressure and dev.needed_bytes <= 0.95 * dev.capacity_bytes < dev.total_bytes
+    assert any("frees its cache and retries" in w for w in mode.warnings)
+    # the engine's ratio is the verdict's: estimate and every search agree on "fits"
+    est = estimate_memory(spec, mode.setup, hw)
+    assert need_ratio(est, Budget()) == est.devices[0].needed_bytes / est.devices[0].capacity_bytes
+    assert est.fits is True and need_ratio(est, Budget()) <= 1.0

@@ -458,6 +458,11 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
                    "memory spike can OOM. Watch temperatures and throttling (trainfit profile) on long runs")
         if power.gpu_count:
             out.append(f"sustained ~{power.total_watts:.0f} W for the whole run: check PSU headroom and cooling")
+    pressed = next((d for d in best.memory.devices if d.fits_under_pressure), None)
+    if pressed is not None:
+        out.append(f"with room to spare the caching allocator would reserve {_gib(pressed.total_bytes)}, more than "
+                   f"the {_gib(pressed.capacity_bytes)} card: near the limit it frees its cache and retries "
+                   "(slower steps; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it)")
     if rules.laptop and t.mode != "conservative":
         out.append(rules.reasons.get("thermal", "laptop GPU: thermal limits"))
     if req.hardware.power.on_ac is False:
