@@ -102,8 +102,10 @@ def margins(device: str, tensor_peak: float, *, architecture: str | None, num_gp
         out.append(MemoryComponent("framework_overhead", 600 * MIB,
                                    "PyTorch + transformers runtime resident in RAM: ~600 MiB", False))
     what = "caching allocator slack (reserved - allocated)" if device != "cpu" else "malloc fragmentation"
-    out.append(MemoryComponent("fragmentation", int(tensor_peak * frag),
-                               f"{what}: {int(round(frag * 100))} % of the tensor peak", False))
+    what = f"{what}: {int(round(frag * 100))} % of the tensor peak"
+    if device in POOLED_DEVICES and frag > SLACK_UNDER_PRESSURE:
+        what += f" with room to spare; {int(round(SLACK_UNDER_PRESSURE * 100))} % survives its free-and-retry"
+    out.append(MemoryComponent("fragmentation", int(tensor_peak * frag), what, False))
     return out
 
 
