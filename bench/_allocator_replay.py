@@ -150,11 +150,13 @@ def replay(events: Iterable[tuple[str, object, int]], capacity_bytes: int | None
     return alloc
 
 
-def least_capacity(events: list[tuple[str, object, int]], step_bytes: int = 1 << 24) -> int:
+def least_capacity(events: list[tuple[str, object, int]], step_bytes: int = 1 << 24,
+                   free: CachingAllocator | None = None) -> int:
     """The smallest capacity (to `step_bytes`) the sequence runs in without an OOM: between the
-    allocated peak and the free-running reserved peak, found by bisection. The allocator frees its
-    wholly free segments and retries before failing, as PyTorch's does."""
-    free = replay(events)
+    allocated peak and the free-running reserved peak (`free`, the sequence's replay without a
+    capacity, replayed here when not given), found by bisection. The allocator frees its wholly free
+    segments and retries before failing, as PyTorch's does."""
+    free = free or replay(events)
     low, high = free.allocated_peak, free.reserved_peak
     while high - low > step_bytes:
         mid = (low + high) // 2

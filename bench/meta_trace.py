@@ -220,7 +220,7 @@ def run(only: str | None = None) -> list[dict]:
         predicted = estimate_memory(spec, setup).devices[0].tensor_peak_bytes
         err = (predicted - traced) / traced * 100
         slack = (alloc.reserved_peak - alloc.allocated_peak) / alloc.allocated_peak * 100
-        least = least_capacity(rec.events)
+        least = least_capacity(rec.events, free=alloc)
         pressure = (least - alloc.allocated_peak) / alloc.allocated_peak * 100
         rows.append(dict(config=name, model=model_id, setup=dataclasses.asdict(setup), traced_bytes=traced,
                          predicted_bytes=predicted, error_pct=round(err, 2),

@@ -35,7 +35,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from trainfit import yaml_io  # noqa: E402
 from trainfit.core.hardware_spec import resolve_hardware  # noqa: E402
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.framework_effects import bnb_keeps_input_for, transformers_knobs  # noqa: E402
+from trainfit.core.memory.framework_effects import (  # noqa: E402
+    BNB_QUANTS,
+    LM_HEAD_QUANTS,
+    PEFT_PREPARED_QUANTS,
+    bnb_keeps_input_for,
+    transformers_knobs,
+)
 from trainfit.core.memory.overheads import reserved_peak_bytes  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
@@ -110,12 +116,12 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
     knobs: dict[str, Any] = {}
     if row["optimizer"] == "adamw" and fw.get("optimizer_impl"):
         knobs["optimizer_impl"] = fw["optimizer_impl"]
-    if row["quant"] in ("nf4", "nf4-dq") and fw.get("bitsandbytes"):
+    if row["quant"] in BNB_QUANTS and fw.get("bitsandbytes"):
         knobs["bnb_keeps_input"] = bnb_keeps_input_for(str(fw["bitsandbytes"]))
     if (fw.get("fsdp_mixed_units") and row["sharding"] in SHARDING_FSDP and row["method"] == "lora"
             and row["quant"] == "none"):
         knobs["fsdp_mixed_units"] = True
-    if row["quant"] in ("nf4", "nf4-dq", "int8") and "kbit_upcast" in fw:
+    if row["quant"] in PEFT_PREPARED_QUANTS and "kbit_upcast" in fw:
         knobs["kbit_upcast"] = bool(fw["kbit_upcast"])
     if fw.get("loss"):
         knobs["loss"] = fw["loss"]
@@ -123,9 +129,9 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
         knobs["optimizer_in_backward"] = True
     if fw.get("fsdp_no_sync") and row["sharding"] in SHARDING_FSDP and int(row.get("grad_accum", 1)) > 1:
         knobs["fsdp_no_sync"] = True
-    if fw.get("quantize_lm_head") and row["quant"] in ("nf4", "nf4-dq", "int8"):
+    if fw.get("quantize_lm_head") and row["quant"] in LM_HEAD_QUANTS:
         knobs["quantize_lm_head"] = True
-    if fw.get("bnb_fp16_quant_state") and row["quant"] in ("nf4", "nf4-dq"):
+    if fw.get("bnb_fp16_quant_state") and row["quant"] in BNB_QUANTS:
         knobs["bnb_fp16_quant_state"] = True
     if fw.get("transformers") and knobs.get("loss", "standard") == "standard":
         knobs.update(transformers_knobs(str(fw["transformers"])))

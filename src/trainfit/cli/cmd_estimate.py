@@ -421,11 +421,11 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
 
 def _verdict_line(dev) -> str:
     """fits / fits under memory pressure / does not fit, with the bytes the verdict compared."""
+    from trainfit.core.memory.overheads import under_pressure_text
+
     cap = f"{dev.capacity_bytes / GIB:.2f} GiB on {dev.device}"
     if dev.fits_under_pressure:
-        return (f"[yellow]fits under memory pressure[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}; with room to "
-                f"spare the caching allocator would reserve {dev.total_bytes / GIB:.2f} GiB, so near the limit it "
-                "frees its cache and retries (slower steps; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps)")
+        return f"[yellow]fits under memory pressure[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}; {under_pressure_text(dev)}"
     if dev.fits:
         return f"[green]fits[/]: {dev.total_bytes / GIB:.2f} of {cap}"
     return f"[red]does not fit[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainfit.core.memory.framework_effects import legacy_loss_in_16bit
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
@@ -86,8 +87,6 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
         return LossTerms(2 * a * v * tokens, chunk * a * v, 2 * chunk * a * v,
                          f"16-bit chunked cross-entropy: {tokens} tokens' logits and log_softmax kept in "
                          f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
-    from trainfit.core.memory.framework_effects import legacy_loss_in_16bit
-
     if legacy_loss_in_16bit(spec, setup):
         how = f"{a}-byte logits, their shifted copy and log_softmax (transformers < 4.49, no fp32 upcast)"
     elif setup.logits_shift_copy:

@@ -135,6 +135,14 @@ def required_bytes(device: str, total_bytes: int, components: list[MemoryCompone
     return int(total_bytes - slack + min(slack, SLACK_UNDER_PRESSURE * peak))
 
 
+def under_pressure_text(device: DeviceMemory) -> str:
+    """Why a device that fits only under pressure (DeviceMemory.fits_under_pressure) still fits, and
+    what it costs: one sentence for estimate and plan."""
+    return (f"with room to spare the caching allocator would reserve {device.total_bytes / GIB:.2f} GiB of the "
+            f"{device.capacity_bytes / GIB:.2f} GiB card, so near the limit it frees its cache and retries "
+            "(slower steps; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it)")
+
+
 def gpu_capacity(profile: HardwareProfile) -> int | None:
     """Per-GPU bytes training may use: total VRAM (the context is a component), or for Apple the
     Metal working-set share of unified memory. None when unknown."""

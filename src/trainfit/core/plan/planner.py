@@ -15,6 +15,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from trainfit.core.memory.overheads import under_pressure_text
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.plan import data_io, space, variants
@@ -460,9 +461,7 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
             out.append(f"sustained ~{power.total_watts:.0f} W for the whole run: check PSU headroom and cooling")
     pressed = next((d for d in best.memory.devices if d.fits_under_pressure), None)
     if pressed is not None:
-        out.append(f"with room to spare the caching allocator would reserve {_gib(pressed.total_bytes)}, more than "
-                   f"the {_gib(pressed.capacity_bytes)} card: near the limit it frees its cache and retries "
-                   "(slower steps; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it)")
+        out.append(under_pressure_text(pressed))
     if rules.laptop and t.mode != "conservative":
         out.append(rules.reasons.get("thermal", "laptop GPU: thermal limits"))
     if req.hardware.power.on_ac is False:
