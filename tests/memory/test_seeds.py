@@ -19,11 +19,14 @@ def test_seed004_qwen25_05b_full_fits_t4():
     """Seed 004: 'Qwen2.5-0.5B full: ~10GB, fits t4-small (16 GB)'. Assumed: bf16 autocast,
     AdamW, micro-batch 4 (the seed's batch 4-8), seq 512, SDPA. The seed's 20 B/param rule gives 10 GB;
     it ignores the 151,936-word vocabulary: the fp32 loss over 2048 tokens alone is 12 B x 2048 x 152k
-    = 3.7 GB. We predict ~15.8 GB: above the seed's figure, and it still fits the T4 (the verdict agrees)."""
+    = 3.7 GB. The run needs ~15 GB (above the seed's figure) and fits the T4 (the verdict agrees). With
+    room to spare the caching allocator would hold more (the optimizer step's temporaries beside the
+    loss's cached blocks: ~17 GB), so on the T4 it runs at its limit, freeing its cache."""
     model = get_model("Qwen/Qwen2.5-0.5B")
     est = estimate_memory(model, TrainingSetup(micro_batch=4, seq_len=512), resolve_hardware("t4"))
-    assert est.fits
-    assert 10 * GB <= est.devices[0].total_bytes <= 16 * GIB
+    gpu = est.devices[0]
+    assert est.fits and gpu.fits_under_pressure
+    assert 10 * GB <= gpu.needed_bytes <= 16 * GIB < gpu.total_bytes
 
 
 def test_seed004_qwen25_15b_lora_about_6gb():
@@ -87,7 +90,7 @@ def test_seed003_qwen2_vl_2b_breakdown():
     1.9 GB and the 16-bit embeddings 0.9 GB that a 4-bit rule of thumb ignores: we predict ~9 GB."""
     spec = get_model("Qwen/Qwen2-VL-2B-Instruct")
     full = estimate_memory(spec, TrainingSetup(zero_stage=2, num_gpus=2, seq_len=1024)).devices[0]
-    assert 18 * GB <= full.total_bytes <= 32 * GB
+    assert 18 * GB <= full.needed_bytes <= 32 * GB  # what the run needs (free-running it holds more)
     q = estimate_memory(spec, TrainingSetup(method="qlora", quant="nf4-dq", precision="bf16", seq_len=1024,
                                             lora=LoraSettings())).devices[0]
     assert 5 * GB < q.total_bytes < 10 * GB

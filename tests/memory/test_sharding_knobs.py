@@ -243,3 +243,29 @@ def test_quantisation_scales_are_not_sharded(llama, engine):
     four = _states(llama, **kw, num_gpus=4)
     assert four.quant_overhead == one.quant_overhead == pytest.approx(st.linear / 64 * 4)
     assert four.weights == pytest.approx(one.weights / 4)
+
+
+def test_fsdp_gathers_a_quantised_layer_as_its_packed_storage(llama):
+    """FSDP QLoRA shards and all-gathers the 4-bit storage (bitsandbytes quant_storage in bf16), not a
+    16-bit copy: a layer's linear weights cost 0.5 B per parameter when gathered, its norms 2 B."""
+    st = model_stats(llama)
+    kw = dict(method="qlora", lora=LoraSettings(), precision="bf16", num_gpus=2, zero_stage=3,
+              fsdp_strategy="full-shard")
+    q = _states(llama, quant="nf4-dq", **kw)
+    linear = st.linear / st.layers
+    layer = linear * 0.5 + (st.per_layer - linear) * 2
+    root = 2 * (st.embedding + st.lm_head)
+    assert q.gathered == pytest.approx(root + 2 * layer)  # the adapters' units are not counted here
+    full = _states(llama, **{**kw, "method": "lora", "quant": "none"})
+    assert full.gathered > q.gathered + 2 * 1.4 * linear  # 16-bit units are 4x the packed ones
+
+
+def test_fsdp_cpu_offload_keeps_the_quantisation_scales_on_the_gpu(llama):
+    """CPUOffload moves FSDP's flat parameters; bitsandbytes' absmax lives on the QuantState, which
+    is no parameter (fsdp_qlora quantises every Params4bit on its GPU, then moves only its data)."""
+    kw = dict(method="qlora", quant="nf4-dq", lora=LoraSettings(), precision="bf16", num_gpus=2, zero_stage=3,
+              fsdp_strategy="full-shard")
+    resident = _states(llama, **kw)
+    offloaded = _states(llama, **kw, offload="optimizer+params")
+    assert offloaded.weights == 0 and offloaded.cpu > 0
+    assert offloaded.quant_overhead == resident.quant_overhead > 0

@@ -25,7 +25,7 @@ from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, quant_formats, vision
 from trainfit.core.memory.model_knob_checks import check_model_knobs
-from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, required_bytes
+from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, phase_pool_bytes, required_bytes
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
@@ -68,11 +68,12 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                      "quantises an lm_head of its own)")
     lora_params += dora.magnitude_params(model, setup)  # DoRA's trained magnitudes (fp32, like the adapters)
     states = model_states(model, st, setup, lora_params)
+    phase_pool = 0.0  # what the caching allocator holds across phases, free-running (overheads.margins)
     if setup.method == "inference":
         comps, notes = inference_components(model, st, setup, states)
         trainable = 0
     else:
-        comps = _training_components(model, st, setup, states, where, notes, host_comps)
+        comps, phase_pool = _training_components(model, st, setup, states, where, notes, host_comps)
         trainable = states.trainable
     peak = sum(c.bytes for c in comps if c.in_tensor_peak)
     device = setup.device
@@ -82,7 +83,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
         arch = hardware.gpus[0].architecture
         gpu_name = hardware.gpus[0].name
     total_comps = comps + margins(device, peak, architecture=arch, num_gpus=setup.num_gpus,
-                                  training=setup.method != "inference", zero_stage=setup.zero_stage)
+                                  training=setup.method != "inference", zero_stage=setup.zero_stage,
+                                  phase_pool=phase_pool)
     total = sum(c.bytes for c in total_comps)
     label = "cpu" if device == "cpu" else f"{'mps' if device == 'mps' else 'cuda'}:0"
     capacity = None
@@ -135,8 +137,8 @@ def _with_lora(setup: TrainingSetup, lora: LoraSettings) -> TrainingSetup:
     return dataclasses.replace(setup, lora=lora)
 
 
-def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, where,
-                         notes: list[str], host_comps: list[MemoryComponent]) -> list[MemoryComponent]:
+def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, where, notes: list[str],
+                         host_comps: list[MemoryComponent]) -> tuple[list[MemoryComponent], float]:
     full = where is None
     dpo = setup.method == "dpo"
     seqs = setup.micro_batch * (2 if dpo else 1)  # DPO: chosen + rejected
@@ -231,6 +233,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     where_peak = max(phases, key=phases.get)
     notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
+    pool = phase_pool_bytes(phases, resident=base + g_acc)
     comps = [
         C("weights", int(states.weights), _weights_what(setup, model), True),
     ]
@@ -263,10 +266,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if where_peak == "backward end":
         comps.append(C("embedding_grad", int(emb_grad_tmp), "dense vocab x hidden grad of the embedding backward", True))
     if where_peak in ("optimizer step", "backward end"):
-        return comps
+        return comps, pool
     if where_peak == "reference forward":
         comps.append(C("reference_forward", int(ref_fwd), "reference logits (2*b*s*vocab) + one layer's temporaries, no_grad", True))
-        return comps
+        return comps, pool
     if where_peak == "layer backward":
         comps.append(C("activations", int(saved_layers + final + recompute), ckpt_what, True))
         if cache:
@@ -276,7 +279,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                            "unit's reduce-scatter at the end of backward", True))
         elif not g_acc and head_grad:
             comps.append(C("gradients", int(head_grad), "lm_head gradient, alive before layers recompute", True))
-        return comps
+        return comps, pool
     comps.append(C("activations", int(saved_layers + final), ckpt_what, True))
     if cache:
         comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights: 2 B/param", True))
@@ -288,7 +291,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dora_tmp and where_peak == "forward":
         comps.append(C("dora_transient", int(dora_tmp), "DoRA: B@A, the cast weight and W + s*BA of the largest "
                        "adapted layer (its forward)", True))
-    return comps
+    return comps, pool
 
 
 def _frozen_copy(st, setup: TrainingSetup) -> float:

@@ -8,7 +8,8 @@ MixedPrecision, BackwardPrefetch; FSDP2: https://pytorch.org/docs/stable/distrib
 * each wrapped unit (trainfit wraps every decoder layer, TRANSFORMER_BASED_WRAP) all-gathered in the
   compute dtype (MixedPrecision.param_dtype) while it runs. With the default
   BackwardPrefetch.BACKWARD_PRE (and forward prefetch / FSDP2's implicit prefetch) the next unit's
-  all-gather is issued while the current one computes, so two layers are unsharded at once;
+  all-gather is issued while the current one computes, so two layers are unsharded at once. A
+  quantised base (FSDP QLoRA) is gathered as its packed storage, not in 16 bits (unit_bytes);
 * the root unit (embeddings, final norm, lm_head: everything not inside a decoder layer) stays
   gathered from its forward to its backward (FSDP does not reshard the root after forward);
 * in backward, one unit's unsharded gradient before reduce-scatter, in MixedPrecision.reduce_dtype.
@@ -28,6 +29,7 @@ MixedPrecision, BackwardPrefetch; FSDP2: https://pytorch.org/docs/stable/distrib
 
 from __future__ import annotations
 
+from trainfit.core.memory.quant_formats import stored_bytes_per_param
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.setup import TrainingSetup
 
@@ -53,13 +55,25 @@ def root_params(st: ModelStats) -> int:
     return st.embedding + st.lm_head
 
 
+def unit_bytes(st: ModelStats, setup: TrainingSetup) -> float:
+    """Bytes of one decoder layer's gathered flat parameter. A quantised base is sharded and
+    all-gathered as its packed storage (bitsandbytes' quant_storage in the compute dtype, as FSDP
+    QLoRA requires; GPTQ / AWQ packed words): FSDP moves the stored bytes and the layer de-quantises
+    one weight at a time (counted as the de-quantisation transient), so the unit is not 16-bit."""
+    c = compute_bytes(setup)
+    if setup.quant == "none" or not st.layers:
+        return float(st.per_layer * c)
+    linear = st.linear / st.layers
+    return linear * stored_bytes_per_param(setup.quant) + (st.per_layer - linear) * c
+
+
 def gathered_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, str]:
     """(bytes, what) of the unsharded parameters and gradient FSDP holds on each GPU at its peak."""
     # A frozen base under LoRA has no gradient to reduce, unless the adapters share its units
     # (TrainingSetup.fsdp_mixed_units: FSDP keeps gradients for the whole unit).
     trains_base = not setup.trains_adapters or setup.fsdp_mixed_units
     c = compute_bytes(setup)
-    layer = st.per_layer
+    layer = unit_bytes(st, setup) / c
     # one unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above);
     # under no_sync accumulation it is part of the whole unsharded gradient counted with the
     # gradients (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)

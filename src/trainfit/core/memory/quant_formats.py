@@ -36,6 +36,12 @@ def packed_bytes_per_param() -> float:
     return BITS / 8
 
 
+def stored_bytes_per_param(quant: str) -> float:
+    """Stored bytes of one quantised linear weight element: 4-bit bitsandbytes (nf4, nf4-dq) and
+    the packed GPTQ / AWQ words 0.5 B, LLM.int8 1 B (scales and zero points apart)."""
+    return 1.0 if quant == "int8" else packed_bytes_per_param()
+
+
 def metadata_bytes_per_param() -> float:
     """Scales and zero points per parameter: (2 + 0.5) B per 128 weights = 0.0195 B."""
     return (SCALE_BYTES + ZERO_BITS / 8) / GROUP_SIZE

@@ -213,8 +213,10 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
     w, lora_w, opt = w / n, lora_w / n, opt / n
     cpu, cpu_what = 0.0, ""
     if setup.offload == "optimizer+params":
-        cpu = (w + qover + lora_w + grads + opt) * setup.gpus_per_node
+        # CPUOffload moves the flat parameters only: the quantisation scales stay on every GPU (fsdp_qlora
+        # train.py quantises each Params4bit on its GPU, then moves only its data to the CPU or meta).
+        cpu = (w + lora_w + grads + opt) * setup.gpus_per_node
         cpu_what = ("FSDP CPU offload: sharded parameters, their gradients and optimizer states "
                     "(all ranks on this host)")
-        w = qover = lora_w = grads = opt = 0.0
+        w = lora_w = grads = opt = 0.0
     return States(w, qover, lora_w, grads, opt, 0.0, gathered, 0.0, cpu, cpu_what, trainable, deq)

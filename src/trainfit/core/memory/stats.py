@@ -27,6 +27,7 @@ class ModelStats:
     largest_linear: int  # elements of the largest quantisable weight (de-quantisation transient)
     largest_param: int  # elements of the largest parameter tensor (embedding or lm_head usually)
     per_layer: int  # parameters of one decoder block (ZeRO-3 gathers one block at a time)
+    layers: int  # decoder blocks
     attn_inputs: int  # linear modules reading the attention-norm output (q, k, v: 3; fused qkv: 1)
     mlp_inputs: int  # linear modules reading the MLP-norm output (gate, up: 2)
     ffn_width: int  # intermediate width per token (MoE: experts_per_token x expert width)
@@ -76,6 +77,7 @@ def _compute(spec: ModelSpec) -> ModelStats:
         largest_linear=largest_linear,
         largest_param=largest_param,
         per_layer=pb.per_layer,
+        layers=pb.num_layers,
         attn_inputs=attn_inputs,
         mlp_inputs=mlp_inputs,
         ffn_width=ffn,
