@@ -401,16 +401,25 @@ row to fit a figure.
    but not the QuantState's scales. fsdp_qlora QLoRA rows +12..+45 % -> -2..+24 %, fms Mixtral QLoRA
    2 GPUs +28..+42 % -> +4..+11 %, Yi 34B QLoRA no longer a false "does not fit", Llama 2 70B with
    CPU offload +12.9 % -> +0.9 %; fms Mistral QLoRA rows fall 1-9 points (-10.0..+2.2 %).
-13. **What is left under-predicted** (7 rows): the HF Trainer's FSDP QLoRA of Llama 2 70B, fms
-   2 GPUs bs2 allocated -22.5 % and nvidia-smi -12.2 %, PEFT's with CPU offload -21.3 %, and the
+13. **MoE experts are quantised per expert under transformers 4** (`experts_fused`): fms pins 4.48.1,
+   whose Mixtral builds one nn.Linear per expert, so one expert's weight is de-quantised at a time
+   (0.11 GiB), not a whole layer's experts (2.6 GiB, which no release does: transformers 5 fuses them
+   into 3-D parameters that bitsandbytes does not quantise at all, bitsandbytes#1849, so a current
+   install keeps Mixtral's 45 B expert parameters 16-bit under --quant nf4). fms Mixtral QLoRA rows
+   -0.3..+11 % -> -5.2..+2.4 %, nvidia-smi 2 GPUs bs2 -0.3 % -> -10.7 %.
+14. **NCCL's buffers** are the published 544 / 688 MB per GPU of a 2-GPU / larger group on A100 with
+   NVLink (NVIDIA/nccl#964; 300 MiB before): multi-GPU nvidia-smi rows rise 0.2-0.35 GiB.
+15. **What is left under-predicted** (8 rows): the HF Trainer's FSDP QLoRA of Llama 2 70B, fms
+   2 GPUs bs2 allocated -22.5 % and nvidia-smi -11.8 %, PEFT's with CPU offload -20.2 %, and the
    fms bs4 OOM, which the model puts at 51 of 80 GiB: against one GPU at bs4 (fms's own-loading
    run, 63.45 GiB allocated, predicted within 4 %) the sharded run holds about one more hidden-size
    tensor per layer and token (1.2 MiB/token measured, 80 x 8192 x 2 B = 1.25), which Answer.AI's
    own FSDP loop (Llama 2 70B +0.9 %) and fms's Mistral and Mixtral FSDP QLoRA runs do not show -
-   a GPU run has to show where it goes; the FSDP nvidia-smi rows of SantaCoder's full fine-tune on
-   2 GPUs (-19.2 / -23.7 %): their slack is 64-76 % of the allocated peak where 30 % (or the phase
-   pool, 27-31 %) is applied, and the trace cannot show FSDP's other streams, whose freed blocks wait
-   for them (record_stream); SantaCoder bs8 allocated (-12.2 %: the published growth per sequence is
+   a GPU run has to show where it goes; the FSDP nvidia-smi rows of fms's 2-GPU runs whose slack is
+   far above the 30 % applied: SantaCoder full (-17.0 / -21.9 %, slack 64-76 % of the allocated
+   peak; the phase pool gives 27-31 %) and Mixtral QLoRA bs2 (-10.7 %, slack 43 %, while its bs4
+   has 27 % and is -3.7 %): the trace cannot show FSDP's other streams, whose freed blocks wait for
+   them (record_stream); SantaCoder bs8 allocated (-12.2 %: the published growth per sequence is
    about twice what the model, exact on CPU under transformers 4.48.1, gives); LitGPT Gemma 2B full
    on 4x A10G (-37 %). LitGPT never ties the lm_head (GPT keeps wte and lm_head apart,
    convert_hf_checkpoint copies the embedding into lm_head, finetune refuses tie_embeddings), which

@@ -1,7 +1,8 @@
 """Framework knobs (trainfit.core.memory.framework_effects): foreach AdamW's step temporary,
 bitsandbytes before 0.43.2 keeping 4-bit inputs, FSDP units mixing frozen weights and adapters,
 PEFT's fp32 upcast of a k-bit base, LitGPT's 16-bit chunked loss, FSDP's no_sync accumulation, and
-Lightning's bitsandbytes plugin (quantised lm_head, fp16 quant state).
+Lightning's bitsandbytes plugin (quantised lm_head, fp16 quant state), and transformers 5's fused MoE
+experts, which bitsandbytes leaves 16-bit.
 
 Each effect is checked against a hand calculation from the model's shapes."""
 
@@ -16,6 +17,7 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.activations import layer_bytes_per_token
 from trainfit.core.memory.framework_effects import (
     bnb_keeps_input_for,
+    experts_fused_for,
     logits_returned_fp32_for,
     logits_shift_copy_for,
     no_sync_gradient_bytes,
@@ -369,6 +371,49 @@ def test_cli_flags_and_bad_version():
     assert kept_setup["output_kept"] is True and kept_setup["logits_returned_fp32"] is True
     bad_tf = subprocess.run(run + ["--transformers-version", "next"], capture_output=True, text=True)
     assert bad_tf.returncode == 2 and "--transformers-version: 'next' is not a version number" in bad_tf.stderr
+
+
+@pytest.mark.parametrize("version,fused", [("4.48.1", False), ("4.57.3", False), ("5.0.0", True), ("5.24", True)])
+def test_transformers_5_fuses_the_experts(version, fused):
+    assert experts_fused_for(version) is fused
+
+
+def test_bitsandbytes_leaves_transformers_5_fused_experts_16bit():
+    """transformers 5 holds Mixtral's experts as 3-D parameters, which bitsandbytes' nn.Linear
+    replacement skips (bitsandbytes#1849): under nf4 they stay bf16, and PEFT's k-bit preparation
+    makes them fp32. transformers 4's per-expert nn.Linear are quantised, one de-quantised at a time."""
+    mixtral = get_model("mistralai/Mixtral-8x7B-v0.1")
+    st = model_stats(mixtral)
+    q = TrainingSetup(method="qlora", quant="nf4", precision="bf16", lora=LoraSettings())
+    fused, v4 = model_states(mixtral, st, q, 0), model_states(mixtral, st, dataclasses.replace(q, experts_fused=False), 0)
+    assert st.experts > 0.9 * st.linear  # the experts are the bulk of the quantisable weights
+    assert fused.weights - v4.weights == pytest.approx(st.experts * (2 - 0.5))
+    assert fused.quant_overhead == pytest.approx((st.linear - st.experts) / 64 * 4)
+    assert v4.quant_overhead == pytest.approx(st.linear / 64 * 4)
+    # de-quantisation transient: one expert's down_proj (ffn x hidden) in transformers 4; no expert in 5
+    assert v4.dequant_transient == 2 * mixtral.intermediate_size * mixtral.hidden_size
+    assert fused.dequant_transient == 2 * st.largest_module
+    upcast = model_states(mixtral, st, dataclasses.replace(q, kbit_upcast=True), 0)
+    assert upcast.weights - fused.weights == pytest.approx((st.total - (st.linear - st.experts)) * 2)
+    dense = TrainingSetup(method="lora", precision="bf16", lora=LoraSettings())
+    assert model_states(mixtral, st, dense, 0).weights == st.total * 2  # no quantisation, no change
+    llama = get_model("meta-llama/Llama-3.1-8B")
+    ls = model_stats(llama)
+    assert ls.experts == 0 and model_states(llama, ls, q, 0).weights == model_states(
+        llama, ls, dataclasses.replace(q, experts_fused=False), 0).weights
+    est = estimate_memory(mixtral, q)
+    assert any("bitsandbytes#1849" in n for n in est.notes)
+    assert "fused MoE experts" in {c.name: c.what for c in est.devices[0].components}["weights"]
+
+
+def test_cli_transformers_4_quantises_the_experts():
+    run = [sys.executable, "-m", "trainfit", "estimate", "mistralai/Mixtral-8x7B-v0.1", "--method", "qlora",
+           "--quant", "nf4", "--hardware", "a100-80gb", "--json"]
+    now, old = (subprocess.run(run + extra, capture_output=True, text=True)
+                for extra in ([], ["--transformers-version", "4.48.1"]))
+    assert now.returncode == 3 and old.returncode == 0, (now.stderr, old.stderr)
+    assert json.loads(now.stdout)["setup"]["experts_fused"] is True
+    assert json.loads(old.stdout)["setup"]["experts_fused"] is False
 
 
 def test_runner_prepares_a_quantised_base_without_the_fp32_cast():

@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transformers-version", default=None, metavar="VERSION",
                    help="transformers of the run (default: the installed one without --hardware, else a current "
                    "release); before 4.49 the causal-LM loss copies the shifted logits, and some architectures "
-                   "(gpt_bigcode, falcon, bloom, gpt_neox, opt, mpt, dbrx) compute it on 16-bit logits")
+                   "(gpt_bigcode, falcon, bloom, gpt_neox, opt, mpt, dbrx) compute it on 16-bit logits; from 5.0 "
+                   "MoE experts are fused 3-D parameters, which bitsandbytes leaves 16-bit")
     p.add_argument("--output-kept", action="store_true",
                    help="the training loop keeps the model output through backward and the step "
                    "(`outputs = model(**batch); outputs.loss.backward()`): its logits stay alive; the HF Trainer "

@@ -154,6 +154,11 @@ class TrainingSetup:
     # transformers before 4.46: the model's forward upcasts the logits it returns to fp32 (the 16-bit
     # ones are freed at once); from 4.46 it returns them in the compute dtype.
     logits_returned_fp32: bool = False
+    # transformers >= 5 stores each MoE layer's routed experts (and the router) as fused 3-D
+    # parameters, which bitsandbytes' Linear4bit / Linear8bitLt replacement does not reach: under
+    # --quant nf4 / int8 they stay 16-bit (bitsandbytes#1849). transformers 4 builds one nn.Linear
+    # per expert, which bitsandbytes quantises.
+    experts_fused: bool = True
     # The training loop keeps the model's output (its logits) through backward and the optimizer
     # step: `outputs = model(**batch); outputs.loss.backward()` in a hand-written loop, fsdp_qlora's
     # train.py. The HF Trainer and trainfit's runner drop it before backward.

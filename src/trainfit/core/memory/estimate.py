@@ -66,6 +66,10 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if setup.quantize_lm_head and model.tie_embeddings:  # check_knobs refused it for a non-bitsandbytes quant
         notes.append("the lm_head is tied to the embeddings: it stays 16-bit with them (--quantize-lm-head "
                      "quantises an lm_head of its own)")
+    if quant_formats.experts_left_dense(st, setup):
+        notes.append(f"transformers >= 5 holds the {st.experts / 1e9:.1f}B expert parameters as fused 3-D tensors, "
+                     "which bitsandbytes does not quantise: they stay 16-bit (bitsandbytes#1849); under "
+                     "transformers 4 they are quantised per expert (--transformers-version 4.57)")
     lora_params += dora.magnitude_params(model, setup)  # DoRA's trained magnitudes (fp32, like the adapters)
     states = model_states(model, st, setup, lora_params)
     phase_pool = 0.0  # what the caching allocator holds across phases, free-running (overheads.margins)
@@ -305,6 +309,8 @@ def _weights_what(setup: TrainingSetup, model: ModelSpec) -> str:
     head_q = quantised_lm_head(model, setup) > 0
     quantised, kept = ("linear weights and lm_head", "embeddings, norms") if head_q else (
         "linear weights", "embeddings, norms, lm_head")
+    if quant_formats.experts_left_dense(model_stats(model), setup):
+        kept += ", fused MoE experts and routers"
     if setup.quant in ("nf4", "nf4-dq"):
         return f"{quantised} NF4 (0.5 B/param); {kept} in {rest}"
     if setup.quant == "int8":

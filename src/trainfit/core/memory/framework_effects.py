@@ -60,6 +60,15 @@ made for the run a user will actually launch (and published measurements can be 
   LoRA peak allocated is predicted within 1 % (4.5-6.2 % under without it). Before 4.46 the forward
   itself upcast the logits it returns (modeling_llama.py 4.45.2: `self.lm_head(...).float()`), so
   the 16-bit logits are freed at once and the returned ones are fp32 (TrainingSetup.logits_returned_fp32).
+* MoE experts under bitsandbytes (TrainingSetup.experts_fused). transformers 5 stores a layer's routed
+  experts as fused 3-D parameters (experts.gate_up_proj / down_proj, e.g. MixtralExperts) and the
+  router as a plain parameter; bitsandbytes' loading replaces nn.Linear / Conv1D modules only
+  (integrations/bitsandbytes.py replace_with_bnb_linear), so with --quant nf4 / nf4-dq / int8 the
+  experts, the bulk of an MoE's weights, stay in the load dtype ("silently skipped and stay full
+  precision": bitsandbytes-foundation/bitsandbytes#1849, open in 2026-11; its fix, Experts4bit, is
+  an unmerged pull request) - and PEFT's k-bit preparation then casts them to fp32 with the other
+  16-bit parameters. transformers 4 builds one nn.Linear per expert (w1, w2, w3), which bitsandbytes
+  quantises and de-quantises one at a time.
 * A training loop that keeps the model's output (TrainingSetup.output_kept): `outputs =
   model(**batch); accelerator.backward(outputs.loss)` (transformers' run_clm_no_trainer.py) or
   fsdp_qlora's train.py (`output = None` only after the optimizer step) hold the returned logits
@@ -78,6 +87,7 @@ from trainfit.core.setup import TrainingSetup
 
 BNB_INPUT_FIX_VERSION = (0, 43, 2)
 TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
+TRANSFORMERS_FUSED_EXPERTS_VERSION = (5, 0, 0)
 TRANSFORMERS_16BIT_LOGITS_VERSION = (4, 46, 0)
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = ("nf4", "nf4-dq", "int8")  # bitsandbytes' layers, which a plugin can swap in for the lm_head
@@ -167,10 +177,16 @@ def logits_returned_fp32_for(version: str) -> bool:
     return _release(version) < TRANSFORMERS_16BIT_LOGITS_VERSION
 
 
+def experts_fused_for(version: str) -> bool:
+    """True for a transformers release that holds MoE experts as fused 3-D parameters (5.0 on)."""
+    return _release(version) >= TRANSFORMERS_FUSED_EXPERTS_VERSION
+
+
 def transformers_knobs(version: str) -> dict[str, bool]:
     """The TrainingSetup fields a transformers release decides (ValueError for a non-release string)."""
     return dict(logits_shift_copy=logits_shift_copy_for(version),
-                logits_returned_fp32=logits_returned_fp32_for(version))
+                logits_returned_fp32=logits_returned_fp32_for(version),
+                experts_fused=experts_fused_for(version))
 
 
 def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:

@@ -29,7 +29,7 @@ MixedPrecision, BackwardPrefetch; FSDP2: https://pytorch.org/docs/stable/distrib
 
 from __future__ import annotations
 
-from trainfit.core.memory.quant_formats import stored_bytes_per_param
+from trainfit.core.memory.quant_formats import quantised_linear_params, stored_bytes_per_param
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.setup import TrainingSetup
 
@@ -63,7 +63,7 @@ def unit_bytes(st: ModelStats, setup: TrainingSetup) -> float:
     c = compute_bytes(setup)
     if setup.quant == "none" or not st.layers:
         return float(st.per_layer * c)
-    linear = st.linear / st.layers
+    linear = quantised_linear_params(st, setup) / st.layers
     return linear * stored_bytes_per_param(setup.quant) + (st.per_layer - linear) * c
 
 

@@ -46,8 +46,11 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
   in: 0.7-15.5 % above its allocated peak, median 2.4 %, at most 5 % in 8 of 10. The fit verdict
   uses 5 % (`required_bytes`); published runs that fit within 2 GiB of their card (Answer.AI's
   24 GB QLoRA runs, LitGPT's 40 GB resource tables) are then no longer "does not fit".
-* NCCL: per-peer channel buffers (NCCL_BUFFSIZE 4 MiB x channels x peers) and its own CUDA
-  streams; ~ 300 MiB per GPU for a single-node job. NCCL allocates them itself, outside the pool.
+* NCCL: per-channel, per-peer buffers for each protocol and its own CUDA streams, allocated by NCCL
+  itself, outside the pool; "linearly tied to the number of channels" (NVIDIA/nccl#986). Measured
+  with PyTorch on 4x A100 with NVLink after one all-reduce: 544 MB per GPU for a 2-GPU group, 688 MB
+  for larger ones (NVIDIA/nccl#964) -> 519 / 656 MiB. PCIe cards open fewer channels, so this is
+  their upper side; a job with several process groups pays it per group (not modelled).
 * Apple MPS: Metal's recommendedMaxWorkingSetSize, 2/3 of unified memory up to 36 GiB and 3/4
   above (core.hardware_spec.metal_working_set_bytes, where the reported values are cited).
 * CPU: the PyTorch + transformers runtime itself (~ 600 MiB resident) and malloc fragmentation
@@ -68,6 +71,9 @@ _CONTEXT_MIB = {
     "pascal": 300, "volta": 350, "turing": 350, "ampere": 450, "ada": 450, "hopper": 550,
     "blackwell": 600, "cdna2": 400, "cdna3": 450, "rdna2": 350, "rdna3": 350,
 }
+# NCCL's own buffers per GPU, one process group (NVIDIA/nccl#964, 4x A100 NVLink: 544 / 688 MB).
+NCCL_TWO_GPUS_MIB = 519
+NCCL_MORE_GPUS_MIB = 656
 _CONTEXT_DEFAULT_MIB = {"cuda": 450, "rocm": 400, "xpu": 400, "mps": 0, "cpu": 0}
 
 
@@ -119,8 +125,9 @@ def margins(device: str, tensor_peak: float, *, architecture: str | None, num_gp
         out.append(MemoryComponent("framework_overhead", 64 * MIB,
                                    "cuBLAS (:4096:8 = 32 MiB) + cuDNN/SDPA workspaces: 64 MiB", False))
         if num_gpus > 1:
-            out.append(MemoryComponent("nccl_buffers", 300 * MIB,
-                                       "NCCL channel buffers and streams per GPU: ~300 MiB", False))
+            nccl = NCCL_TWO_GPUS_MIB if num_gpus == 2 else NCCL_MORE_GPUS_MIB
+            out.append(MemoryComponent("nccl_buffers", nccl * MIB,
+                                       f"NCCL channel buffers and streams per GPU: ~{nccl} MiB", False))
     elif device == "mps":
         out.append(MemoryComponent("framework_overhead", 256 * MIB,
                                    "Metal command buffers and MPS graph cache: ~256 MiB", False))

@@ -22,9 +22,12 @@ in forward and again in backward, like bitsandbytes: the same one-weight transie
 
 from __future__ import annotations
 
+from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.setup import TrainingSetup
 
 PREQUANTISED = ("gptq", "awq")
+BITSANDBYTES = ("nf4", "nf4-dq", "int8")  # quantised while loading, by replacing nn.Linear modules
 BITS = 4
 GROUP_SIZE = 128
 SCALE_BYTES = 2  # float16
@@ -34,6 +37,17 @@ ZERO_BITS = 4  # one packed 4-bit zero point per group and output column
 def packed_bytes_per_param() -> float:
     """The 4-bit weights themselves: 0.5 B per parameter."""
     return BITS / 8
+
+
+def experts_left_dense(st: ModelStats, setup: TrainingSetup) -> bool:
+    """bitsandbytes leaves the MoE experts 16-bit: transformers >= 5 holds them as fused 3-D
+    parameters, not the nn.Linear modules it replaces (TrainingSetup.experts_fused)."""
+    return bool(st.experts) and setup.experts_fused and setup.quant in BITSANDBYTES
+
+
+def quantised_linear_params(st: ModelStats, setup: TrainingSetup) -> int:
+    """Parameters of the linear weights `setup.quant` stores quantised (lm_head apart)."""
+    return st.linear - (st.experts if experts_left_dense(st, setup) else 0)
 
 
 def stored_bytes_per_param(quant: str) -> float:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from trainfit.core.memory.framework_effects import dequant_copies, kbit_upcast_applies, quantised_lm_head
 from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes, root_params
-from trainfit.core.memory.quant_formats import (PREQUANTISED, group_index_bytes, metadata_bytes_per_param,
-                                                packed_bytes_per_param)
+from trainfit.core.memory.quant_formats import (PREQUANTISED, experts_left_dense, group_index_bytes,
+                                                metadata_bytes_per_param, packed_bytes_per_param,
+                                                quantised_linear_params)
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -91,11 +92,14 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
     if p == "fp32" or kbit_upcast_applies(setup):
         dense = 4  # PEFT's k-bit preparation casts the non-quantised weights to fp32 (framework_effects.py)
     head = quantised_lm_head(spec, setup) if spec else 0  # Lightning's plugin quantises the lm_head too
-    linear = st.linear + head
-    largest = max(st.largest_linear, head)
+    # MoE experts: quantised per expert (transformers 4's nn.Linear each), or left 16-bit with the
+    # rest when transformers >= 5 fuses them (quant_formats.experts_left_dense).
+    dense_experts = experts_left_dense(st, setup)
+    linear = quantised_linear_params(st, setup) + head
+    largest = max(st.largest_module, 0 if dense_experts else st.expert_weight, head)
     rest = (st.total - linear) * dense
     if setup.quant == "int8":
-        rows = st.linear_out_rows + (spec.vocab_size if head else 0)
+        rows = st.linear_out_rows - (st.expert_out_rows if dense_experts else 0) + (spec.vocab_size if head else 0)
         return linear * 1 + rest, rows * 4, largest * 2
     if setup.quant in PREQUANTISED:  # GPTQ / AWQ 4-bit, group 128 (core/memory/quant_formats.py)
         meta = st.linear * metadata_bytes_per_param() + (group_index_bytes(spec, setup.quant) if spec else 0.0)

@@ -25,6 +25,10 @@ class ModelStats:
     linear: int  # parameters in linear layers and experts except lm_head (what bitsandbytes quantises)
     linear_out_rows: int  # sum of output rows of those layers (LLM.int8 keeps one fp32 scale per row)
     largest_linear: int  # elements of the largest quantisable weight (de-quantisation transient)
+    experts: int  # routed experts and routers of all layers (fused 3-D parameters in transformers >= 5)
+    expert_out_rows: int  # output rows of the experts counted in linear_out_rows
+    largest_module: int  # elements of the largest nn.Linear weight outside the experts
+    expert_weight: int  # elements of one expert's largest nn.Linear in transformers 4 (ffn x hidden)
     largest_param: int  # elements of the largest parameter tensor (embedding or lm_head usually)
     per_layer: int  # parameters of one decoder block (ZeRO-3 gathers one block at a time)
     layers: int  # decoder blocks
@@ -59,6 +63,10 @@ def _compute(spec: ModelSpec) -> ModelStats:
     if spec.num_experts:
         # transformers >= 5 fuses all experts of a layer into one 3-D parameter.
         largest_linear = max(largest_linear, pb.experts_per_layer)
+    moe = [x for x in layers if x.kind in ("expert", "router")]
+    largest_module = max((x.in_features * x.out_features for x in layers if x.kind == "linear"), default=0)
+    # transformers 4 splits gate_up_proj into w1 and w3, so its largest per-expert weight is down_proj's
+    expert_weight = min((x.in_features * x.out_features for x in moe if x.kind == "expert"), default=0)
     largest_param = max(largest_linear, pb.embedding, pb.lm_head)
     norms = pb.num_layers * pb.norms_per_layer + pb.final_norm
     attn_inputs, mlp_inputs = norm_readers(spec)
@@ -75,6 +83,10 @@ def _compute(spec: ModelSpec) -> ModelStats:
         linear=linear,
         linear_out_rows=rows,
         largest_linear=largest_linear,
+        experts=sum(x.params for x in moe),
+        expert_out_rows=sum(x.count * x.out_features for x in moe),
+        largest_module=largest_module,
+        expert_weight=expert_weight,
         largest_param=largest_param,
         per_layer=pb.per_layer,
         layers=pb.num_layers,

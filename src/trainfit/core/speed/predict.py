@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 
 from trainfit.core.memory.framework_effects import dequant_copies
+from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
+from trainfit.core.memory.stats import model_stats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
@@ -134,6 +136,12 @@ def _gpu_parts(
     act_bytes = 4.0 if precision == "fp32" else 2.0
     w_bytes = _bytes_per_weight(setup)
     n_stored = F.matmul_params_stored(spec)
+    # MoE experts bitsandbytes leaves 16-bit (transformers >= 5 fuses them): read at 2 B, never de-quantised.
+    n_dense = 0.0
+    if spec.num_experts and setup.quant in BITSANDBYTES:
+        st = model_stats(spec)
+        n_dense = float(st.experts) if experts_left_dense(st, setup) else 0.0
+    n_quant = n_stored - n_dense
     trainable = _trainable_params(spec, setup)
     if setup.zero_stage >= 3 and n_dev > 1:
         pass  # weights are gathered whole before use: the reads below stay per full model
@@ -142,7 +150,7 @@ def _gpu_parts(
     if sf.reference_flops:
         passes += 1.0
     grad_bytes = 2.0 if setup.precision in ("bf16", "fp16") else 4.0
-    weight_traffic = passes * n_stored * w_bytes + 3.0 * trainable * grad_bytes  # + grad accumulate
+    weight_traffic = passes * (n_quant * w_bytes + n_dense * 2.0) + 3.0 * trainable * grad_bytes  # + grad accumulate
     gemm_flops, attention_s = _attention_split(spec, setup, rates, sf, peak)
     flops_s = gemm_flops / (peak * eff) + attention_s
     matmul_s = max(flops_s, weight_traffic / bw)
@@ -164,10 +172,10 @@ def _gpu_parts(
         # An fp16 QuantState under bf16 compute casts each de-quantised weight once more: read 2 B,
         # write 2 B (framework_effects.dequant_copies).
         cast = 4.0 if dequant_copies(setup) == 2 else 0.0
-        dequant_s = passes * n_stored * (NF4_DEQUANT_BYTES_PER_WEIGHT + cast) / bw
+        dequant_s = passes * n_quant * (NF4_DEQUANT_BYTES_PER_WEIGHT + cast) / bw
     elif setup.quant == "int8":
         # bitsandbytes int8: read 1 byte, write 2 per weight and use (no published figure to fit).
-        dequant_s = passes * n_stored * (w_bytes + 2.0) / bw
+        dequant_s = passes * n_quant * (w_bytes + 2.0) / bw
     kernels = KERNELS_PER_LAYER_FORWARD * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
     overhead_s = kernels * rates.op_overhead_seconds
     micro_s = matmul_s + memory_s + dequant_s + overhead_s
