@@ -75,3 +75,18 @@ def test_searches_compare_what_the_run_needs_and_the_plan_warns_when_that_is_onl
     est = estimate_memory(spec, mode.setup, hw)
     assert need_ratio(est, Budget()) == est.devices[0].needed_bytes / est.devices[0].capacity_bytes
     assert est.fits is True and need_ratio(est, Budget()) <= 1.0
+
+
+def test_a_moe_qlora_plan_says_why_quantisation_saves_little():
+    """transformers >= 5 fuses Mixtral's experts into 3-D parameters, which bitsandbytes leaves 16-bit:
+    the plan says so where QLoRA is on the table (a CUDA card), and not where it is not (a CPU) or
+    for a dense model."""
+    from trainfit.core.plan.planner import PlanRequest, plan
+
+    mixtral = resolve_model("mistralai/Mixtral-8x7B-v0.1")
+    gpu = plan(PlanRequest(resolve_hardware("1x a100-80gb"), method="qlora", model=mixtral, examples=100,
+                           modes=("balanced",))).modes[0]
+    assert any("bitsandbytes#1849" in w and "45.1B expert parameters" in w for w in gpu.warnings)
+    dense = plan(PlanRequest(resolve_hardware("1x a100-80gb"), method="qlora", model=resolve_model("qwen2.5-0.5b"),
+                             examples=100, modes=("balanced",))).modes[0]
+    assert not any("bitsandbytes#1849" in w for w in dense.warnings)

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 
 from trainfit.core.memory.overheads import under_pressure_text
+from trainfit.core.memory.quant_formats import experts_left_dense
+from trainfit.core.memory.stats import model_stats
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.plan import data_io, space, variants
@@ -320,7 +322,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     budget = _budget(req, t)
     cap = _capacity(req, rules)
     reasons = list(extra_reasons or [])
-    warnings = list(extra_warnings or [])
+    warnings = list(extra_warnings or []) + _moe_quant_warning(req, rules, model, result)
     if result.best is None:
         need = result.smallest_need_ratio
         why = "; ".join(f"{k}: {v}" for k, v in result.rejected.items()) or "nothing could be evaluated"
@@ -355,6 +357,20 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     warnings += data_plan.warnings if data_plan is not None else []
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
                     speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan)
+
+
+def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, result: SearchResult) -> list[str]:
+    """Why QLoRA saves little on an MoE model here: transformers >= 5 fuses the experts into 3-D
+    parameters, which bitsandbytes leaves 16-bit (core.memory.quant_formats.experts_left_dense)."""
+    if not model.num_experts or not rules.quantization or req.method not in ("auto", "qlora"):
+        return []
+    st = model_stats(model)
+    probe = result.best.setup if result.best is not None else TrainingSetup(method="qlora", quant="nf4-dq")
+    if probe.method != "qlora" or not experts_left_dense(st, probe):
+        return []
+    return [f"QLoRA quantises only {1 - st.experts / st.linear:.0%} of this MoE's linear weights: transformers >= 5 "
+            f"holds its {st.experts / 1e9:.1f}B expert parameters as fused 3-D tensors, which bitsandbytes leaves "
+            "16-bit (bitsandbytes#1849); transformers 4.57 quantises them per expert"]
 
 
 def _capacity(req: PlanRequest, rules: DeviceRules) -> int | None:
