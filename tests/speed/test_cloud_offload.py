@@ -27,4 +27,4 @@ def test_32b_full_fine_tune_on_4x_a100_fits_with_offload_in_cloud_and_estimate(c
                                "--seq-len", "512", "--json"])
     assert code == 0 and est["fits"]
     gpu = est["devices"][0]
-    assert abs(gpu["total_bytes"] / 2**30 - row["memory_gib_per_device"]) < 0.01
+    assert abs(gpu["required_bytes"] / 2**30 - row["memory_gib_per_device"]) < 0.01  # the need, as the verdict

@@ -73,7 +73,7 @@ class FlavorResult:
     grad_checkpointing: str | None = None
     zero_stage: int | None = None
     offload: str | None = None  # "optimizer" / "optimizer+params": DeepSpeed CPU offload of the chosen setting
-    memory_gib_per_device: float | None = None  # predicted peak (GiB) of the chosen setting
+    memory_gib_per_device: float | None = None  # what the chosen setting needs per GPU (GiB): the fit verdict's figure
     capacity_gib_per_device: float | None = None
     memory_ratio: float | None = None  # smallest need / capacity seen (for "closest")
     tokens_per_second: float | None = None
@@ -274,7 +274,7 @@ def _result(req: CloudRequest, flavor: Flavor, best: _Best | None, ratio: float,
     return FlavorResult(
         fits=True, why=setting, method=label,
         precision=s.precision, micro_batch=s.micro_batch, grad_accum=s.grad_accum, grad_checkpointing=s.grad_checkpointing,
-        zero_stage=s.zero_stage, offload=s.offload, memory_gib_per_device=dev.total_bytes / GIB,
+        zero_stage=s.zero_stage, offload=s.offload, memory_gib_per_device=dev.needed_bytes / GIB,
         capacity_gib_per_device=cap_gib,
         tokens_per_second=best.tokens_per_second, bottleneck=best.bottleneck, hours=hours, cost_usd=cost,
         cost_class=cost_class(cost),
