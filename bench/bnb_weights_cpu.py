@@ -108,11 +108,11 @@ def write(rows: list[dict]) -> None:
              "error % | if experts were quantised B | measured absmax B | predicted B | error % |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['quant']} | {r['experts_fused']} | {r['params_left_16bit']:,} | "
-                     f"{r['expert_params']:,} | {r['measured_param_bytes']:,} | {r['predicted_weight_bytes']:,} | "
-                     f"{r['weights_error_pct']:+.2f} | {r['predicted_if_experts_quantised']:,} | "
-                     f"{r['measured_scale_bytes']:,} | "
-                     f"{r['predicted_scale_bytes']:,} | {r['scales_error_pct']:+.2f} |")
+        cells = [r["case"], r["quant"], r["experts_fused"], f"{r['params_left_16bit']:,}", f"{r['expert_params']:,}",
+                 f"{r['measured_param_bytes']:,}", f"{r['predicted_weight_bytes']:,}", f"{r['weights_error_pct']:+.2f}",
+                 f"{r['predicted_if_experts_quantised']:,}", f"{r['measured_scale_bytes']:,}",
+                 f"{r['predicted_scale_bytes']:,}", f"{r['scales_error_pct']:+.2f}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "In the MoE cases the routed experts and the router are among the parameters left 16-bit: "
               "transformers 5 holds them as fused 3-D parameters, which bitsandbytes does not replace "
               "(TrainingSetup.experts_fused; bitsandbytes#1849)."]
