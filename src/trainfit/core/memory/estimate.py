@@ -67,9 +67,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
         notes.append("the lm_head is tied to the embeddings: it stays 16-bit with them (--quantize-lm-head "
                      "quantises an lm_head of its own)")
     if quant_formats.experts_left_dense(st, setup):
-        notes.append(f"transformers >= 5 holds the {st.experts / 1e9:.1f}B expert parameters as fused 3-D tensors, "
-                     "which bitsandbytes does not quantise: they stay 16-bit (bitsandbytes#1849); under "
-                     "transformers 4 they are quantised per expert (--transformers-version 4.57)")
+        notes.append(quant_formats.dense_experts_text(st))
     lora_params += dora.magnitude_params(model, setup)  # DoRA's trained magnitudes (fp32, like the adapters)
     states = model_states(model, st, setup, lora_params)
     phase_pool = 0.0  # what the caching allocator holds across phases, free-running (overheads.margins)

@@ -81,6 +81,7 @@ from __future__ import annotations
 import re
 
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, compute_bytes, root_params
+from trainfit.core.memory.quant_formats import BITSANDBYTES
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -90,8 +91,8 @@ TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
 TRANSFORMERS_FUSED_EXPERTS_VERSION = (5, 0, 0)
 TRANSFORMERS_16BIT_LOGITS_VERSION = (4, 46, 0)
 BNB_QUANTS = ("nf4", "nf4-dq")
-LM_HEAD_QUANTS = ("nf4", "nf4-dq", "int8")  # bitsandbytes' layers, which a plugin can swap in for the lm_head
-PEFT_PREPARED_QUANTS = ("nf4", "nf4-dq", "int8")  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
+LM_HEAD_QUANTS = BITSANDBYTES  # bitsandbytes' layers, which a plugin can swap in for the lm_head
+PEFT_PREPARED_QUANTS = BITSANDBYTES  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
 # Causal LMs whose own forward in transformers 4.48 (and before) runs CrossEntropyLoss on the shifted
 # 16-bit logits, with no fp32 upcast (modeling_<type>.py, "shift_logits = lm_logits[..., :-1,
 # :].contiguous()"); the others went through ForCausalLMLoss, which upcasts first.

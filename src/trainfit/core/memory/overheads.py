@@ -105,8 +105,8 @@ def phase_pool_bytes(phases: dict[str, float], *, resident: float) -> float:
     """The caching allocator's pool with room to spare when the forward/backward's freed blocks are
     not reused by the gradients and optimizer temporaries: `resident` (states alive in every phase)
     plus the transient of each phase group."""
-    activation = max(phases[k] for k in ACTIVATION_PHASES if k in phases)
-    step = max(phases[k] for k in STEP_PHASES if k in phases)
+    activation = max(phases[k] for k in ACTIVATION_PHASES)
+    step = max(phases[k] for k in STEP_PHASES)
     return activation + step - resident
 
 

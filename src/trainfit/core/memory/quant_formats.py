@@ -45,6 +45,13 @@ def experts_left_dense(st: ModelStats, setup: TrainingSetup) -> bool:
     return bool(st.experts) and setup.experts_fused and setup.quant in BITSANDBYTES
 
 
+def dense_experts_text(st: ModelStats) -> str:
+    """Why an MoE's experts stay 16-bit under bitsandbytes (experts_left_dense): for estimate and plan."""
+    return (f"transformers >= 5 holds its {st.experts / 1e9:.1f}B expert parameters as fused 3-D tensors, which "
+            "bitsandbytes leaves 16-bit (bitsandbytes#1849); transformers 4 quantises them per expert "
+            "(--transformers-version 4.57)")
+
+
 def quantised_linear_params(st: ModelStats, setup: TrainingSetup) -> int:
     """Parameters of the linear weights `setup.quant` stores quantised (lm_head apart)."""
     return st.linear - (st.experts if experts_left_dense(st, setup) else 0)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainfit.core.memory.overheads import under_pressure_text
-from trainfit.core.memory.quant_formats import experts_left_dense
+from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_dense
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
@@ -368,9 +368,8 @@ def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, r
     probe = result.best.setup if result.best is not None else TrainingSetup(method="qlora", quant="nf4-dq")
     if probe.method != "qlora" or not experts_left_dense(st, probe):
         return []
-    return [f"QLoRA quantises only {1 - st.experts / st.linear:.0%} of this MoE's linear weights: transformers >= 5 "
-            f"holds its {st.experts / 1e9:.1f}B expert parameters as fused 3-D tensors, which bitsandbytes leaves "
-            "16-bit (bitsandbytes#1849); transformers 4.57 quantises them per expert"]
+    return [f"QLoRA quantises only {1 - st.experts / st.linear:.0%} of this MoE's linear weights: "
+            + dense_experts_text(st)]
 
 
 def _capacity(req: PlanRequest, rules: DeviceRules) -> int | None:
