@@ -135,6 +135,8 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
         knobs["bnb_fp16_quant_state"] = True
     if fw.get("transformers") and knobs.get("loss", "standard") == "standard":
         knobs.update(transformers_knobs(str(fw["transformers"])))
+    if "reentrant_checkpoint_around_fsdp_units" in fw:  # a loop that checkpoints with its own wrapper
+        knobs["reentrant_checkpoint_around_fsdp_units"] = bool(fw["reentrant_checkpoint_around_fsdp_units"])
     if fw.get("output_kept"):
         knobs["output_kept"] = True
     return knobs
@@ -142,7 +144,7 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
 
 FRAMEWORK_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "optimizer_in_backward",
                   "kbit_upcast", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "transformers",
-                  "output_kept")
+                  "output_kept", "reentrant_checkpoint_around_fsdp_units")
 
 
 def setup_for(row: dict[str, Any], frameworks: dict[str, dict[str, Any]] | None = None) -> TrainingSetup:
@@ -409,23 +411,33 @@ row to fit a figure.
    -0.3..+11 % -> -5.2..+2.4 %, nvidia-smi 2 GPUs bs2 -0.3 % -> -10.7 %.
 14. **NCCL's buffers** are the published 544 / 688 MB per GPU of a 2-GPU / larger group on A100 with
    NVLink (NVIDIA/nccl#964; 300 MiB before): multi-GPU nvidia-smi rows rise 0.2-0.35 GiB.
-15. **What is left under-predicted** (8 rows): the HF Trainer's FSDP QLoRA of Llama 2 70B, fms
-   2 GPUs bs2 allocated -22.5 % and nvidia-smi -11.8 %, PEFT's with CPU offload -20.2 %, and the
-   fms bs4 OOM, which the model puts at 51 of 80 GiB: against one GPU at bs4 (fms's own-loading
-   run, 63.45 GiB allocated, predicted within 4 %) the sharded run holds about one more hidden-size
-   tensor per layer and token (1.2 MiB/token measured, 80 x 8192 x 2 B = 1.25), which Answer.AI's
-   own FSDP loop (Llama 2 70B +0.9 %) and fms's Mistral and Mixtral FSDP QLoRA runs do not show -
-   a GPU run has to show where it goes; the FSDP nvidia-smi rows of fms's 2-GPU runs whose slack is
-   far above the 30 % applied: SantaCoder full (-17.0 / -21.9 %, slack 64-76 % of the allocated
-   peak; the phase pool gives 27-31 %) and Mixtral QLoRA bs2 (-10.7 %, slack 43 %, while its bs4
-   has 27 % and is -3.7 %): the trace cannot show FSDP's other streams, whose freed blocks wait for
-   them (record_stream); SantaCoder bs8 allocated (-12.2 %: the published growth per sequence is
-   about twice what the model, exact on CPU under transformers 4.48.1, gives); LitGPT Gemma 2B full
-   on 4x A10G (-37 %). LitGPT never ties the lm_head (GPT keeps wte and lm_head apart,
+15. **Reentrant checkpointing around FSDP units** (`reentrant_checkpoint_around_fsdp_units`):
+   transformers before 4.52 checkpoints `decoder_layer.__call__`, under FSDP1 the unit's call, reentrant
+   by default; in backward FSDP registers a frozen unit's reshard-only hook on the recomputed input, a
+   leaf, and keeps it until backward ends, so every layer's input gradient is held: one more hidden
+   state per layer and token (bench/fsdp_reentrant_cpu.py measures it on CPU). The fms and PEFT QLoRA
+   runs use HF's default (PEFT's QLoRA scripts pass --use_reentrant True, its LoRA FSDP script False;
+   fsdp_qlora checkpoints inside the units). fms Llama 2 70B QLoRA 2 GPUs bs2 allocated -22.5 % ->
+   +0.2 %, nvidia-smi -11.8 % -> +13.5 %; PEFT's 70B QLoRA with CPU offload -20.2 % -> +12.6 %; fms
+   Mistral QLoRA 2 GPUs -7.5..-0.4 % -> -3.7..-0.4 %; Mixtral QLoRA bs2 nvidia-smi -10.7 % -> -5.2 %;
+   fms Mistral / Mixtral LoRA 2 GPUs rise 3-5 points (-1.6..+20.5 %).
+16. **What is left under-predicted** (4 rows) **and the missed OOM**: the FSDP nvidia-smi rows of
+   fms's SantaCoder full fine-tune on 2 GPUs (-17.0 / -21.9 %), whose slack is 64-76 % of the
+   allocated peak (the phase pool gives 27-31 %): the trace cannot show FSDP's other streams, whose
+   freed blocks wait for them (record_stream); SantaCoder bs8 allocated (-12.2 %: the published growth
+   per sequence is about twice what the model, exact on CPU under transformers 4.48.1, gives); LitGPT
+   Gemma 2B full on 4x A10G (-37 %). LitGPT never ties the lm_head (GPT keeps wte and lm_head apart,
    convert_hf_checkpoint copies the embedding into lm_head, finetune refuses tie_embeddings), which
    would make that row -21 % but LitGPT's tied-model LoRA and QLoRA rows +14..+31 % (Gemma 2-9B
    QLoRA a false "does not fit"), so the published figures contradict a part of that modelling and
-   it is not applied. torchtune rows still carry torch.compile (unmodelled).
+   it is not applied. fms's Llama 2 70B QLoRA on 2 GPUs at bs4 ran out of memory at 79.5 GiB
+   (nvidia-smi); the model puts its tensor peak at 67.5 GiB (its bs2 peak is within 0.2 %) and the
+   verdict needs 71.9 GiB with the 5 % of slack that survives a free-and-retry. Replaying the layer
+   backward of that run through the allocator's rules (a meta-device trace of Llama 2 70B's shapes
+   with the held input gradients) leaves 8.5 GiB of slack after a free-and-retry at bs4 (5.3 GiB
+   without the held gradients), which puts the run at 77 GiB: closer, but still not out of memory;
+   FSDP's separate all-gather stream and bitsandbytes' kernels are not in the replay. torchtune rows
+   still carry torch.compile (unmodelled).
 """
 
 

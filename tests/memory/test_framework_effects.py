@@ -1,8 +1,9 @@
 """Framework knobs (trainfit.core.memory.framework_effects): foreach AdamW's step temporary,
 bitsandbytes before 0.43.2 keeping 4-bit inputs, FSDP units mixing frozen weights and adapters,
 PEFT's fp32 upcast of a k-bit base, LitGPT's 16-bit chunked loss, FSDP's no_sync accumulation, and
-Lightning's bitsandbytes plugin (quantised lm_head, fp16 quant state), and transformers 5's fused MoE
-experts, which bitsandbytes leaves 16-bit.
+Lightning's bitsandbytes plugin (quantised lm_head, fp16 quant state), transformers 5's fused MoE
+experts, which bitsandbytes leaves 16-bit, and transformers < 4.52's reentrant checkpoint around FSDP
+units, which holds every layer's input gradient.
 
 Each effect is checked against a hand calculation from the model's shapes."""
 
@@ -17,7 +18,9 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.activations import layer_bytes_per_token
 from trainfit.core.memory.framework_effects import (
     bnb_keeps_input_for,
+    checkpoint_around_units_for,
     experts_fused_for,
+    held_layer_input_grads,
     logits_returned_fp32_for,
     logits_shift_copy_for,
     no_sync_gradient_bytes,
@@ -430,3 +433,45 @@ def test_runner_prepares_a_quantised_base_without_the_fp32_cast():
     out = model.get_input_embeddings()(torch.tensor([[1, 2]]))
     assert out.requires_grad  # reentrant checkpointing needs an input with a gradient
     assert model.is_gradient_checkpointing
+
+
+@pytest.mark.parametrize("version,around", [("4.37.2", True), ("4.48.1", True), ("4.51.3", True), ("4.52.0", False),
+                                            ("5.24", False)])
+def test_transformers_before_4_52_checkpoints_the_fsdp_unit_call(version, around):
+    assert checkpoint_around_units_for(version) is around
+
+
+def test_reentrant_checkpoint_around_frozen_fsdp_units_holds_every_layer_input_gradient():
+    """A 70B QLoRA on 2 GPUs, FSDP full shard (as fms-acceleration ran Llama 2 70B): with transformers < 4.52's
+    placement, the layer backward holds n - 1 input gradients (bf16 hidden states) beside the n layer
+    inputs, up to the last layer's recompute."""
+    llama70 = get_model("meta-llama/Llama-3.1-70B")
+    base = TrainingSetup(method="qlora", quant="nf4-dq", precision="bf16", micro_batch=2, seq_len=4096,
+                         grad_checkpointing="full", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard",
+                         attention="flash", lora=LoraSettings(rank=16, target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                       "o_proj"]))
+    around = dataclasses.replace(base, reentrant_checkpoint_around_fsdp_units=True)
+    assert held_layer_input_grads(around) and not held_layer_input_grads(base)
+    held = (llama70.num_layers - 1) * 2 * llama70.hidden_size * 2 * 4096
+    assert _phases(estimate_memory(llama70, around))["layer backward"] == pytest.approx(
+        _phases(estimate_memory(llama70, base))["layer backward"] + held / 2**30, abs=0.01)
+    est = estimate_memory(llama70, around)
+    acts = {c.name: c.what for c in est.devices[0].components}["activations"]
+    assert "79 layer-input gradients held by FSDP's reshard hooks" in acts
+    # only frozen units under FSDP with the whole layer checkpointed: a trained unit (full training,
+    # adapters inside the layer's unit) reshards after its gradient, DeepSpeed has no such hook
+    for other in (dataclasses.replace(around, method="full", quant="none", lora=None),
+                  dataclasses.replace(around, quant="none", method="lora", fsdp_mixed_units=True),
+                  dataclasses.replace(around, fsdp_strategy="none"),
+                  dataclasses.replace(around, grad_checkpointing="none")):
+        assert not held_layer_input_grads(other), other
+
+
+def test_cli_transformers_version_sets_the_checkpoint_placement():
+    run = [sys.executable, "-m", "trainfit", "estimate", "meta-llama/Llama-3.1-8B", "--method", "lora",
+           "--hardware", "2x a100-80gb", "--fsdp", "full-shard", "--grad-checkpointing", "full", "--json"]
+    old, new = (subprocess.run(run + ["--transformers-version", v], capture_output=True, text=True)
+                for v in ("4.48.1", "4.52.0"))
+    assert old.returncode == new.returncode == 0, (old.stderr, new.stderr)
+    assert json.loads(old.stdout)["setup"]["reentrant_checkpoint_around_fsdp_units"] is True
+    assert json.loads(new.stdout)["setup"]["reentrant_checkpoint_around_fsdp_units"] is False

@@ -159,6 +159,11 @@ class TrainingSetup:
     # --quant nf4 / int8 they stay 16-bit (bitsandbytes#1849). transformers 4 builds one nn.Linear
     # per expert, which bitsandbytes quantises.
     experts_fused: bool = True
+    # transformers before 4.52 with its default reentrant checkpoint: each decoder layer's call is
+    # checkpointed, which under FSDP is the FSDP unit's call. FSDP's reshard-only hook of a frozen
+    # unit then holds the recomputed layer input and its gradient until backward ends (4.52's
+    # GradientCheckpointingLayer checkpoints inside the unit).
+    reentrant_checkpoint_around_fsdp_units: bool = False
     # The training loop keeps the model's output (its logits) through backward and the optimizer
     # step: `outputs = model(**batch); outputs.loss.backward()` in a hand-written loop, fsdp_qlora's
     # train.py. The HF Trainer and trainfit's runner drop it before backward.

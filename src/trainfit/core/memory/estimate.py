@@ -17,8 +17,9 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import (dequant_copies, kbit_upcast_applies, no_sync_gradient_bytes,
-                                                   quantised_lm_head, returned_logits_bytes, step_temporary_bytes)
+from trainfit.core.memory.framework_effects import (dequant_copies, held_layer_input_grads, kbit_upcast_applies,
+                                                    no_sync_gradient_bytes, quantised_lm_head, returned_logits_bytes,
+                                                    step_temporary_bytes)
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -164,6 +165,13 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         saved_layers = n * layer
         ckpt_what = f"{n} layers x {per_tok:.0f} B/token x {tokens} tokens" + (
             " + eager scores" if scores else "")
+    # Reentrant checkpoints around frozen FSDP units: each layer's input gradient is held too, up to
+    # the last layer's recompute (framework_effects.held_layer_input_grads).
+    input_grads = (n - 1) * r * model.hidden_size * tokens if held_layer_input_grads(setup) else 0.0
+    if input_grads:
+        notes.append(f"transformers < 4.52 checkpoints each FSDP unit's call (reentrant): FSDP's reshard hooks "
+                     f"hold every layer's input gradient until backward ends ({input_grads / 2**30:.2f} GiB); "
+                     "gradient_checkpointing_kwargs={'use_reentrant': False} or transformers >= 4.52 avoids it")
     if setup.activation_offload:
         saved_layers, host = offload_activations(saved_layers, n, setup)
         host_comps.append(host)
@@ -229,7 +237,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).
         "backward end": base + states.gradients + emb_grad_tmp + kept,
-        "layer backward": base + held_grads + saved_layers + final + recompute + cache + kept,
+        "layer backward": base + held_grads + saved_layers + input_grads + final + recompute + cache + kept,
         "reference forward": base + g_acc + ref_fwd,
     }
     where_peak = max(phases, key=phases.get)
@@ -273,7 +281,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("reference_forward", int(ref_fwd), "reference logits (2*b*s*vocab) + one layer's temporaries, no_grad", True))
         return comps, pool
     if where_peak == "layer backward":
-        comps.append(C("activations", int(saved_layers + final + recompute), ckpt_what, True))
+        held_what = f" + {n - 1} layer-input gradients held by FSDP's reshard hooks" if input_grads else ""
+        comps.append(C("activations", int(saved_layers + input_grads + final + recompute), ckpt_what + held_what,
+                       True))
         if cache:
             comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights", True))
         if head_apart and g_acc:

@@ -69,6 +69,25 @@ made for the run a user will actually launch (and published measurements can be 
   an unmerged pull request) - and PEFT's k-bit preparation then casts them to fp32 with the other
   16-bit parameters. transformers 4 builds one nn.Linear per expert (w1, w2, w3), which bitsandbytes
   quantises and de-quantises one at a time.
+* Reentrant gradient checkpointing around FSDP units
+  (TrainingSetup.reentrant_checkpoint_around_fsdp_units). Before 4.52 transformers checkpoints
+  `decoder_layer.__call__` (modeling_llama.py 4.48.1: `self._gradient_checkpointing_func(
+  decoder_layer.__call__, ...)`, reentrant unless gradient_checkpointing_kwargs says otherwise), and
+  under FSDP1 that call is the FSDP unit's. The recompute in backward then runs FSDP's pre-forward on
+  the checkpoint's detached input, a leaf: for a unit whose parameters are all frozen (LoRA / QLoRA
+  with PEFT's wrap policy) FSDP registers its reshard-only hook with `register_multi_grad_hook` on
+  that leaf (torch/distributed/fsdp/_runtime_utils.py), keeps the handle on the flat parameter until
+  its end-of-backward callback, and the leaf's AccumulateGrad node keeps the leaf, so every layer's
+  input and that input's gradient live until backward ends: one more hidden-state tensor per layer
+  and token at the last layer's recompute. 4.52's GradientCheckpointingLayer checkpoints inside the
+  unit, and a non-reentrant checkpoint registers the hook on the forward's own input, whose autograd
+  node does not keep it (PEFT's run_peft_fsdp.sh passes --use_reentrant False, its QLoRA scripts
+  True). Measured on CPU (bench/fsdp_reentrant_cpu.py, FSDP1 over gloo, PEFT LoRA): the reentrant
+  checkpoint around the units holds 6.2 / 14.5 hidden states more than inside them at 8 / 16 layers
+  (7 / 15 predicted), the non-reentrant one none; traced at Llama 2 70B's shapes
+  (bench/held_grads_replay.py) 9.99 / 19.74 GiB at 2 / 4 x 4096 tokens (9.88 / 19.75 predicted).
+  fms-acceleration's Llama 2 70B FSDP QLoRA (4.48.1) holds 1.2 MiB per token more than one GPU,
+  80 layers x 8192 x 2 B. fsdp_qlora applies torch's checkpoint wrapper inside the units.
 * A training loop that keeps the model's output (TrainingSetup.output_kept): `outputs =
   model(**batch); accelerator.backward(outputs.loss)` (transformers' run_clm_no_trainer.py) or
   fsdp_qlora's train.py (`output = None` only after the optimizer step) hold the returned logits
@@ -90,6 +109,7 @@ BNB_INPUT_FIX_VERSION = (0, 43, 2)
 TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
 TRANSFORMERS_FUSED_EXPERTS_VERSION = (5, 0, 0)
 TRANSFORMERS_16BIT_LOGITS_VERSION = (4, 46, 0)
+TRANSFORMERS_CHECKPOINT_LAYER_VERSION = (4, 52, 0)  # GradientCheckpointingLayer
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = BITSANDBYTES  # bitsandbytes' layers, which a plugin can swap in for the lm_head
 PEFT_PREPARED_QUANTS = BITSANDBYTES  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
@@ -183,11 +203,25 @@ def experts_fused_for(version: str) -> bool:
     return _release(version) >= TRANSFORMERS_FUSED_EXPERTS_VERSION
 
 
+def checkpoint_around_units_for(version: str) -> bool:
+    """True for a transformers release whose gradient checkpointing wraps each decoder layer's call
+    (before 4.52), which under FSDP is the unit's; reentrant is its default."""
+    return _release(version) < TRANSFORMERS_CHECKPOINT_LAYER_VERSION
+
+
 def transformers_knobs(version: str) -> dict[str, bool]:
     """The TrainingSetup fields a transformers release decides (ValueError for a non-release string)."""
     return dict(logits_shift_copy=logits_shift_copy_for(version),
                 logits_returned_fp32=logits_returned_fp32_for(version),
-                experts_fused=experts_fused_for(version))
+                experts_fused=experts_fused_for(version),
+                reentrant_checkpoint_around_fsdp_units=checkpoint_around_units_for(version))
+
+
+def held_layer_input_grads(setup: TrainingSetup) -> bool:
+    """Every checkpointed layer's input and its gradient live until backward ends: reentrant
+    checkpointing around FSDP units whose parameters are all frozen (adapters in units of their own)."""
+    return (setup.reentrant_checkpoint_around_fsdp_units and setup.grad_checkpointing == "full"
+            and setup.fsdp_strategy != "none" and setup.trains_adapters and not setup.fsdp_mixed_units)
 
 
 def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:
