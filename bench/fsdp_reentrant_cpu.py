@@ -22,9 +22,9 @@ the checkpoint, each at 8 and 16 layers:
   `self._gradient_checkpointing_func(decoder_layer.__call__, ...)` does before 4.52;
 * around-non-reentrant: the same with use_reentrant=False (PEFT's run_peft_fsdp.sh).
 
-Rank 0 counts live tensor storage bytes through the second step. FSDP1 frees an unsharded flat
-parameter by resizing its storage to 0, which no op reports, so the counter sums the current size of
-every storage it has seen after each op. The prediction is `estimate_memory(...)` with the flag set
+Rank 0 counts live tensor storage bytes through the second step (the live-tensor counter of
+bench/fsdp_no_sync_cpu.py, FsdpTensorCounter). FSDP1 frees an unsharded flat parameter by resizing its storage to 0 and gathers
+into it again, which no op reports: `fsdp1_storage_reported` tells the counter. The prediction is `estimate_memory(...)` with the flag set
 for "around" (device "cuda": the memory model refuses FSDP on "cpu"; for-loop AdamW and fp32, so no
 tensor term depends on the device). The checked figures are the differences between placements and
 the growth per layer; the absolute peaks are reported too.
@@ -37,22 +37,21 @@ Writes bench/results/fsdp_reentrant_cpu.md and .json (about 2 minutes on 2 cores
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
 import os
-import socket
 import sys
 import tempfile
 import warnings
-import weakref
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from _results import write_results  # noqa: E402
+from fsdp_no_sync_cpu import FsdpTensorCounter, _free_port  # noqa: E402
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
@@ -111,55 +110,28 @@ def hidden_state_bytes() -> int:
 
 
 # -- measurement ----------------------------------------------------------------------------------
-class StorageBytesCounter:
-    """Live tensor storage bytes on CPU, resize-aware: the sum of the current size of every storage
-    seen, taken after each op (FSDP1 frees by `storage.resize_(0)`, which no op reports)."""
+@contextlib.contextmanager
+def fsdp1_storage_reported(counter: FsdpTensorCounter):
+    """Report FSDP1's in-place storage resizes to `counter`: it frees an unsharded flat parameter with
+    `storage.resize_(0)` and gathers into the same storage again (torch.distributed.fsdp._flat_param's
+    `_free_storage` / `_alloc_storage`), which no op shows the dispatch mode."""
+    from torch.distributed.fsdp import _flat_param
 
-    def __init__(self) -> None:
-        self._storages: dict[int, Any] = {}
-        self.current_bytes = 0
-        self.peak_bytes = 0
+    orig_alloc, orig_free = _flat_param._alloc_storage, _flat_param._free_storage
 
-    def track(self, value: Any) -> None:
-        import torch
+    def alloc(tensor, size):
+        orig_alloc(tensor, size)
+        counter.storage_allocated(tensor)
 
-        if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
-            return
-        storage = value.untyped_storage()
-        key = storage._cdata
-        known = self._storages.get(key)
-        # a freed storage's address can come back for a new one before measure() drops the old entry
-        if known is None or known() is not storage:
-            self._storages[key] = weakref.ref(storage)
+    def free(tensor):
+        counter.storage_freed(tensor)
+        orig_free(tensor)
 
-    def measure(self) -> None:
-        total, dead = 0, []
-        for key, ref in self._storages.items():
-            storage = ref()
-            if storage is None:
-                dead.append(key)
-            else:
-                total += storage.nbytes()
-        for key in dead:
-            del self._storages[key]
-        self.current_bytes = total
-        self.peak_bytes = max(self.peak_bytes, total)
-
-    def mode(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        counter = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    counter.track(t)
-                counter.measure()
-                return out
-
-        return _Mode()
+    _flat_param._alloc_storage, _flat_param._free_storage = alloc, free
+    try:
+        yield
+    finally:
+        _flat_param._alloc_storage, _flat_param._free_storage = orig_alloc, orig_free
 
 
 def _checkpointed_units(model, use_reentrant: bool) -> None:
@@ -207,15 +179,13 @@ def _worker(rank: int, port: int, layers: int, placement: str, out_path: str) ->
     result = {}
     for step in range(2):
         gc.collect()
-        counter = StorageBytesCounter()
+        counter = FsdpTensorCounter()
         with warnings.catch_warnings():  # isinstance on some library objects warns
             warnings.simplefilter("ignore")
-            for obj in gc.get_objects():
-                counter.track(obj)
-        counter.measure()
+            counter.track_existing(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
         start = counter.current_bytes
-        counter.peak_bytes = start
-        with counter.mode():
+        counter.reset_peak()
+        with fsdp1_storage_reported(counter), counter:
             loss = fsdp(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
@@ -224,12 +194,6 @@ def _worker(rank: int, port: int, layers: int, placement: str, out_path: str) ->
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(layers: int, placement: str) -> dict:

@@ -45,12 +45,13 @@ GIB = 2 ** 30
 QUANTISED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def llama2_70b_row() -> dict:
-    return next(r for r in published_memory.load()["runs"] if r["id"] == ROW)
+def llama2_70b_row(doc: dict | None = None) -> dict:
+    return next(r for r in (doc or published_memory.load())["runs"] if r["id"] == ROW)
 
 
 def llama2_70b():
-    return published_memory.model_for(llama2_70b_row(), published_memory.load().get("models", {}))
+    doc = published_memory.load()
+    return published_memory.model_for(llama2_70b_row(doc), doc.get("models", {}))
 
 
 def _dequantised_linear():
@@ -70,12 +71,16 @@ def _dequantised_linear():
     return Dequantised
 
 
-def build(spec, micro_batch: int, held: bool, handles: list):
+def traced_setup(micro_batch: int):
+    """LoRA q/k/v/o; checkpointing is off in transformers and placed around each layer by build()."""
+    return meta_trace._s("lora", lora=LoraSettings(rank=16, alpha=16, dropout=0.0,
+                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+                         micro_batch=micro_batch, seq_len=SEQ_LEN, grad_checkpointing="none")
+
+
+def build(spec, setup, held: bool, handles: list):
     import torch
 
-    setup = meta_trace._s("lora", lora=LoraSettings(rank=16, alpha=16, dropout=0.0,
-                                                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-                          micro_batch=micro_batch, seq_len=SEQ_LEN, grad_checkpointing="none")
     model = meta_trace.build(spec, setup)
     model.enable_input_require_grads()
     fn = _dequantised_linear()
@@ -106,26 +111,14 @@ def build(spec, micro_batch: int, held: bool, handles: list):
 
 
 def trace(spec, micro_batch: int, held: bool) -> tuple[meta_trace.MetaTrace, int]:
-    import torch
-
+    """The traced step and the bytes of the model's parameters and buffers (static in the trace)."""
     handles: list = []
-    model = build(spec, micro_batch, held, handles)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-    ids = torch.zeros(micro_batch, SEQ_LEN, dtype=torch.long, device="meta")
+    setup = traced_setup(micro_batch)
+    model = build(spec, setup, held, handles)
     everything = list(model.parameters()) + list(model.buffers())
     static = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in everything}.values())
-    rec = meta_trace.MetaTrace()
-    rec.track_existing(everything + [ids])
-    with rec:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        del loss
-        handles.clear()  # FSDP's end-of-backward callback drops the hooks
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return rec, static
+    # FSDP's end-of-backward callback drops the hooks
+    return meta_trace.trace_model(model, setup, steps=1, after_backward=handles.clear), static
 
 
 def predicted_held_bytes(spec, micro_batch: int) -> int:

@@ -187,9 +187,14 @@ def build(spec: ModelSpec, setup: TrainingSetup):
 
 
 def trace(spec: ModelSpec, setup: TrainingSetup, steps: int = 2) -> MetaTrace:
+    return trace_model(build(spec, setup), setup, steps)
+
+
+def trace_model(model, setup: TrainingSetup, steps: int = 2, after_backward=None) -> MetaTrace:
+    """`steps` HF-Trainer-style training steps of a meta-device `model`; `after_backward()` runs
+    between each backward and its optimizer step."""
     import torch
 
-    model = build(spec, setup)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
@@ -201,6 +206,8 @@ def trace(spec: ModelSpec, setup: TrainingSetup, steps: int = 2) -> MetaTrace:
             loss = model(input_ids=ids, labels=ids).loss  # the HF Trainer drops the output here
             loss.backward()
             del loss
+            if after_backward is not None:
+                after_backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
     return rec

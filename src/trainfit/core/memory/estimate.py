@@ -245,7 +245,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
     pool = phase_pool_bytes(phases, resident=base + g_acc)
     comps = [
-        C("weights", int(states.weights), _weights_what(setup, model), True),
+        C("weights", int(states.weights), _weights_what(setup, model, st), True),
     ]
     if states.quant_overhead:
         comps.append(C("quant_overhead", int(states.quant_overhead), _quant_what(setup), True))
@@ -310,14 +310,14 @@ def _frozen_copy(st, setup: TrainingSetup) -> float:
     return st.total * (4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2)
 
 
-def _weights_what(setup: TrainingSetup, model: ModelSpec) -> str:
+def _weights_what(setup: TrainingSetup, model: ModelSpec, st) -> str:
     if setup.quant in quant_formats.PREQUANTISED:
         return quant_formats.describe(setup.quant)[0]
     rest = "fp32 (PEFT k-bit preparation)" if kbit_upcast_applies(setup) else "16-bit"
     head_q = quantised_lm_head(model, setup) > 0
     quantised, kept = ("linear weights and lm_head", "embeddings, norms") if head_q else (
         "linear weights", "embeddings, norms, lm_head")
-    if quant_formats.experts_left_dense(model_stats(model), setup):
+    if quant_formats.experts_left_dense(st, setup):
         kept += ", fused MoE experts and routers"
     if setup.quant in ("nf4", "nf4-dq"):
         return f"{quantised} NF4 (0.5 B/param); {kept} in {rest}"
