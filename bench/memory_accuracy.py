@@ -74,6 +74,7 @@ def _s(method="full", **kw) -> TrainingSetup:
 
 ALL_LINEAR = LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules="all-linear")  # type: ignore[arg-type]
 DROP = LoraSettings(rank=16, alpha=32, dropout=0.05, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+DROP_ALL = LoraSettings(rank=8, alpha=16, dropout=0.1, target_modules="all-linear")  # type: ignore[arg-type]
 
 CASES: list[tuple[str, str, TrainingSetup]] = [
     ("llama full fp32 sdpa", "llama", _s()),
@@ -88,6 +89,7 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("llama lora q,v", "llama", _s("lora")),
     ("llama lora all-linear bf16", "llama", _s("lora", precision="bf16", lora=ALL_LINEAR)),
     ("llama lora dropout autocast", "llama", _s("lora", precision="bf16-mixed", lora=DROP)),
+    ("llama lora all-linear dropout", "llama", _s("lora", lora=DROP_ALL)),
     ("llama dpo lora-base", "llama", _s("dpo", lora=LoraSettings(rank=8, dropout=0.0), dpo_reference="lora-base",
                                           micro_batch=1)),
     ("llama dpo full separate", "llama", _s("dpo", micro_batch=1)),
@@ -105,6 +107,7 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("gpt2 inference", "gpt2", _s("inference", generate_tokens=64, micro_batch=2)),
     ("phi full fp32", "phi", _s()),
     ("phi lora q,v bf16", "phi", _s("lora", precision="bf16")),
+    ("phi lora all-linear dropout", "phi", _s("lora", lora=DROP_ALL)),
     ("gemma2 full fp32 eager", "gemma2", _s(attention="eager")),
     ("gemma2 lora eager bf16", "gemma2", _s("lora", attention="eager", precision="bf16")),
     ("mixtral full fp32", "mixtral", _s()),

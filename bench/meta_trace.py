@@ -126,9 +126,9 @@ class MetaTrace(TensorBytesCounter):
         return peak
 
 
-def _register_flash_attention() -> None:
+def flash_function():
+    """flash-attention 2 as an autograd Function for meta tensors: what it keeps and allocates."""
     import torch
-    from transformers import AttentionInterface
 
     class Flash(torch.autograd.Function):
         @staticmethod
@@ -154,8 +154,16 @@ def _register_flash_attention() -> None:
             del dq_accum, softmax_d
             return dq, dk, dv
 
+    return Flash
+
+
+def _register_flash_attention() -> None:
+    from transformers import AttentionInterface
+
+    flash = flash_function()
+
     def attention(module, query, key, value, attention_mask, **kwargs):
-        return Flash.apply(query, key, value).transpose(1, 2), None
+        return flash.apply(query, key, value).transpose(1, 2), None
 
     AttentionInterface.register(ATTENTION, attention)
 

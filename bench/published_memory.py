@@ -139,12 +139,17 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
         knobs["reentrant_checkpoint_around_fsdp_units"] = bool(fw["reentrant_checkpoint_around_fsdp_units"])
     if fw.get("output_kept"):
         knobs["output_kept"] = True
+    if fw.get("model_code"):
+        knobs["model_code"] = fw["model_code"]
+    if fw.get("previous_step_kept"):
+        knobs["previous_step_kept"] = True
     return knobs
 
 
 FRAMEWORK_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "optimizer_in_backward",
                   "kbit_upcast", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "transformers",
-                  "output_kept", "reentrant_checkpoint_around_fsdp_units")
+                  "output_kept", "reentrant_checkpoint_around_fsdp_units", "model_code",
+                  "previous_step_kept")
 
 
 def setup_for(row: dict[str, Any], frameworks: dict[str, dict[str, Any]] | None = None) -> TrainingSetup:
@@ -366,7 +371,7 @@ row to fit a figure.
    trainfit's exports now set for FSDP with accumulation (export/training_args.py).
 8. **LitGPT's loss** (`loss: chunked-16bit`): lm_head and cross-entropy in 128-token chunks in bf16,
    no fp32 upcast. phi-2 LoRA +85.7 % -> +79.8 %, TinyLlama LoRA +62.1 % -> +54.5 %: these small
-   models stay over-predicted; the rest of the gap is in LitGPT's own model code (not HF's).
+   models stayed over-predicted; the rest of the gap was LitGPT's own model code (item 16).
 9. **Quantisation scales are not sharded**: bitsandbytes keeps a 4-bit weight's absmax on its
    QuantState, not in a parameter, so FSDP and ZeRO-3 leave a whole copy on every rank
    (fsdp_qlora train.py: "FSDP only syncs parameters and buffers, so the quant_state isn't
@@ -421,23 +426,47 @@ row to fit a figure.
    +0.2 %, nvidia-smi -11.8 % -> +13.5 %; PEFT's 70B QLoRA with CPU offload -20.2 % -> +12.6 %; fms
    Mistral QLoRA 2 GPUs -7.5..-0.4 % -> -3.7..-0.4 %; Mixtral QLoRA bs2 nvidia-smi -10.7 % -> -5.2 %;
    fms Mistral / Mixtral LoRA 2 GPUs rise 3-5 points (-1.6..+20.5 %).
-16. **What is left under-predicted** (4 rows) **and the missed OOM**: the FSDP nvidia-smi rows of
+16. **LitGPT runs its own model code** (`model_code: litgpt`): not transformers and PEFT but LitGPT's
+   GPT and LoRA classes, which keep other tensors: one LoRAQKVLinear for q/k/v (one dropout and one
+   stacked A; zero_pad keeps a q+v-wide output when k is not adapted), keys and values
+   repeat_interleave'd to every query head, the attention output's reshape copy for an adapted
+   projection, v as a view that keeps the whole fused q+k+v output in MHA models, GELU-tanh as one
+   op, no fp32 norm output for Gemma, adapters in bf16 under bf16-true, and an lm_head of its own
+   (convert_hf_checkpoint copies a tied embedding). Traced from LitGPT's classes on the meta device
+   (bench/litgpt_meta_trace.py: 18 models and target sets, 8 held out, and 5 run with dropout on
+   CPU): median 0.1 %, worst 0.9 %. It took LitGPT's LoRA rows from PEFT's over-count (phi-2
+   +80.2 %, TinyLlama +54.5 %, phi-1.5 +24..+43 %, Phi-3 +19.9 %) to -9.0..+1.6 %, and the
+   config-hub QLoRA rows to -10.6..-16.0 %: their PEFT-style over-count had been hiding the next
+   item. With the untied lm_head, Gemma 2B full on 4x A10G -37.1 % -> -19.4 %, and the tied-model
+   LoRA / QLoRA rows it used to contradict now agree (Gemma 2B LoRA -8.2 %, QLoRA within 5 %).
+17. **The previous step stays alive in LitGPT's loop** (`previous_step_kept`): `logits = model(...)`
+   and `loss = chunked_cross_entropy(...)` are reassigned each iteration without `del`, so while the
+   next forward runs the previous logits are alive and the previous loss keeps its graph, and with it
+   every input bitsandbytes < 0.43.2 stored on its autograd ctx (MatMul4Bit's `ctx.tensors`, which
+   backward does not free). The config hub draws batches at random, so two full-length batches in a
+   row set the peak; the 2023 resource tables ran the longest batch first, with no step before it
+   (`previous_step_kept: false` on those rows). Config-hub QLoRA: Llama 2 7B -11.3 % -> +0.3 %,
+   Llama 3 / 3.1 8B -10.6 % -> +0.7 %, Mistral 7B -12.3 % -> +0.3 %, phi-2 -15.3 % -> +0.2 %,
+   Phi-3 -16.0 % -> -3.4 %, TinyLlama -16.0 % -> -1.4 %; their LoRA rows rise by the logits alone
+   (-4.5..-0.6 %). Falcon 7B stays over (+20 / +38 %).
+18. **Usable memory is the driver's total less what it reserves** (gpus.yaml `driver_reserved_mib`):
+   nvidia-smi -q lists "Reserved" apart from "Used" (763 MiB on an A100 80GB, 354 MiB on an RTX 4090),
+   and PyTorch's out-of-memory message gives the rest as the card's capacity: 79.25 GiB and 23.64 GiB.
+   Parts without a recorded figure take the median share of those with one (1.2 %). Fit verdicts near
+   a card's limit move by 0.3-0.8 GiB; no published OOM or fit changes sides.
+19. **What is left under-predicted** (4 rows) **and the missed OOM**: the FSDP nvidia-smi rows of
    fms's SantaCoder full fine-tune on 2 GPUs (-17.0 / -21.9 %), whose slack is 64-76 % of the
    allocated peak (the phase pool gives 27-31 %): the trace cannot show FSDP's other streams, whose
    freed blocks wait for them (record_stream); SantaCoder bs8 allocated (-12.2 %: the published growth
    per sequence is about twice what the model, exact on CPU under transformers 4.48.1, gives); LitGPT
-   Gemma 2B full on 4x A10G (-37 %). LitGPT never ties the lm_head (GPT keeps wte and lm_head apart,
-   convert_hf_checkpoint copies the embedding into lm_head, finetune refuses tie_embeddings), which
-   would make that row -21 % but LitGPT's tied-model LoRA and QLoRA rows +14..+31 % (Gemma 2-9B
-   QLoRA a false "does not fit"), so the published figures contradict a part of that modelling and
-   it is not applied. fms's Llama 2 70B QLoRA on 2 GPUs at bs4 ran out of memory at 79.5 GiB
-   (nvidia-smi); the model puts its tensor peak at 67.5 GiB (its bs2 peak is within 0.2 %) and the
-   verdict needs 71.9 GiB with the 5 % of slack that survives a free-and-retry. Replaying the layer
-   backward of that run through the allocator's rules (a meta-device trace of Llama 2 70B's shapes
-   with the held input gradients) leaves 8.5 GiB of slack after a free-and-retry at bs4 (5.3 GiB
-   without the held gradients), which puts the run at 77 GiB: closer, but still not out of memory;
-   FSDP's separate all-gather stream and bitsandbytes' kernels are not in the replay. torchtune rows
-   still carry torch.compile (unmodelled).
+   Gemma 2B full on 4x A10G (-19.4 %). fms's Llama 2 70B QLoRA on 2 GPUs at bs4 ran out of memory at
+   79.5 GiB (nvidia-smi); the model puts its tensor peak at 67.5 GiB (its bs2 peak is within 0.2 %)
+   and the verdict needs 71.9 GiB of the card's 79.25 GiB with the 5 % of slack that survives a
+   free-and-retry. Replaying the layer backward of that run through the allocator's rules (a
+   meta-device trace of Llama 2 70B's shapes with the held input gradients) leaves 8.5 GiB of slack
+   after a free-and-retry at bs4 (5.3 GiB without the held gradients), which puts the run at 77 GiB:
+   closer, but still not out of memory; FSDP's separate all-gather stream and bitsandbytes' kernels
+   are not in the replay. torchtune rows still carry torch.compile (unmodelled).
 """
 
 

@@ -34,7 +34,8 @@ QUICK = {
 }
 
 
-ON_REQUEST = ("cuda_memory", "cuda_speed")  # need a CUDA machine; see bench/README.md
+ON_REQUEST = ("cuda_memory", "cuda_speed",  # need a CUDA machine; see bench/README.md
+              "litgpt_meta_trace")  # needs litgpt installed
 
 
 def scripts() -> list[str]:

@@ -45,15 +45,16 @@ def test_t4_capacity_is_the_driver_total_minus_what_the_model_subtracts():
     p = resolve_hardware("t4")
     g = p.gpus[0]
     assert g.vram_total_bytes == 15360 * MIB  # as nvidia-smi shows it, not the marketing 16 GiB
-    assert g.vram_free_bytes == 15360 * MIB - 512 * MIB  # the data-centre host keeps 0.5 GiB in use
-    assert gpu_capacity(p) == 15360 * MIB
+    assert g.vram_reserved_bytes == 430 * MIB  # the driver's own share: PyTorch sees 14.58 GiB
+    assert g.vram_free_bytes == (15360 - 430 - 512) * MIB  # and the data-centre host keeps 0.5 GiB in use
+    assert gpu_capacity(p) == (15360 - 430) * MIB
     est = estimate_memory(resolve_model("gpt2"), TrainingSetup(method="full", precision="fp16-mixed"), p)
     dev = est.devices[0]
-    assert dev.capacity_bytes == 15360 * MIB
+    assert dev.capacity_bytes == (15360 - 430) * MIB
     margins = {c.name: c.bytes for c in dev.components if not c.in_tensor_peak}
-    assert margins["cuda_context"] == 350 * MIB  # Turing context, counted against the 15360 MiB
+    assert margins["cuda_context"] == 350 * MIB  # Turing context, counted against what is allocatable
     room = dev.capacity_bytes - margins["cuda_context"] - margins["framework_overhead"]
-    assert room == (15360 - 350 - 64) * MIB
+    assert room == (15360 - 430 - 350 - 64) * MIB
 
 
 def test_catalog_and_live_probe_agree_on_t4():
@@ -71,6 +72,54 @@ def test_catalog_and_live_probe_agree_on_t4():
     assert gpu_capacity(live) == gpu_capacity(resolve_hardware("t4"))
 
 
+def test_capacity_is_what_pytorch_reports_as_the_total():
+    # PyTorch's out-of-memory message names cudaMemGetInfo's total: "GPU 0 has a total capacity of
+    # 79.25 GiB" on an A100 80GB, "23.64 GiB" on an RTX 4090 (driver 550); nvidia-smi shows 81920 / 24564 MiB.
+    assert round(gpu_capacity(resolve_hardware("a100-80gb")) / GIB, 2) == 79.25
+    assert round(gpu_capacity(resolve_hardware("rtx-4090")) / GIB, 2) == 23.64
+    assert resolve_hardware("a100-80gb").gpus[0].vram_total_bytes == 81920 * MIB  # what nvidia-smi shows
+
+
+def test_unrecorded_nvidia_parts_take_the_median_share_and_other_vendors_none():
+    from trainfit.core.gpu_catalog import driver_reserved_bytes
+
+    recorded = [g for g in all_gpus() if g.driver_reserved_bytes]
+    assert len(recorded) >= 12
+    shares = sorted(g.driver_reserved_bytes / g.usable_vram_bytes for g in recorded)
+    assert 0.004 < shares[0] and shares[-1] < 0.03  # 0.5-2.8 % of the total on every recorded part
+    a100_40 = get_gpu("a100-40gb")
+    assert a100_40.driver_reserved_bytes is None
+    assert shares[0] * a100_40.usable_vram_bytes <= driver_reserved_bytes(a100_40) <= shares[-1] * a100_40.usable_vram_bytes
+    assert driver_reserved_bytes(get_gpu("mi300x")) == 0
+    assert gpu_capacity(resolve_hardware("m2-16gb")) == resolve_hardware("m2-16gb").gpus[0].vram_free_bytes
+
+
+def test_live_probe_reads_the_reserved_share_or_takes_the_catalog_one():
+    from trainfit.hardware.fakes import load_fixture_data, sources_from_data
+    from trainfit.hardware.profiler import build_profile
+
+    fixtures = Path(__file__).parents[1] / "hardware" / "fixtures"
+    base = load_fixture_data(fixtures / "desktop-rtx4090.yaml")
+    catalog_cap = gpu_capacity(resolve_hardware("rtx-4090"))
+
+    def live(memory):
+        data = copy.deepcopy(base)
+        data["nvml"]["devices"][0]["memory"] = memory
+        return build_profile(sources=sources_from_data(data), quick=True)
+
+    total = 24564 * MIB
+    # NVML v2 answers: its figure wins (this board's driver keeps 300 MiB)
+    p = live({"total": total, "free": total - 400 * MIB, "reserved": 300 * MIB})
+    assert p.gpus[0].vram_reserved_bytes == 300 * MIB and gpu_capacity(p) == total - 300 * MIB
+    # no v2 call, same total as the catalog's: the catalog's recorded share (354 MiB)
+    p = live({"total": total, "free": total - 400 * MIB})
+    assert p.gpus[0].vram_reserved_bytes == 354 * MIB and gpu_capacity(p) == catalog_cap
+    # an older driver that already leaves its share out of the total: nothing subtracted twice
+    p = live({"total": 24210 * MIB, "free": 24000 * MIB})
+    assert p.gpus[0].vram_reserved_bytes is None and "v2" in "".join(p.gpus[0].unavailable.values())
+    assert gpu_capacity(p) == 24210 * MIB
+
+
 def test_every_driver_total_is_sourced_and_below_the_marketing_size():
     with_total = [g for g in all_gpus() if g.driver_total_bytes]
     assert {"t4", "l4", "l40s", "a10", "a40", "a100-80gb", "h100-sxm", "h100-nvl", "h200"} <= {g.id for g in with_total}
@@ -85,6 +134,8 @@ def test_every_driver_total_is_sourced_and_below_the_marketing_size():
       "peak_tflops: ds, tdp_watts: ds, compute_capability: ds}"), "'driver_total_mib' has no source"),
     (("driver_total_mib: 15360", "driver_total_mib: 17000"), "more than vram_gib"),
     (("driver_total_mib: 15360", "driver_total_mib: 15.5"), "positive whole number of MiB"),
+    (("driver_total_mib: 15360", "driver_total_mib: 15360\n    driver_reserved_mib: 2000"), "10 % or more"),
+    (("driver_total_mib: 15360", "driver_total_mib: 15360\n    driver_reserved_mib: -3"), "positive whole number"),
 ])
 def test_driver_total_is_validated(change, message):
     assert parse_catalog(GOOD).gpus[0].driver_total_bytes == 15360 * MIB

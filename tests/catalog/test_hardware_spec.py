@@ -40,8 +40,10 @@ def test_every_form_gives_a_complete_profile(spec, count, gpu_id, source):
 def test_gpu_fields_come_from_the_catalog_and_live_readings_are_marked():
     p = resolve_hardware("2x rtx-4090")
     g = p.gpus[0]
-    # the total nvidia-smi reports (24564 MiB, gpus.yaml driver_total_mib), minus the 1 GiB desktop reserve
-    assert g.vram_total_bytes == 24564 << 20 and g.vram_free_bytes == (24564 << 20) - GIB
+    # the total nvidia-smi reports (24564 MiB, gpus.yaml driver_total_mib), minus the driver's own
+    # share (354 MiB) and the 1 GiB desktop reserve
+    assert g.vram_total_bytes == 24564 << 20 and g.vram_reserved_bytes == 354 << 20
+    assert g.vram_free_bytes == ((24564 - 354) << 20) - GIB
     assert g.peak_tflops["bf16"] == pytest.approx(165.2) and "bf16" in g.precisions
     assert g.memory_bandwidth_gbps == 1008 and g.tdp_watts == 450 and g.compute_capability == "8.9"
     assert g.temperature_c is None and g.unavailable["temperature_c"] == NOT_MEASURED
@@ -57,7 +59,7 @@ def test_sxm_node_links_every_gpu_and_gets_a_server_host():
     assert [g.index for g in p.gpus] == list(range(8))
     assert p.gpus[3].nvlink_peers == [0, 1, 2, 4, 5, 6, 7]
     assert p.cpu.logical_cores == 96 and p.memory.total_bytes == 2048 * GIB
-    assert p.gpus[0].vram_free_bytes == (81559 << 20) - GIB // 2  # H100 80GB HBM3 as nvidia-smi reports it
+    assert p.gpus[0].vram_free_bytes == ((81559 - 454) << 20) - GIB // 2  # H100 80GB HBM3 as nvidia-smi reports it
 
 
 def test_apple_profile_is_unified_memory():

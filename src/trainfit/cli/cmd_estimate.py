@@ -10,7 +10,7 @@ import argparse
 import typing
 
 from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
-    LoraSettings, LossKernel, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
+    LoraSettings, LossKernel, ModelCode, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -90,6 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the training loop keeps the model output through backward and the step "
                    "(`outputs = model(**batch); outputs.loss.backward()`): its logits stay alive; the HF Trainer "
                    "and trainfit's runs drop it before backward")
+    p.add_argument("--previous-step-kept", action="store_true",
+                   help="the training loop's names hold the previous micro-step's logits and loss until the next "
+                   "forward returns (LitGPT's finetune scripts): its logits, and the inputs bitsandbytes < 0.43.2 "
+                   "keeps, stay alive through that forward")
     p.add_argument("--fsdp-mixed-units", action="store_true",
                    help="FSDP LoRA with the adapters inside their frozen layer's wrapped unit (e.g. LitGPT): "
                    "gradients kept for the whole unit")
@@ -106,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bnb-fp16-quant-state", action="store_true",
                    help="4-bit weights quantised from an fp16 copy (Lightning Fabric's bitsandbytes plugin): with "
                    "bf16 compute each de-quantised weight is cast again, two copies alive at once")
+    p.add_argument("--model-code", choices=typing.get_args(ModelCode), default="transformers",
+                   help="whose modeling code runs the model: transformers with PEFT's LoRA (trainfit's runs) or "
+                   "LitGPT's own GPT and LoRA layers, which keep different activations")
     p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
                    "output feature; with --method lora/qlora")
     p.add_argument("--image-size", type=arg("image_size"), default=None,
@@ -200,7 +207,8 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 
 def _framework_knobs(args: argparse.Namespace) -> dict:
     """--optimizer-impl / --bitsandbytes-version / --transformers-version / --output-kept / --fsdp-mixed-units /
-    --kbit-upcast / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state as setup fields
+    --kbit-upcast / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state / --model-code /
+    --previous-step-kept as setup fields
     (trainfit.core.memory.framework_effects). Without --hardware a run on this machine uses the
     installed bitsandbytes and transformers, so their versions are the defaults there."""
     from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for, transformers_knobs
@@ -218,7 +226,8 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
     return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps, **tf_knobs,
                 output_kept=bool(args.output_kept), fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
                 fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
-                bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state))
+                bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state), model_code=args.model_code,
+                previous_step_kept=bool(args.previous_step_kept))
 
 
 def _from_version(flag: str, version: str | None, parse, default):
@@ -451,6 +460,10 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("transformers < 4.49 loss")
     if setup.output_kept:
         parts.append("loop keeps the output")
+    if setup.previous_step_kept:
+        parts.append("loop keeps the previous step")
+    if setup.model_code != "transformers":
+        parts.append(f"{setup.model_code} model code")
     if setup.fsdp_mixed_units:
         parts.append("adapters in their layer's FSDP unit")
     if setup.kbit_upcast:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import statistics
 import typing
 from dataclasses import dataclass
 from importlib import resources
@@ -33,10 +34,10 @@ _REQUIRED_KEYS = {
     "memory_bandwidth_gbps", "peak_tflops", "tdp_watts", "pcie_gen", "aliases", "sources",
 }  # fmt: skip
 _OPTIONAL_KEYS = {"compute_capability", "unified_memory", "interconnect", "interconnect_gbps",
-                  "host", "notes", "driver_total_mib"}  # fmt: skip
+                  "host", "notes", "driver_total_mib", "driver_reserved_mib"}  # fmt: skip
 # Figures that must carry a source ("all" in an entry's sources covers those not named).
 _ALWAYS_SOURCED = ("vram_gib", "memory_bandwidth_gbps", "peak_tflops", "tdp_watts")
-_SOURCED_WHEN_SET = ("compute_capability", "interconnect_gbps", "host", "driver_total_mib")
+_SOURCED_WHEN_SET = ("compute_capability", "interconnect_gbps", "host", "driver_total_mib", "driver_reserved_mib")
 
 
 class CatalogError(ValueError):
@@ -176,6 +177,13 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
             problems.append(f"driver_total_mib: expected a positive whole number of MiB, got {driver_mib!r}")
         elif _positive(raw["vram_gib"]) and driver_mib > raw["vram_gib"] * 1024:
             problems.append(f"driver_total_mib: {driver_mib} MiB is more than vram_gib {raw['vram_gib']} GiB")
+    reserved_mib = raw.get("driver_reserved_mib")
+    if reserved_mib is not None:
+        total_mib = driver_mib if isinstance(driver_mib, int) else None
+        if not isinstance(reserved_mib, int) or isinstance(reserved_mib, bool) or reserved_mib <= 0:
+            problems.append(f"driver_reserved_mib: expected a positive whole number of MiB, got {reserved_mib!r}")
+        elif total_mib is not None and reserved_mib >= 0.1 * total_mib:
+            problems.append(f"driver_reserved_mib: {reserved_mib} MiB is 10 % or more of the {total_mib} MiB total")
     host = raw.get("host")
     if host is not None:
         try:
@@ -204,6 +212,7 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
         aliases=list(aliases),
         sources=sources,
         driver_total_bytes=None if driver_mib is None else int(driver_mib) << 20,
+        driver_reserved_bytes=None if reserved_mib is None else int(reserved_mib) << 20,
     )
 
 
@@ -240,6 +249,26 @@ def catalog() -> Catalog:
     """The shipped catalog, parsed and validated once per process."""
     text = resources.files("trainfit").joinpath("data/gpus.yaml").read_text(encoding="utf-8")
     return parse_catalog(text, "trainfit/data/gpus.yaml", cache=True)
+
+
+def driver_reserved_bytes(spec: GpuSpec) -> int:
+    """What the driver keeps of `spec.usable_vram_bytes` for itself (nvidia-smi's "Reserved").
+
+    The recorded figure where the catalog has one. Other NVIDIA parts take the median share of the
+    recorded ones (0.5-2.5 % of the total, Volta to Hopper, GeForce to H200): every recent NVIDIA
+    driver keeps some, and counting none calls a run that is ~1 % short of the card a fit. Other
+    vendors: none recorded, 0."""
+    if spec.driver_reserved_bytes is not None:
+        return spec.driver_reserved_bytes
+    if spec.vendor != "nvidia" or spec.unified_memory:
+        return 0
+    return int(spec.usable_vram_bytes * _median_reserved_share())
+
+
+@functools.lru_cache(maxsize=1)
+def _median_reserved_share() -> float:
+    shares = sorted(g.driver_reserved_bytes / g.usable_vram_bytes for g in all_gpus() if g.driver_reserved_bytes)
+    return statistics.median(shares) if shares else 0.0
 
 
 # ---------------------------------------------------------------------------- lookups

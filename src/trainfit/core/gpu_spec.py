@@ -34,10 +34,13 @@ class GpuSpec:
     # Memory total the driver reports (nvidia-smi / NVML), when it is below vram_bytes: ECC on
     # GDDR parts takes 1/16, the driver reserves a little on HBM parts. None: vram_bytes.
     driver_total_bytes: int | None = None
+    # Part of that total the driver keeps for itself (nvidia-smi -q "FB Memory Usage: Reserved",
+    # NVML v2 `reserved`): no process can allocate it. None: not recorded for this model.
+    driver_reserved_bytes: int | None = None
 
     @property
     def usable_vram_bytes(self) -> int:
-        """What a live probe of this GPU reads as its total (NVML), the basis of capacity."""
+        """What a live probe of this GPU reads as its total (NVML): what nvidia-smi shows."""
         return self.driver_total_bytes or self.vram_bytes
 
     @property

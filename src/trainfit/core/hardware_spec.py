@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainfit.core.gpu_catalog import all_gpus, get_gpu, host_hint
+from trainfit.core.gpu_catalog import all_gpus, driver_reserved_bytes, get_gpu, host_hint
 from trainfit.core.gpu_spec import GpuSpec
 from trainfit.core.profile import (
     SCHEMA_VERSION, Backend, BackendsInfo, CpuInfo, GpuInfo, HardwareProfile, MemoryInfo,
@@ -224,10 +224,11 @@ def _gpu_infos(spec: GpuSpec, count: int, host: HostTemplate) -> list[GpuInfo]:
     # What the driver reports as the total (ECC on GDDR data-centre parts keeps 1/16), as a live
     # NVML probe of the same GPU would read it.
     total = spec.usable_vram_bytes
+    reserved = driver_reserved_bytes(spec)  # the driver's own share of that total (nvidia-smi -q "Reserved")
     if apple:
         free = metal_working_set_bytes(spec.vram_bytes) or 0  # Metal caps what one process may wire
     else:
-        free = total - host.gpu_reserve_bytes
+        free = total - reserved - host.gpu_reserve_bytes
     pcie_known = spec.pcie_gen is not None
     width = 16 if pcie_known and host.kind != "laptop" else None
     unavailable = _reasons(
@@ -248,7 +249,7 @@ def _gpu_infos(spec: GpuSpec, count: int, host: HostTemplate) -> list[GpuInfo]:
     return [
         GpuInfo(
             index=i, vendor=spec.vendor, name=spec.name, catalog_id=spec.id, uuid=None,
-            pci_bus_id=None, vram_total_bytes=total, vram_free_bytes=free,
+            pci_bus_id=None, vram_total_bytes=total, vram_free_bytes=free, vram_reserved_bytes=reserved,
             unified_memory=spec.unified_memory, compute_capability=spec.compute_capability,
             architecture=spec.architecture, matrix_unit=spec.matrix_unit,
             precisions=list(spec.precisions), peak_tflops=dict(spec.peak_tflops),

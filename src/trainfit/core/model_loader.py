@@ -101,6 +101,9 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     tie_cfg = cfg if cfg.get("tie_word_embeddings") is not None else text
     fields["tie_embeddings"] = tie_cfg.bool("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False))
     fields.update(_bias_fields(text, model_type))
+    if model_type == "gpt_neox" and cfg.bool("use_parallel_residual", True):
+        # attention and MLP both read the block input, each through its own LayerNorm
+        fields.update(parallel_attention=True, block_norms=2)
     spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg, text),
                      source=origin, **fields)
     if model_type == "qwen2_vl":

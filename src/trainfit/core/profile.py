@@ -116,6 +116,9 @@ class GpuInfo:
     cuda_version: str | None
     rocm_version: str | None
     unavailable: dict[str, str] = field(default_factory=dict)
+    # Part of vram_total_bytes the driver keeps for itself (NVML v2 `reserved`, nvidia-smi -q
+    # "Reserved"): no process can allocate it, so capacity is total minus this.
+    vram_reserved_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ Quant = Literal["none", "nf4", "nf4-dq", "int8", "gptq", "awq"]
 LossKernel = Literal["standard", "chunked", "fused", "chunked-16bit"]
 # How torch's AdamW steps (trainfit.core.memory.framework_effects): "auto" is what trainfit runs.
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
+ModelCode = Literal["transformers", "litgpt"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
 
 
@@ -168,6 +169,15 @@ class TrainingSetup:
     # step: `outputs = model(**batch); outputs.loss.backward()` in a hand-written loop, fsdp_qlora's
     # train.py. The HF Trainer and trainfit's runner drop it before backward.
     output_kept: bool = False
+    # The loop's names hold the previous micro-step's until the next forward returns (`logits =
+    # model(x)`, `loss = ...`, no `del`: LitGPT's finetune scripts): its logits stay alive, and so
+    # does every input bitsandbytes before 0.43.2 keeps on its autograd ctx, which backward does
+    # not free. The HF Trainer and trainfit's runner drop both.
+    previous_step_kept: bool = False
+    # Whose modeling code runs the model: transformers with PEFT's LoRA layers (trainfit's runs),
+    # or LitGPT's own GPT and LoRA classes: GELU-tanh as one op, q/k/v adapters through one
+    # LoRAQKVLinear (one dropout, one stacked A), adapters in the training dtype (bf16-true).
+    model_code: ModelCode = "transformers"
 
     @property
     def global_batch(self) -> int:

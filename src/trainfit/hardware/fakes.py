@@ -170,8 +170,13 @@ class FakeNvml:
         return self._field(h, "name", raw)
     def nvmlDeviceGetUUID(self, h): return self._field(h, "uuid", h.get("uuid"))
     def nvmlDeviceGetPciInfo(self, h): return SimpleNamespace(busId=self._field(h, "pci", h.get("bus_id")))
-    def nvmlDeviceGetMemoryInfo(self, h):
+    nvmlMemory_v2 = 0x02000028  # pynvml's value; the fake only checks that one is passed
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
         mem = self._field(h, "memory", h.get("memory"))
+        if version is not None:  # v2: the driver's own share apart; not recorded = not supported
+            return SimpleNamespace(total=mem["total"], free=mem["free"],
+                                   reserved=self._field(h, "memory", mem.get("reserved")))
         return SimpleNamespace(total=mem["total"], free=mem["free"], used=mem["total"] - mem["free"])
     def nvmlDeviceGetCudaComputeCapability(self, h): return tuple(self._field(h, "cc", h.get("cc")))
     def nvmlDeviceGetEnforcedPowerLimit(self, h): return self._field(h, "power_limit", h.get("power_limit_mw"))

@@ -107,6 +107,12 @@ def _with_catalog(gpu: GpuInfo, spec: Any) -> GpuInfo:
         updates["precisions"] = list(spec.precisions)
         if gpu.mig_profile:
             updates["memory_bandwidth_gbps"] = round(spec.memory_bandwidth_gbps * share[1], 1)
+    if gpu.vram_reserved_bytes is None and gpu.vram_total_bytes == spec.usable_vram_bytes:
+        # a driver whose NVML has no v2 call but counts its share in the total, as the catalog's does
+        from trainfit.core.gpu_catalog import driver_reserved_bytes
+
+        updates["vram_reserved_bytes"] = driver_reserved_bytes(spec)
+        unavailable.pop("vram_reserved_bytes", None)
     unavailable.pop("catalog_id", None)
     return dataclasses.replace(gpu, **updates, unavailable=unavailable)
 

@@ -212,6 +212,16 @@ def _memory_fields(r: _Reader, h: Any, reasons: dict[str, str]) -> dict[str, Any
         except Exception as exc:
             values[field] = None
             reasons[field] = f"unexpected value from nvmlDeviceGetMemoryInfo.{attr}: {type(exc).__name__}: {exc}"
+    # Drivers since R510 count what they keep for themselves in the total and report it apart
+    # (v2 `reserved`, nvidia-smi -q "Reserved"); older ones report the allocatable total.
+    version = getattr(r.nv, "nvmlMemory_v2", None)
+    if version is None:
+        values["vram_reserved_bytes"], why = None, "nvmlDeviceGetMemoryInfo v2 not provided by this nvidia-ml-py"
+    else:
+        values["vram_reserved_bytes"], why = r.call("nvmlDeviceGetMemoryInfo", h, version,
+                                                    convert=lambda m: _bytes_count(m.reserved))
+    if why:
+        reasons["vram_reserved_bytes"] = f"nvmlDeviceGetMemoryInfo v2: {why}"
     uuid, why = r.call("nvmlDeviceGetUUID", h, convert=_text)
     values["uuid"] = uuid
     if why:

@@ -59,6 +59,24 @@ class Widths:
     heads: int
 
 
+def quantised_inputs_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup) -> float:
+    """Bytes per token and layer that bitsandbytes' quantised linears keep of their inputs.
+
+    LLM.int8 (bitsandbytes MatMul8bitLt, threshold 6.0 as transformers sets it) keeps its 16-bit
+    input A on ctx.tensors for every quantised linear whose input needs a gradient, where 4-bit
+    layers keep only the weight since bitsandbytes 0.43.2 (before, they kept it too:
+    framework_effects.py): the attention and MLP inputs (each shared by its readers), the
+    attention output's contiguous copy read by o_proj and the gated product read by down_proj
+    (bitsandbytes/autograd/_functions.py, read 2026-11-23). The outlier columns (subA, tokens x
+    outliers) are a few columns and left out."""
+    if not keeps_quantised_inputs(setup):
+        return 0.0
+    w = widths(spec, st)
+    a = dtype_bytes(setup)[1]
+    shared = spec.architecture == "phi" or (spec.parallel_attention and (spec.block_norms or 2) == 1)
+    return a * (w.h * (1 if shared else 2) + w.q + w.f)
+
+
 def widths(spec: ModelSpec, st: ModelStats) -> Widths:
     return Widths(spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim,
                   st.ffn_width, spec.num_heads)
@@ -111,8 +129,10 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     arch = spec.architecture
     rank = setup.lora.rank if setup.lora else 0
     dropout = bool(setup.lora and setup.lora.dropout > 0)
-    # Frozen fp32 base with 16-bit compute keeps LoRA adapters in fp32 (PEFT autocast_adapter_dtype).
-    adapter_cast = 4 if (not full and a == 2 and not mixed) else 0
+    litgpt = setup.model_code == "litgpt"
+    # Frozen fp32 base with 16-bit compute keeps LoRA adapters in fp32 (PEFT autocast_adapter_dtype);
+    # LitGPT's bf16-true builds them in bf16 like the rest.
+    adapter_cast = 4 if (not full and a == 2 and not mixed and not litgpt) else 0
     # Dropout mask: CUDA's fused native_dropout keeps a bool mask; the CPU path multiplies by
     # a noise tensor of the input dtype and keeps that (ATen Dropout.cpp _dropout_impl).
     mask = 1 if setup.device != "cpu" else r
@@ -121,22 +141,23 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         if spec.norm == "layernorm":
             return r * w.h + 8
         saved = 4 * w.h + 4  # fp32 input (a copy when the stream is 16-bit) and rsqrt
-        if arch in ("gemma", "gemma2"):
-            saved += 4 * w.h  # y * (1 + weight) in fp32 keeps y whatever trains
+        if arch in ("gemma", "gemma2") and not litgpt:
+            saved += 4 * w.h  # y * (1 + weight) in fp32 keeps y whatever trains (LitGPT's norm does not)
         elif full:
             saved += r * w.h
         return saved
 
-    def inputs(consumers: int, adapted: int) -> float:
-        """Saved copies of a norm output read by `consumers` linears, `adapted` of them LoRA."""
+    def inputs(consumers: int, adapted: int, sites: int | None = None) -> float:
+        """Saved copies of a norm output read by `consumers` linears, `adapted` of them LoRA,
+        through `sites` dropouts (one per adapted module unless they share one)."""
         if full:
             return consumers * 2 * w.h if mixed else r * w.h
         if adapted == 0:
             return 0.0
-        out = adapted * rank * (2 if mixed else 4)  # A output, kept for dB
+        out = adapted * rank * (2 if mixed or litgpt else 4)  # A output, kept for dB
         if dropout:
             per = mask * w.h + r * w.h + (2 * w.h if mixed else adapter_cast * w.h)
-            return out + adapted * per
+            return out + (adapted if sites is None else sites) * per
         if mixed:
             return out + adapted * 2 * w.h
         if adapter_cast:
@@ -147,7 +168,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         """Extra saved for LoRA on a module whose input is already saved (o_proj, down_proj)."""
         if adapted == 0:
             return 0.0
-        out = adapted * rank * (2 if mixed else 4)
+        out = adapted * rank * (2 if mixed or litgpt else 4)
         if dropout:
             m = 1 if setup.device != "cpu" else a
             return out + adapted * (m * width + a * width + (adapter_cast * width))
@@ -156,11 +177,25 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     lw = lora_where or {}
     n_norms = spec.block_norms or {"gemma2": 4, "phi": 1}.get(arch, 2)
     total = n_norms * norm()
+    if spec.parallel_attention and n_norms == 2 and spec.norm == "layernorm":
+        total -= r * w.h  # two LayerNorms of one parallel block read the same input: kept once
     # One LayerNorm feeding attention and MLP together (phi, falcon-7b's parallel_attn): its
     # output is saved once for all of its readers.
     shared = arch == "phi" or (spec.parallel_attention and n_norms == 1)
     attn_in = st.attn_inputs + (st.mlp_inputs if shared else 0)
-    total += inputs(attn_in, lw.get("attn_in", 0) + (lw.get("mlp_in", 0) if shared else 0))
+    qkv = lw.get("attn_in", 0)
+    # LitGPT adapts q, k and v in one LoRAQKVLinear: one dropout of the shared input, one A.
+    qkv_sites = min(qkv, 1) if litgpt else qkv
+    mlp_in = lw.get("mlp_in", 0) if shared else 0
+    total += inputs(attn_in, qkv + mlp_in, qkv_sites + mlp_in)
+    others = lw.get("attn_out", 0) + lw.get("mlp_in", 0) + lw.get("mlp_out", 0)
+    if litgpt and qkv and (qkv < 3 if st.attn_inputs == 3 else not others):
+        # Unless q, k and v are all adapted, LitGPT's zero_pad scatters the adapters' output into
+        # a new tensor as wide as the adapted parts, and keeps it: q and v for two adapters. A
+        # fused q/k/v module (falcon, gpt-neox, phi-3) adapted alone stands for LitGPT's default,
+        # lora_query and lora_value without lora_key; with the projection or MLP adapted too, for
+        # all three, as LitGPT's config hub sets them together.
+        total += a * (w.q + w.kv)
     if not shared:
         total += inputs(st.mlp_inputs, lw.get("mlp_in", 0))
 
@@ -171,9 +206,17 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     else:
         # Falcon's new decoder architecture broadcasts each key/value group to its query heads
         # (broadcast_to + reshape: copies) before SDPA, which saves them at full width.
-        kv_saved = w.q if arch == "falcon" else w.kv
+        # LitGPT repeat_interleaves them to every query head the same way.
+        kv_saved = w.q if arch == "falcon" or litgpt else w.kv
         core = a * (2 * w.q + 2 * kv_saved) + 4 * w.heads
+        if w.kv == w.q and (litgpt or arch == "gpt_neox"):
+            # LitGPT and GPT-NeoX split one q+k+v output; without key groups to repeat, the saved
+            # v is a view of it and keeps all of it (q and k are rotated into new tensors).
+            core += a * (w.q + w.kv)
     total += core + inner(w.q, lw.get("attn_out", 0))
+    if litgpt and lw.get("attn_out", 0) and not dropout:
+        # LitGPT's y.transpose(1, 2).reshape(...) copies the attention output; the adapter keeps it.
+        total += a * w.q
     if arch == "falcon" and spec.position == "alibi" and mixed and attention_kind(spec, setup) != "eager":
         # ALiBi falcon under autocast: each layer keeps a 16-bit copy of the (batch, heads, s, s)
         # ALiBi mask for SDPA and two more residual-width tensors (measured on CPU, forward-saved
@@ -187,32 +230,30 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         cross = norm() + inputs(1, lw.get("attn_in", 0)) + core + inner(w.q, lw.get("attn_out", 0))
         total += cross * spec.decoder_layers / spec.num_layers
 
-    # MLP.
-    if spec.gated_mlp and spec.activation == "gelu_new":
+    # MLP. LitGPT computes GELU-tanh with one F.gelu(approximate="tanh"), which keeps only its input.
+    gelu_new = spec.activation == "gelu_new" and not litgpt
+    # The down projection's input is kept when its weight trains, or for an adapter that reads it
+    # itself; without autocast an adapter's dropout keeps its own output instead (inner() below).
+    # Under autocast it is kept either way (measured on CPU, PEFT all-linear with dropout).
+    down_in = full or (lw.get("mlp_out", 0) and (not dropout or mixed))
+    if spec.gated_mlp and gelu_new:
         # mT5 / T5 v1.1 gated-gelu: NewGELUActivation is composed of tensor ops that keep its
         # input, tanh output, 0.5*x and 1+tanh; then gelu(gate), up and their product.
-        mlp = (7 if (full or lw.get("mlp_out", 0)) else 6) * a * w.f
+        mlp = (7 if down_in else 6) * a * w.f
     elif spec.gated_mlp:
-        mlp = (4 if (full or lw.get("mlp_out", 0)) else 3) * a * w.f
-    elif spec.activation == "gelu_new":
-        mlp = (5 if (full or lw.get("mlp_out", 0)) else 4) * a * w.f
+        mlp = (4 if down_in else 3) * a * w.f
+    elif gelu_new:
+        mlp = (5 if down_in else 4) * a * w.f
     elif spec.activation == "relu":
         mlp = a * w.f  # relu's backward reads its output, which is also the down projection's input
     else:
-        mlp = (2 if (full or lw.get("mlp_out", 0)) else 1) * a * w.f
+        mlp = (2 if down_in else 1) * a * w.f
     if spec.num_experts:
         # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
         mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
     total += mlp + inner(w.f, lw.get("mlp_out", 0))
-    if keeps_quantised_inputs(setup) and not full:
-        # LLM.int8 (bitsandbytes MatMul8bitLt, threshold 6.0 as transformers sets it) keeps its 16-bit
-        # input A on ctx.tensors for every quantised linear whose input needs a gradient, where 4-bit
-        # layers keep only the weight since bitsandbytes 0.43.2 (before, they kept it too:
-        # framework_effects.py): the attention and MLP inputs (each shared by its readers),
-        # the attention output's contiguous copy read by o_proj and the gated product read by
-        # down_proj (bitsandbytes/autograd/_functions.py, read 2026-11-23). The outlier columns
-        # (subA, tokens x outliers) are a few columns and left out.
-        total += a * (w.h * (1 if shared else 2) + w.q + w.f)
+    if not full:
+        total += quantised_inputs_per_token(spec, st, setup)
     if setup.dora and not full:
         # DoRA keeps each adapted module's base and LoRA outputs, and with dropout the weight copy
         # F.linear multiplied (a per-layer amount, spread over the layer's tokens): core/memory/dora.py.

@@ -18,8 +18,8 @@ import dataclasses
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
 from trainfit.core.memory.framework_effects import (dequant_copies, held_layer_input_grads, kbit_upcast_applies,
-                                                    no_sync_gradient_bytes, quantised_lm_head, returned_logits_bytes,
-                                                    step_temporary_bytes)
+                                                    no_sync_gradient_bytes, previous_has_inputs, previous_step_bytes,
+                                                    quantised_lm_head, returned_logits_bytes, step_temporary_bytes)
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -27,7 +27,7 @@ from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, quant_formats, vision
 from trainfit.core.memory.model_knob_checks import check_model_knobs
 from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, phase_pool_bytes, required_bytes
-from trainfit.core.memory.states import model_states
+from trainfit.core.memory.states import model_states, trained_param_bytes
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
@@ -48,6 +48,11 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     check_model_knobs(model, setup)
     text_tokens = setup.seq_len
     setup = vision.with_image_tokens(model, setup)  # image tokens join the language model's sequence
+    untied = setup.model_code == "litgpt" and model.tie_embeddings
+    if untied:
+        # LitGPT's GPT has an lm_head of its own: its checkpoint conversion copies a tied embedding
+        # into lm_head.weight (scripts/convert_hf_checkpoint.py), so both are held and trained apart.
+        model = dataclasses.replace(model, tie_embeddings=False)
     st = model_stats(model)
     lora = setup.lora
     uses_lora = setup.trains_adapters
@@ -58,6 +63,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if uses_lora and setup.lora is None:
         setup = _with_lora(setup, lora)
     notes: list[str] = []
+    if untied:
+        notes.append("LitGPT keeps a copy of the tied embeddings as its own lm_head: counted apart")
     if setup.seq_len != text_tokens:
         notes.append(vision.image_note(model, setup, text_tokens))
     host_comps: list[MemoryComponent] = []  # pinned CPU memory of activation offloading
@@ -229,8 +236,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     step_tmp = step_temporary_bytes(setup, states.optimizer)
     # A loop that keeps the model's output holds its logits from the loss to the step (framework_effects).
     kept = returned_logits_bytes(model, setup, a) * tokens if setup.output_kept and not dpo else 0.0
+    previous = previous_step_bytes(model, st, setup, a, tokens)
     phases = {
-        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp,
+        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp + previous,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept,
         "optimizer step": base + states.gradients + step_tmp + kept,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
@@ -250,13 +258,18 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if states.quant_overhead:
         comps.append(C("quant_overhead", int(states.quant_overhead), _quant_what(setup), True))
     if states.lora:
-        comps.append(C("lora", int(states.lora), f"adapters r={setup.lora.rank}: {states.trainable:,} params x 4 B (fp32)", True))
+        per = states.lora / max(states.trainable, 1)
+        dtype = "fp32" if per == 4 else "16-bit, LitGPT's bf16-true"
+        comps.append(C("lora", int(states.lora), f"adapters r={setup.lora.rank}: {states.trainable:,} params x {per:.0f} B ({dtype})", True))
     if ref:
         comps.append(C("reference_model", int(ref), "frozen DPO reference: a second copy of the base weights", True))
     if states.master_weights:
         comps.append(C("master_weights", int(states.master_weights), "fp32 master copy (4 B/param, sharded by ZeRO)", True))
     if states.optimizer:
-        comps.append(C("optimizer", int(states.optimizer), _opt_what(setup), True))
+        what = _opt_what(setup)
+        if setup.optimizer == "adamw" and trained_param_bytes(setup) == 2:
+            what = what.replace("(8 B/param fp32)", "(4 B/param: 16-bit moments of 16-bit parameters)")
+        comps.append(C("optimizer", int(states.optimizer), what, True))
     if states.gathered and setup.fsdp_strategy != "none":
         comps.append(C("fsdp_gathered", int(states.gathered), gathered_bytes(st, setup)[1], True))
     elif states.gathered:
@@ -303,6 +316,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dora_tmp and where_peak == "forward":
         comps.append(C("dora_transient", int(dora_tmp), "DoRA: B@A, the cast weight and W + s*BA of the largest "
                        "adapted layer (its forward)", True))
+    if previous and where_peak == "forward":
+        comps.append(C("previous_step", int(previous), "the previous micro-step's logits"
+                       + (" and the inputs bitsandbytes kept on its autograd ctx" if previous_has_inputs(setup) else "")
+                       + ", held by the loop's names until this forward returns", True))
     return comps, pool
 
 

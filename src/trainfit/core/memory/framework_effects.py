@@ -93,6 +93,16 @@ made for the run a user will actually launch (and published measurements can be 
   fsdp_qlora's train.py (`output = None` only after the optimizer step) hold the returned logits
   through the whole backward and the step; the HF Trainer's compute_loss returns the loss alone, so
   the output is freed before backward, as in trainfit's runner.
+* A loop whose names hold the previous micro-step's until the next forward returns
+  (TrainingSetup.previous_step_kept): LitGPT's finetune scripts assign `logits = model(...)` and
+  `loss = chunked_cross_entropy(...)` each iteration with no `del`, so while the next forward runs
+  the previous logits are alive, and the previous loss keeps its autograd graph. Backward freed
+  that graph's saved tensors, but not what a custom autograd Function stored as a plain attribute:
+  bitsandbytes' MatMul4Bit (before 0.43.2) and MatMul8bitLt keep their input on `ctx.tensors`, so
+  every quantised layer's input of the previous step is still there (without checkpointing; a
+  checkpointed layer's recomputed graph is gone after its backward). LitGPT's config-hub QLoRA runs
+  (2024, bitsandbytes 0.42) need about twice the kept inputs of one step over their LoRA runs; the
+  2023 resource tables, whose first iteration was the longest batch, need once.
 """
 
 from __future__ import annotations
@@ -222,6 +232,22 @@ def held_layer_input_grads(setup: TrainingSetup) -> bool:
     checkpointing around FSDP units whose parameters are all frozen (adapters in units of their own)."""
     return (setup.reentrant_checkpoint_around_fsdp_units and setup.grad_checkpointing == "full"
             and setup.fsdp_strategy != "none" and setup.trains_adapters and not setup.fsdp_mixed_units)
+
+
+def previous_step_bytes(spec: ModelSpec, st, setup: TrainingSetup, compute_bytes: int, tokens: int) -> float:
+    """What the previous micro-step leaves alive through the next forward (previous_step_kept): its
+    returned logits, and the inputs bitsandbytes kept on its autograd ctx in every layer."""
+    if not setup.previous_step_kept or setup.method == "dpo":
+        return 0.0
+    from trainfit.core.memory.activations import quantised_inputs_per_token
+
+    kept_inputs = quantised_inputs_per_token(spec, st, setup) * spec.num_layers if previous_has_inputs(setup) else 0.0
+    return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
+
+
+def previous_has_inputs(setup: TrainingSetup) -> bool:
+    """The previous step's graph still holds bitsandbytes' kept inputs (no checkpoint recomputed it)."""
+    return setup.previous_step_kept and setup.grad_checkpointing == "none" and setup.trains_adapters
 
 
 def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:

@@ -183,8 +183,8 @@ def under_pressure_text(device: DeviceMemory) -> str:
 
 
 def gpu_capacity(profile: HardwareProfile) -> int | None:
-    """Per-GPU bytes training may use: total VRAM (the context is a component), or for Apple the
-    Metal working-set share of unified memory. None when unknown."""
+    """Per-GPU bytes training may use: total VRAM less what the driver keeps (the context is a
+    component), or for Apple the Metal working-set share of unified memory. None when unknown."""
     if not profile.gpus:
         return None
     gpu = profile.gpus[0]
@@ -193,7 +193,9 @@ def gpu_capacity(profile: HardwareProfile) -> int | None:
 
         # one rule (and its sources) for every command; None when the RAM size is unknown
         return metal_working_set_bytes(profile.memory.total_bytes or gpu.vram_total_bytes)
-    totals = [g.vram_total_bytes for g in profile.gpus if g.vram_total_bytes]
+    # The driver's own share of the total is never allocatable (A100 80GB: 81920 - 763 MiB, the
+    # "total capacity of 79.25 GiB" in PyTorch's out-of-memory message).
+    totals = [g.vram_total_bytes - (g.vram_reserved_bytes or 0) for g in profile.gpus if g.vram_total_bytes]
     return min(totals) if totals else None
 
 

@@ -113,6 +113,16 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
     return linear * 0.5 + rest, overhead, largest * 2 * dequant_copies(setup)
 
 
+def trained_param_bytes(setup: TrainingSetup) -> int:
+    """Bytes per trained parameter (and per AdamW moment). PEFT keeps adapters in fp32
+    (autocast_adapter_dtype=True) whatever the base dtype; LitGPT's bf16-true / fp16-true builds them
+    in the 16-bit dtype like the rest; full training keeps the precision's parameter dtype."""
+    sixteen = setup.precision in ("bf16", "fp16")
+    if setup.trains_adapters:
+        return 2 if setup.model_code == "litgpt" and sixteen else 4
+    return 2 if sixteen else 4
+
+
 def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_params: int) -> States:
     n = setup.shard_group  # ranks a ZeRO shard is split over: one node's GPUs under hybrid sharding
     host_ranks = setup.gpus_per_node  # ranks whose offloaded states share one host's RAM
@@ -121,14 +131,12 @@ def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_par
     if setup.method == "inference":
         return States(w, qover, 0, 0, 0, 0, 0, 0, 0, "", 0, deq)
     lora_mode = setup.trains_adapters
+    pbytes = trained_param_bytes(setup)
     if lora_mode:
         trainable = lora_params
-        # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype.
-        pbytes = 4
-        lora_w = trainable * 4.0
+        lora_w = trainable * float(pbytes)
     else:
         trainable = st.total
-        pbytes = 2 if setup.precision in ("bf16", "fp16") else 4
         lora_w = 0.0
     deepspeed = setup.uses_deepspeed  # FSDP keeps fp32 flat parameters (fsdp.py)
     if deepspeed and not lora_mode and setup.precision.endswith("-mixed"):
