@@ -153,3 +153,11 @@ def test_cli_model_code_flag():
     assert kept.returncode == 0 and peak(kept) >= peak(lit)
     bad = run("--model-code", "megatron")
     assert bad.returncode == 2 and "--model-code" in bad.stderr and "litgpt" in bad.stderr
+
+
+def test_sharded_peft_adapters_are_still_called_fp32():
+    tiny = get_model("TinyLlama/TinyLlama-1.1B-Chat-v1.0")
+    setup = TrainingSetup(method="lora", precision="bf16", lora=LoraSettings(rank=8), micro_batch=1, seq_len=256,
+                          device="cuda", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard")
+    lora = next(c for c in estimate_memory(tiny, setup).devices[0].components if c.name == "lora")
+    assert "x 4 B (fp32)" in lora.what

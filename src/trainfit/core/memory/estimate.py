@@ -258,9 +258,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if states.quant_overhead:
         comps.append(C("quant_overhead", int(states.quant_overhead), _quant_what(setup), True))
     if states.lora:
-        per = states.lora / max(states.trainable, 1)
+        per = trained_param_bytes(setup)
         dtype = "fp32" if per == 4 else "16-bit, LitGPT's bf16-true"
-        comps.append(C("lora", int(states.lora), f"adapters r={setup.lora.rank}: {states.trainable:,} params x {per:.0f} B ({dtype})", True))
+        comps.append(C("lora", int(states.lora), f"adapters r={setup.lora.rank}: {states.trainable:,} params x {per} B ({dtype})", True))
     if ref:
         comps.append(C("reference_model", int(ref), "frozen DPO reference: a second copy of the base weights", True))
     if states.master_weights:
