@@ -73,8 +73,17 @@ def quantised_inputs_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingS
         return 0.0
     w = widths(spec, st)
     a = dtype_bytes(setup)[1]
-    shared = spec.architecture == "phi" or (spec.parallel_attention and (spec.block_norms or 2) == 1)
-    return a * (w.h * (1 if shared else 2) + w.q + w.f)
+    return a * (w.h * (1 if one_shared_norm(spec) else 2) + w.q + w.f)
+
+
+def norms_per_block(spec: ModelSpec) -> int:
+    return spec.block_norms or {"gemma2": 4, "phi": 1}.get(spec.architecture, 2)
+
+
+def one_shared_norm(spec: ModelSpec) -> bool:
+    """One LayerNorm feeding attention and MLP together (phi, falcon-7b's parallel_attn): its
+    output is saved once for all of its readers."""
+    return spec.architecture == "phi" or (spec.parallel_attention and norms_per_block(spec) == 1)
 
 
 def widths(spec: ModelSpec, st: ModelStats) -> Widths:
@@ -175,13 +184,11 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         return out + adapted * adapter_cast * width
 
     lw = lora_where or {}
-    n_norms = spec.block_norms or {"gemma2": 4, "phi": 1}.get(arch, 2)
+    n_norms = norms_per_block(spec)
     total = n_norms * norm()
     if spec.parallel_attention and n_norms == 2 and spec.norm == "layernorm":
         total -= r * w.h  # two LayerNorms of one parallel block read the same input: kept once
-    # One LayerNorm feeding attention and MLP together (phi, falcon-7b's parallel_attn): its
-    # output is saved once for all of its readers.
-    shared = arch == "phi" or (spec.parallel_attention and n_norms == 1)
+    shared = one_shared_norm(spec)
     attn_in = st.attn_inputs + (st.mlp_inputs if shared else 0)
     qkv = lw.get("attn_in", 0)
     # LitGPT adapts q, k and v in one LoRAQKVLinear: one dropout of the shared input, one A.
