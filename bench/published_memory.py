@@ -431,8 +431,10 @@ row to fit a figure.
    stacked A; zero_pad keeps a q+v-wide output when k is not adapted), keys and values
    repeat_interleave'd to every query head, the attention output's reshape copy for an adapted
    projection, v as a view that keeps the whole fused q+k+v output in MHA models, GELU-tanh as one
-   op, no fp32 norm output for Gemma, adapters in bf16 under bf16-true, and an lm_head of its own
-   (convert_hf_checkpoint copies a tied embedding). Traced from LitGPT's classes on the meta device
+   op, no fp32 norm output for Gemma, adapters in bf16 under bf16-true, an lm_head of its own
+   (convert_hf_checkpoint copies a tied embedding), and Falcon's single key head repeated before
+   SDPA, so its fused kernel runs where transformers' falcon falls back to the math path and keeps
+   the scores (Falcon 7B config hub LoRA / QLoRA +20.0 / +38.2 % -> -1.4 / +0.4 %). Traced from LitGPT's classes on the meta device
    (bench/litgpt_meta_trace.py: 18 models and target sets, 8 held out, and 5 run with dropout on
    CPU): median 0.1 %, worst 0.9 %. It took LitGPT's LoRA rows from PEFT's over-count (phi-2
    +80.2 %, TinyLlama +54.5 %, phi-1.5 +24..+43 %, Phi-3 +19.9 %) to -9.0..+1.6 %, and the
@@ -448,7 +450,7 @@ row to fit a figure.
    (`previous_step_kept: false` on those rows). Config-hub QLoRA: Llama 2 7B -11.3 % -> +0.3 %,
    Llama 3 / 3.1 8B -10.6 % -> +0.7 %, Mistral 7B -12.3 % -> +0.3 %, phi-2 -15.3 % -> +0.2 %,
    Phi-3 -16.0 % -> -3.4 %, TinyLlama -16.0 % -> -1.4 %; their LoRA rows rise by the logits alone
-   (-4.5..-0.6 %). Falcon 7B stays over (+20 / +38 %).
+   (-4.5..-0.6 %).
 18. **Usable memory is the driver's total less what it reserves** (gpus.yaml `driver_reserved_mib`):
    nvidia-smi -q lists "Reserved" apart from "Used" (763 MiB on an A100 80GB, 354 MiB on an RTX 4090),
    and PyTorch's out-of-memory message gives the rest as the card's capacity: 79.25 GiB and 23.64 GiB.

@@ -161,3 +161,14 @@ def test_sharded_peft_adapters_are_still_called_fp32():
                           device="cuda", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard")
     lora = next(c for c in estimate_memory(tiny, setup).devices[0].components if c.name == "lora")
     assert "x 4 B (fp32)" in lora.what
+
+
+def test_litgpt_falcon_keeps_the_fused_attention_kernel():
+    from trainfit.core.memory.activations import attention_kind
+
+    falcon = get_model("tiiuae/falcon-7b")  # one key/value head
+    setup = TrainingSetup(method="lora", precision="bf16", attention="sdpa", device="cuda")
+    # transformers hands SDPA the single key head, which only its math path broadcasts (scores kept);
+    # LitGPT repeat_interleaves the keys first, so SDPA runs its fused kernel
+    assert attention_kind(falcon, setup) == "eager"
+    assert attention_kind(falcon, dataclasses.replace(setup, model_code="litgpt")) == "sdpa"

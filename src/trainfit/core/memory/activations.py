@@ -111,11 +111,13 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
     bias needs no gradient and SDPA keeps its fused kernel.
     Falcon's multi-query attention (one key/value head, the original architecture) hands SDPA
     keys with fewer heads than the queries; only the math path broadcasts them (measured on CPU:
-    the same live peak as eager to the byte)."""
+    the same live peak as eager to the byte). LitGPT repeats them to every query head first, so its
+    SDPA keeps the fused kernel."""
     bias_trains = setup.method in ("full", "pretrain") or (setup.method == "dpo" and setup.lora is None)
     if spec.relative_attention_buckets and bias_trains:
         return "eager"
-    if spec.architecture == "falcon" and spec.num_kv_heads == 1 < spec.num_heads and setup.attention != "flash":
+    if (spec.architecture == "falcon" and spec.num_kv_heads == 1 < spec.num_heads and setup.attention != "flash"
+            and setup.model_code != "litgpt"):
         return "eager"
     return setup.attention
 
