@@ -326,7 +326,7 @@ row to fit a figure.
    `overheads.reserved_peak_bytes` is the prediction for reserved. That is the slack of a run with
    room to spare. Near the card's capacity the allocator frees its cached segments and retries
    before it raises an OOM, so the verdict counts only what survives that (5 % of the tensor peak:
-   the least capacity of ten full-size steps replayed through the allocator's rules is 0.7-15.5 %
+   the least capacity of twelve full-size steps replayed through the allocator's rules is 0.7-15.5 %
    above their allocated peak, median 2.4 %, bench/meta_trace.py). Until that split the verdict
    used the free-running total, and the one-GPU slack was held at 10 % (the lower quartile) to
    limit false "does not fit" verdicts: 11 of them, all runs measured within 2 GiB of their card.

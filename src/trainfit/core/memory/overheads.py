@@ -41,9 +41,9 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
 * Under memory pressure the slack shrinks: when cudaMalloc fails, the caching allocator frees every
   cached segment that holds no live block and retries (CUDACachingAllocator.cpp,
   release_cached_blocks; counted in memory_stats()["num_alloc_retries"]), so only the gaps inside
-  segments that still hold live tensors remain. Replaying ten full-size training steps through the
+  segments that still hold live tensors remain. Replaying twelve full-size training steps through the
   allocator's rules (bench/meta_trace.py, "least capacity") gives the least memory each run fits
-  in: 0.7-15.5 % above its allocated peak, median 2.4 %, at most 5 % in 8 of 10. The fit verdict
+  in: 0.7-15.5 % above its allocated peak, median 2.4 %, at most 5 % in 10 of 12. The fit verdict
   uses 5 % (`required_bytes`); published runs that fit within 2 GiB of their card (Answer.AI's
   24 GB QLoRA runs, LitGPT's 40 GB resource tables) are then no longer "does not fit".
 * NCCL: per-channel, per-peer buffers for each protocol and its own CUDA streams, allocated by NCCL
