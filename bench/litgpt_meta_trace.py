@@ -120,19 +120,10 @@ def saved_after_forward(config_name: str, layers: int, rank: int, flags: dict) -
     ids = torch.zeros(*TOKENS, dtype=torch.long, device="meta")
     rec = MetaTrace()
     rec.track_existing(list(model.parameters()) + list(model.buffers()) + [ids])
-    rec.events.clear()  # what existed before the forward is known to the counter, not counted
+    before = rec.live_bytes()
     with rec, flash_attention():
-        out = model(ids, lm_head_chunk_size=128)
-    live = 0
-    sizes: dict[int, int] = {}
-    for kind, key, nbytes in rec.events:
-        if kind == "alloc":
-            sizes[key] = nbytes
-            live += nbytes
-        elif key in sizes:
-            live -= sizes.pop(key)
-    del out
-    return live
+        out = model(ids, lm_head_chunk_size=128)  # kept alive while counting, as LitGPT's loop keeps it
+    return rec.live_bytes() - before
 
 
 def saved_after_cpu_forward(config_name: str, layers: int, rank: int, flags: dict, dropout: float) -> int:

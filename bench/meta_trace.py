@@ -120,6 +120,11 @@ class MetaTrace(TensorBytesCounter):
             self._refs.pop(address, None)
             self.events.append(("free", key, 0))
 
+    def live_bytes(self) -> int:
+        """Bytes of the storages alive now, those tracked before the trace included."""
+        sizes = {key: nbytes for kind, key, nbytes in self.events if kind == "alloc"}
+        return sum(sizes[key] for key in self._live.values())
+
     def traced_peak_bytes(self) -> int:
         now = peak = 0
         sizes: dict[int, int] = {}

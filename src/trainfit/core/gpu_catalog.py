@@ -267,7 +267,7 @@ def driver_reserved_bytes(spec: GpuSpec) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _median_reserved_share() -> float:
-    shares = sorted(g.driver_reserved_bytes / g.usable_vram_bytes for g in all_gpus() if g.driver_reserved_bytes)
+    shares = [g.driver_reserved_bytes / g.usable_vram_bytes for g in all_gpus() if g.driver_reserved_bytes]
     return statistics.median(shares) if shares else 0.0
 
 

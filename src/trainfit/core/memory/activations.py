@@ -43,8 +43,11 @@ from trainfit.core.memory.framework_effects import (
     keeps_quantised_inputs,
     kbit_upcast_applies,
     legacy_loss_in_16bit,
+    previous_has_inputs,
     quantised_lm_head,
+    returned_logits_bytes,
 )
+from trainfit.core.memory.states import trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
@@ -74,6 +77,17 @@ def quantised_inputs_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingS
     w = widths(spec, st)
     a = dtype_bytes(setup)[1]
     return a * (w.h * (1 if one_shared_norm(spec) else 2) + w.q + w.f)
+
+
+def previous_step_bytes(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, compute_bytes: int,
+                        tokens: int) -> float:
+    """What the previous micro-step leaves alive through the next forward (previous_step_kept,
+    framework_effects.py): its returned logits, and the inputs bitsandbytes kept on its autograd ctx
+    in every layer."""
+    if not setup.previous_step_kept or setup.method == "dpo":
+        return 0.0
+    kept_inputs = quantised_inputs_per_token(spec, st, setup) * spec.num_layers if previous_has_inputs(setup) else 0.0
+    return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
 
 
 def norms_per_block(spec: ModelSpec) -> int:
@@ -141,9 +155,9 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     rank = setup.lora.rank if setup.lora else 0
     dropout = bool(setup.lora and setup.lora.dropout > 0)
     litgpt = setup.model_code == "litgpt"
-    # Frozen fp32 base with 16-bit compute keeps LoRA adapters in fp32 (PEFT autocast_adapter_dtype);
-    # LitGPT's bf16-true builds them in bf16 like the rest.
-    adapter_cast = 4 if (not full and a == 2 and not mixed and not litgpt) else 0
+    # fp32 adapters (PEFT's autocast_adapter_dtype) on a 16-bit base without autocast cast their input
+    # to fp32 and keep that copy; LitGPT's bf16-true adapters are bf16 like the rest (states.py).
+    adapter_cast = 4 if (not full and a == 2 and not mixed and trained_param_bytes(setup) == 4) else 0
     # Dropout mask: CUDA's fused native_dropout keeps a bool mask; the CPU path multiplies by
     # a noise tensor of the input dtype and keeps that (ATen Dropout.cpp _dropout_impl).
     mask = 1 if setup.device != "cpu" else r

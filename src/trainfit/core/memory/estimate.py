@@ -18,8 +18,8 @@ import dataclasses
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
 from trainfit.core.memory.framework_effects import (dequant_copies, held_layer_input_grads, kbit_upcast_applies,
-                                                    no_sync_gradient_bytes, previous_has_inputs, previous_step_bytes,
-                                                    quantised_lm_head, returned_logits_bytes, step_temporary_bytes)
+                                                    no_sync_gradient_bytes, previous_has_inputs, quantised_lm_head,
+                                                    returned_logits_bytes, step_temporary_bytes)
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
@@ -236,7 +236,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     step_tmp = step_temporary_bytes(setup, states.optimizer)
     # A loop that keeps the model's output holds its logits from the loss to the step (framework_effects).
     kept = returned_logits_bytes(model, setup, a) * tokens if setup.output_kept and not dpo else 0.0
-    previous = previous_step_bytes(model, st, setup, a, tokens)
+    previous = act.previous_step_bytes(model, st, setup, a, tokens)
     phases = {
         "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp + previous,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept,
@@ -266,10 +266,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if states.master_weights:
         comps.append(C("master_weights", int(states.master_weights), "fp32 master copy (4 B/param, sharded by ZeRO)", True))
     if states.optimizer:
-        what = _opt_what(setup)
-        if setup.optimizer == "adamw" and trained_param_bytes(setup) == 2:
-            what = what.replace("(8 B/param fp32)", "(4 B/param: 16-bit moments of 16-bit parameters)")
-        comps.append(C("optimizer", int(states.optimizer), what, True))
+        comps.append(C("optimizer", int(states.optimizer), _opt_what(setup), True))
     if states.gathered and setup.fsdp_strategy != "none":
         comps.append(C("fsdp_gathered", int(states.gathered), gathered_bytes(st, setup)[1], True))
     elif states.gathered:
@@ -363,8 +360,10 @@ def _opt_what(setup: TrainingSetup) -> str:
     shard = f" / {setup.num_gpus} (ZeRO-{setup.zero_stage})" if setup.zero_stage >= 1 else ""
     if setup.fsdp_strategy != "none":
         shard = "" if setup.fsdp_strategy == "no-shard" else f" / {setup.shard_group} (FSDP {setup.fsdp_strategy})"
+    adamw = ("(8 B/param fp32)" if trained_param_bytes(setup) == 4
+             else "(4 B/param: 16-bit moments of 16-bit parameters)")
     return {
-        "adamw": "AdamW: 2 moments x param dtype (8 B/param fp32)",
+        "adamw": f"AdamW: 2 moments x param dtype {adamw}",
         "adamw-8bit": "8-bit AdamW: 2 x (1 B + fp32 absmax per 256) per param",
         "paged-adamw-8bit": "paged 8-bit AdamW: 2 x (1 B + fp32 absmax per 256) per param",
         "paged-adamw-32bit": "paged 32-bit AdamW (bitsandbytes): 2 fp32 moments (8 B/param), pageable to CPU RAM",

@@ -234,17 +234,6 @@ def held_layer_input_grads(setup: TrainingSetup) -> bool:
             and setup.fsdp_strategy != "none" and setup.trains_adapters and not setup.fsdp_mixed_units)
 
 
-def previous_step_bytes(spec: ModelSpec, st, setup: TrainingSetup, compute_bytes: int, tokens: int) -> float:
-    """What the previous micro-step leaves alive through the next forward (previous_step_kept): its
-    returned logits, and the inputs bitsandbytes kept on its autograd ctx in every layer."""
-    if not setup.previous_step_kept or setup.method == "dpo":
-        return 0.0
-    from trainfit.core.memory.activations import quantised_inputs_per_token
-
-    kept_inputs = quantised_inputs_per_token(spec, st, setup) * spec.num_layers if previous_has_inputs(setup) else 0.0
-    return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
-
-
 def previous_has_inputs(setup: TrainingSetup) -> bool:
     """The previous step's graph still holds bitsandbytes' kept inputs (no checkpoint recomputed it)."""
     return setup.previous_step_kept and setup.grad_checkpointing == "none" and setup.trains_adapters
