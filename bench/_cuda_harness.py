@@ -280,17 +280,9 @@ def predict(case: Case, device: str, hardware_spec: str) -> dict:
     try:
         mem = estimate_memory(spec, case.setup, hw)
         dev = mem.devices[0]
-        reserved = getattr(dev, "reserved_peak_bytes", None)
-        if reserved is None:  # the margins PyTorch's caching allocator holds, on top of the tensors
-            from trainfit.core.memory import overheads
-
-            pool = getattr(overheads, "IN_ALLOCATOR_POOL", ())
-            reserved = dev.tensor_peak_bytes + sum(c.bytes for c in dev.components
-                                                   if not c.in_tensor_peak and c.name in pool) if pool else None
         out.update(params_total=mem.params_total, tensor_peak_bytes=dev.tensor_peak_bytes, total_bytes=dev.total_bytes,
-                   capacity_bytes=dev.capacity_bytes, fits=dev.fits, reserved_peak_bytes=reserved,
-                   # what nvidia-smi shows, where the memory model reports it apart from total_bytes
-                   device_total_bytes=getattr(dev, "device_total_bytes", None),
+                   capacity_bytes=dev.capacity_bytes, fits=dev.fits, reserved_peak_bytes=dev.reserved_peak_bytes,
+                   device_total_bytes=dev.device_total_bytes,  # what nvidia-smi shows
                    # every term, so the CUDA constants can be refitted from the JSON alone
                    components={c.name: c.bytes for c in dev.components}, notes=list(mem.notes))
     except Exception as exc:  # a setup the model refuses is a finding, not a harness crash

@@ -265,6 +265,8 @@ def test_fsdp_no_sync_reduce_scatters_once_per_step():
     (dict(method="lora", lora=LoraSettings(), fsdp_mixed_units=True), "--fsdp full-shard"),
     (dict(method="full", num_gpus=2, zero_stage=3, fsdp_strategy="full-shard", fsdp_mixed_units=True), "--method lora"),
     (dict(method="lora", lora=LoraSettings(), kbit_upcast=True), "--kbit-upcast"),
+    (dict(method="lora", lora=LoraSettings(), precision="bf16-mixed", autocast_16bit_weights=True),
+     "--autocast-16bit-weights"),
     (dict(method="lora", lora=LoraSettings(), quantize_lm_head=True), "--quantize-lm-head"),
     (dict(method="qlora", quant="gptq", lora=LoraSettings(), quantize_lm_head=True), "--quantize-lm-head"),
     (dict(method="qlora", quant="int8", lora=LoraSettings(), bnb_fp16_quant_state=True), "--bnb-fp16-quant-state"),
@@ -346,11 +348,11 @@ def test_fp16_quant_state_costs_one_cast_per_weight_and_pass(llama):
 def test_cli_flags_and_bad_version():
     run = [sys.executable, "-m", "trainfit", "estimate", "meta-llama/Llama-3.1-8B", "--method", "qlora",
            "--hardware", "rtx-3060"]
-    ok = subprocess.run(run + ["--bitsandbytes-version", "0.41.1", "--kbit-upcast", "--json"],
-                        capture_output=True, text=True)
+    ok = subprocess.run(run + ["--bitsandbytes-version", "0.41.1", "--kbit-upcast", "--autocast-16bit-weights",
+                               "--precision", "bf16", "--json"], capture_output=True, text=True)
     assert ok.returncode in (0, 3), ok.stderr
     setup = json.loads(ok.stdout)["setup"]
-    assert setup["bnb_keeps_input"] is True and setup["kbit_upcast"] is True
+    assert setup["bnb_keeps_input"] is True and setup["kbit_upcast"] is True and setup["autocast_16bit_weights"] is True
     assert setup["optimizer_impl"] == "auto" and setup["fsdp_mixed_units"] is False
     assert setup["quantize_lm_head"] is False and setup["bnb_fp16_quant_state"] is False
     lightning = subprocess.run(run + ["--quantize-lm-head", "--bnb-fp16-quant-state", "--json"],
@@ -475,3 +477,23 @@ def test_cli_transformers_version_sets_the_checkpoint_placement():
     assert old.returncode == new.returncode == 0, (old.stderr, new.stderr)
     assert json.loads(old.stdout)["setup"]["reentrant_checkpoint_around_fsdp_units"] is True
     assert json.loads(new.stdout)["setup"]["reentrant_checkpoint_around_fsdp_units"] is False
+
+
+def test_autocast_over_a_16bit_layernorm_model_with_4bit_linears_runs_an_fp32_stream(llama):
+    santacoder = get_model("bigcode/gpt_bigcode-santacoder")  # nn.LayerNorm, tied 49k vocabulary
+    q = TrainingSetup(method="qlora", quant="nf4-dq", precision="bf16", lora=LoraSettings(target_modules=["c_attn"]),
+                      micro_batch=4, seq_len=2048, grad_checkpointing="full", logits_shift_copy=True)
+    auto = dataclasses.replace(q, autocast_16bit_weights=True)
+    plain, under = estimate_memory(santacoder, q).devices[0], estimate_memory(santacoder, auto).devices[0]
+    ckpt = {d.name: d for d in plain.components}["activations"], {d.name: d for d in under.components}["activations"]
+    assert "b*s*h*2 B" in ckpt[0].what and "b*s*h*4 B" in ckpt[1].what  # checkpointed layer inputs in fp32
+    tokens, v = 4 * 2048, santacoder.vocab_size
+    plain_loss = loss_terms(santacoder, q, tokens, head_trains=False)
+    auto_loss = loss_terms(santacoder, auto, tokens, head_trains=False)
+    assert auto_loss.saved > plain_loss.saved  # log_softmax's saved output is fp32 under autocast
+    assert auto_loss.saved - plain_loss.saved == pytest.approx(tokens * v * 2, rel=0.01)
+    # RMSNorm models cast the norm output back: their stream stays 16-bit, only the loss follows autocast
+    ql = dataclasses.replace(q, lora=LoraSettings(), logits_shift_copy=False)
+    assert (layer_bytes_per_token(llama, model_stats(llama), ql, None)
+            == layer_bytes_per_token(llama, model_stats(llama), dataclasses.replace(ql, autocast_16bit_weights=True),
+                                     None))

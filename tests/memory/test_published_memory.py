@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 
 import published_memory as bench
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.overheads import (margins, phase_pool_bytes, required_bytes, reserved_peak_bytes,
-                                           slack_fraction)
+from trainfit.core.memory.overheads import margins, phase_pool_bytes, required_bytes, slack_fraction
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent
 from trainfit.core.model_catalog import get_model
 from trainfit.core.setup import TrainingSetup
@@ -141,6 +141,24 @@ def test_the_fit_verdict_counts_only_the_slack_left_after_the_allocator_frees_it
     assert DeviceMemory("cpu", 1, 10, 9, []).fits is False  # no required_bytes: the total decides
 
 
+def test_what_reserved_and_nvidia_smi_show_is_capped_at_the_card_under_pressure():
+    comps = margins("cuda", 10 * GIB, architecture="ampere", num_gpus=2, training=True)
+    comps.append(MemoryComponent("weights", 10 * GIB, "w", True))
+    total = sum(c.bytes for c in comps)
+    outside = sum(c.bytes for c in comps if c.name in ("cuda_context", "nccl_buffers"))
+    roomy = DeviceMemory("cuda:0", 10 * GIB, total, capacity_bytes=total + GIB, components=comps,
+                         required_bytes=required_bytes("cuda", total, comps))
+    assert roomy.reserved_peak_bytes == total - outside  # tensor peak + workspaces + slack
+    assert roomy.device_total_bytes == total
+    pressed = dataclasses.replace(roomy, capacity_bytes=total - GIB)
+    assert pressed.fits_under_pressure
+    assert pressed.device_total_bytes == total - GIB  # the card, not the free-running total
+    assert pressed.reserved_peak_bytes == total - GIB - outside  # context and NCCL sit outside the pool
+    failing = dataclasses.replace(roomy, capacity_bytes=5 * GIB)
+    assert not failing.fits and failing.device_total_bytes == total  # what it would need
+    assert DeviceMemory("cpu", 1, 10, 9, []).reserved_peak_bytes is None  # no caching allocator
+
+
 def test_a_run_that_fits_only_under_pressure_says_so(capsys):
     from trainfit.cli.main import main
 
@@ -151,5 +169,9 @@ def test_a_run_that_fits_only_under_pressure_says_so(capsys):
             "--hardware", "1x rtx-4090"]
     assert main(argv) == 0
     assert "fits under memory pressure: needs 23." in " ".join(capsys.readouterr().out.split())
+    assert main([*argv, "--json"]) == 0
+    gpu = json.loads(capsys.readouterr().out)["devices"][0]
+    assert gpu["total_bytes"] > gpu["capacity_bytes"] == gpu["device_total_bytes"]
+    assert gpu["tensor_peak_bytes"] < gpu["reserved_peak_bytes"] < gpu["device_total_bytes"]
     assert main([*argv[:7], "5", *argv[8:]]) != 0  # micro-batch 5 needs more than the card
     assert "does not fit: needs" in " ".join(capsys.readouterr().out.split())

@@ -104,6 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kbit-upcast", action="store_true",
                    help="QLoRA prepared by PEFT's prepare_model_for_kbit_training (TRL's SFTTrainer does it): "
                    "embeddings, norms and lm_head cast to fp32; trainfit's own runs keep them 16-bit")
+    p.add_argument("--autocast-16bit-weights", action="store_true",
+                   help="a 16-bit model run under autocast (torch_dtype=bfloat16 with --bf16, the usual Transformers "
+                   "QLoRA recipe): LayerNorm models with 4-bit linears carry an fp32 residual stream; trainfit's "
+                   "own --precision bf16 runs without autocast")
     p.add_argument("--quantize-lm-head", action="store_true",
                    help="QLoRA / int8 with the output layer quantised too (Lightning Fabric's bitsandbytes plugin, "
                    "LitGPT --quantize bnb.*); Transformers and trainfit's runs keep the lm_head 16-bit")
@@ -207,7 +211,7 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 
 def _framework_knobs(args: argparse.Namespace) -> dict:
     """--optimizer-impl / --bitsandbytes-version / --transformers-version / --output-kept / --fsdp-mixed-units /
-    --kbit-upcast / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state / --model-code /
+    --kbit-upcast / --autocast-16bit-weights / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state / --model-code /
     --previous-step-kept as setup fields
     (trainfit.core.memory.framework_effects). Without --hardware a run on this machine uses the
     installed bitsandbytes and transformers, so their versions are the defaults there."""
@@ -225,6 +229,7 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
     tf_knobs = _from_version("--transformers-version", tf_version, transformers_knobs, {})
     return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps, **tf_knobs,
                 output_kept=bool(args.output_kept), fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
+                autocast_16bit_weights=bool(args.autocast_16bit_weights),
                 fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
                 bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state), model_code=args.model_code,
                 previous_step_kept=bool(args.previous_step_kept))
@@ -355,13 +360,12 @@ def run(args: argparse.Namespace) -> int:
     run_pred = _run_prediction(args, spec, hw, runs) if hw is not None else None
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
     if args.json:
-        from trainfit.cli.output import print_json
+        from trainfit.cli.output import device_memory_json, print_json
         from trainfit.core.serde import to_jsonable
 
         doc = to_jsonable(result)
         doc["fits"] = result.fits
-        for d, dev in zip(doc["devices"], result.devices):
-            d["fits"] = dev.fits
+        doc["devices"] = [device_memory_json(dev) for dev in result.devices]
         doc["setup"] = to_jsonable(setup)
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
         doc["run"] = None if run_pred is None else to_jsonable(run_pred)
@@ -415,6 +419,12 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
             table.add_row(c.name + ("" if c.in_tensor_peak else " (margin)"), f"{c.bytes / GIB:.2f}", c.what)
         table.add_row("[bold]tensor peak[/]", f"{dev.tensor_peak_bytes / GIB:.2f}", "what max_memory_allocated sees")
         table.add_row("[bold]total[/]", f"{dev.total_bytes / GIB:.2f}", "tensor peak + margins")
+        if dev.reserved_peak_bytes is not None:
+            table.add_row("reserved peak", f"{dev.reserved_peak_bytes / GIB:.2f}",
+                          "what max_memory_reserved sees: tensor peak + the margins in the caching allocator's pool")
+        if dev.device_total_bytes != dev.total_bytes:
+            table.add_row("nvidia-smi", f"{dev.device_total_bytes / GIB:.2f}",
+                          "what the card can show: the allocator frees its cache and retries at its limit")
         out.print(table)
         if dev.capacity_bytes is None:
             out.print("capacity unknown: no verdict")
@@ -468,6 +478,8 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("adapters in their layer's FSDP unit")
     if setup.kbit_upcast:
         parts.append("PEFT fp32 upcast")
+    if setup.autocast_16bit_weights:
+        parts.append("autocast over 16-bit weights")
     if setup.fsdp_no_sync:
         parts.append("FSDP no_sync accumulation")
     if setup.quantize_lm_head:

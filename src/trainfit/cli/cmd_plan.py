@@ -255,6 +255,7 @@ def _data(paths: list[str] | None) -> list[str] | None:
 
 def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:
     """The Plan JSON (DESIGN: per mode the setup, its estimate, reasons, warnings, files)."""
+    from trainfit.cli.output import device_memory_json
     from trainfit.core.serde import to_jsonable
 
     modes = []
@@ -262,7 +263,7 @@ def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:
         d = to_jsonable(mp)
         d.pop("model", None)
         if mp.memory is not None:
-            d["memory"] = {"devices": to_jsonable(mp.memory.devices), "params_total": mp.memory.params_total,
+            d["memory"] = {"devices": [device_memory_json(dev) for dev in mp.memory.devices], "params_total": mp.memory.params_total,
                            "params_trainable": mp.memory.params_trainable}
         d["files"] = (files or {}).get(mp.mode, [])
         modes.append(d)

@@ -10,7 +10,7 @@ from trainfit.core.serde import to_jsonable
 from trainfit.files import write_atomic  # noqa: F401  (re-exported for the commands)
 from trainfit.terminal import console  # noqa: F401
 
-__all__ = ["print_json", "say", "console", "write_atomic"]
+__all__ = ["print_json", "say", "console", "write_atomic", "device_memory_json"]
 
 
 def print_json(obj: Any) -> None:
@@ -21,3 +21,12 @@ def print_json(obj: Any) -> None:
 
 def say(message: str) -> None:
     print(message, file=sys.stderr)
+
+
+def device_memory_json(dev) -> dict[str, Any]:
+    """One device of a memory estimate as JSON: its fields, the verdict and what each tool would
+    read (max_memory_allocated = tensor_peak_bytes, max_memory_reserved = reserved_peak_bytes,
+    nvidia-smi = device_total_bytes)."""
+    doc = to_jsonable(dev)
+    doc.update(fits=dev.fits, reserved_peak_bytes=dev.reserved_peak_bytes, device_total_bytes=dev.device_total_bytes)
+    return doc

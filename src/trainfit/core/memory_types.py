@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Margins that live inside PyTorch's CUDA caching allocator, so torch.cuda.max_memory_reserved sees
+# them: the cuBLAS / cuBLASLt workspaces are allocated through it (CublasHandlePool.cpp
+# getNewWorkspace -> CUDACachingAllocator) and the slack is, by definition, reserved - allocated.
+# The driver context and NCCL's own cudaMalloc'd channel buffers are outside it: only nvidia-smi
+# (and the OOM) sees those.
+IN_ALLOCATOR_POOL = ("framework_overhead", "fragmentation")
+
 
 @dataclass(frozen=True)
 class MemoryComponent:
@@ -37,6 +44,29 @@ class DeviceMemory:
     def fits_under_pressure(self) -> bool:
         """Fits only because the allocator frees its cache and retries near the capacity."""
         return bool(self.fits) and self.total_bytes > (self.capacity_bytes or 0)
+
+    @property
+    def reserved_peak_bytes(self) -> int | None:
+        """What torch.cuda.max_memory_reserved would show: the tensor peak plus the margins inside the
+        caching allocator's pool. A run that fits only under pressure cannot reserve more than the
+        card leaves beside the context and NCCL (the allocator frees its cache and retries there
+        instead of growing). None off the caching allocator (CPU, MPS)."""
+        if not self.device.startswith("cuda"):
+            return None
+        pool = self.tensor_peak_bytes + sum(c.bytes for c in self.components
+                                            if not c.in_tensor_peak and c.name in IN_ALLOCATOR_POOL)
+        if self.fits_under_pressure:
+            outside_pool = self.total_bytes - pool
+            pool = min(pool, int(self.capacity_bytes or 0) - outside_pool)
+        return pool
+
+    @property
+    def device_total_bytes(self) -> int:
+        """What nvidia-smi (or the OS) shows for the process: total_bytes, capped at the capacity on a
+        run that fits only under pressure."""
+        if self.fits_under_pressure:
+            return min(self.total_bytes, int(self.capacity_bytes or 0))
+        return self.total_bytes
 
 
 @dataclass(frozen=True)

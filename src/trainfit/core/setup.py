@@ -137,6 +137,11 @@ class TrainingSetup:
     # casts every non-quantised weight to fp32, so the residual stream runs in fp32. trainfit's
     # runner, LitGPT, torchtune and fsdp_qlora keep them 16-bit; sharded QLoRA never casts.
     kbit_upcast: bool = False
+    # A 16-bit model run under autocast (Transformers' torch_dtype=bfloat16 with --bf16, the usual
+    # QLoRA recipe): nn.LayerNorm autocasts to fp32 and bitsandbytes' 4-bit linears return their
+    # input's dtype, so a LayerNorm model's residual stream turns fp32; log_softmax runs in fp32.
+    # trainfit's "bf16" is the same model without autocast; "bf16-mixed" loads fp32 weights.
+    autocast_16bit_weights: bool = False
     # FSDP gradient accumulation under no_sync (the HF Trainer / Accelerate default, Lightning
     # Fabric's no_backward_sync, fsdp_qlora --no_sync): every unit keeps its unsharded gradient
     # until the last micro-batch. trainfit's runs reduce-scatter after every micro-batch

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.memory.framework_effects import (
+    fp32_stream_under_autocast,
     keeps_quantised_inputs,
     kbit_upcast_applies,
     legacy_loss_in_16bit,
@@ -75,7 +76,7 @@ def quantised_inputs_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingS
     if not keeps_quantised_inputs(setup):
         return 0.0
     w = widths(spec, st)
-    a = dtype_bytes(setup)[1]
+    a = dtype_bytes(spec, setup)[1]
     return a * (w.h * (1 if one_shared_norm(spec) else 2) + w.q + w.f)
 
 
@@ -105,7 +106,7 @@ def widths(spec: ModelSpec, st: ModelStats) -> Widths:
                   st.ffn_width, spec.num_heads)
 
 
-def dtype_bytes(setup: TrainingSetup) -> tuple[int, int, bool]:
+def dtype_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, bool]:
     """(residual-stream bytes, compute bytes, autocast?) for a precision mode."""
     p = setup.precision
     mixed = p.endswith("-mixed")
@@ -115,6 +116,8 @@ def dtype_bytes(setup: TrainingSetup) -> tuple[int, int, bool]:
         residual = 2
     if kbit_upcast_applies(setup):
         residual = 4  # PEFT's k-bit preparation made the embeddings and norms fp32 (framework_effects.py)
+    if fp32_stream_under_autocast(spec, setup):
+        return 4, compute, True  # an fp32 model's dtype flow under autocast (framework_effects.py)
     return residual, compute, mixed
 
 
@@ -149,7 +152,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     `lora_where` is None for full training, else the adapted modules per block by position.
     """
     w = widths(spec, st)
-    r, a, mixed = dtype_bytes(setup)
+    r, a, mixed = dtype_bytes(spec, setup)
     full = lora_where is None
     arch = spec.architecture
     rank = setup.lora.rank if setup.lora else 0
@@ -291,13 +294,13 @@ def eager_scores_bytes(spec: ModelSpec, setup: TrainingSetup, tokens: int, seq_l
     """Per layer, eager attention's saved probabilities: fp32 softmax + its 16-bit copy."""
     if attention_kind(spec, setup) != "eager":
         return 0.0
-    _, a, _ = dtype_bytes(setup)
+    _, a, _ = dtype_bytes(spec, setup)
     per = 4 if a == 4 else 6
     return tokens * spec.num_heads * attention_kv_len(spec, seq_len) * per
 
 
 def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool) -> float:
-    r, a, mixed = dtype_bytes(setup)
+    r, a, mixed = dtype_bytes(spec, setup)
     h = spec.hidden_size
     if spec.norm == "layernorm":
         saved = r * h + 8
@@ -334,7 +337,7 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     (TrainingSetup.logits_shift_copy) the shifted logits are copied before cross_entropy, and some
     architectures ran it on 16-bit logits (framework_effects.legacy_loss_in_16bit).
     """
-    _, a, _ = dtype_bytes(setup)
+    _, a, _ = dtype_bytes(spec, setup)
     v = spec.vocab_size
     if legacy_loss_in_16bit(spec, setup):
         # logits, their shifted copy and log_softmax's output, all 16-bit; backward: two grads

@@ -157,7 +157,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     scores = act.eager_scores_bytes(model, setup, tokens, setup.seq_len)
     layer = per_tok * tokens + scores
     n = model.num_layers
-    r, a, mixed = act.dtype_bytes(setup)
+    r, a, mixed = act.dtype_bytes(model, setup)
     ckpt = setup.grad_checkpointing
     recompute = 0.0
     if ckpt == "full":

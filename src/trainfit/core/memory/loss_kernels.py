@@ -62,7 +62,7 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
     """Bytes of the logits + loss for `tokens` tokens of one micro-batch."""
     from trainfit.core.memory.activations import dtype_bytes, loss_bytes_per_token
 
-    r, a, _ = dtype_bytes(setup)
+    r, a, _ = dtype_bytes(spec, setup)
     v, h = spec.vocab_size, spec.hidden_size
     saved, fwd, bwd = loss_bytes_per_token(spec, setup)
     head_bytes = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2

@@ -1,7 +1,7 @@
 """Margins on top of the tensor peak, and what each device offers.
 
 None of these are tensors, so a live-tensor counter (or torch.cuda.max_memory_allocated) does not
-see them; nvidia-smi and the OOM killer do. `reserved_peak_bytes` gives what
+see them; nvidia-smi and the OOM killer do. DeviceMemory.reserved_peak_bytes gives what
 torch.cuda.max_memory_reserved shows (the tensor peak plus the margins inside the caching
 allocator's pool); `total_bytes` is what nvidia-smi shows.
 
@@ -146,21 +146,6 @@ def margins(device: str, tensor_peak: float, *, architecture: str | None, num_gp
         what += f" with room to spare; {int(round(SLACK_UNDER_PRESSURE * 100))} % survives its free-and-retry"
     out.append(MemoryComponent("fragmentation", int(slack), what, False))
     return out
-
-
-# Margins that live inside PyTorch's CUDA caching allocator, so torch.cuda.max_memory_reserved sees
-# them: the cuBLAS / cuBLASLt workspaces are allocated through it (CublasHandlePool.cpp
-# getNewWorkspace -> CUDACachingAllocator) and the slack is, by definition, reserved - allocated.
-# The driver context and NCCL's own cudaMalloc'd channel buffers are outside it: only nvidia-smi
-# (and the OOM) sees those.
-IN_ALLOCATOR_POOL = ("framework_overhead", "fragmentation")
-
-
-def reserved_peak_bytes(device: DeviceMemory) -> int:
-    """What torch.cuda.max_memory_reserved would show: the tensor peak plus the margins inside the
-    caching allocator's pool (``total_bytes`` is what nvidia-smi shows)."""
-    pool = sum(c.bytes for c in device.components if not c.in_tensor_peak and c.name in IN_ALLOCATOR_POOL)
-    return int(device.tensor_peak_bytes + pool)
 
 
 def required_bytes(device: str, total_bytes: int, components: list[MemoryComponent]) -> int:

@@ -73,7 +73,7 @@ def tower_saved_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int) -> 
         return 0.0
     from trainfit.core.memory.activations import dtype_bytes
 
-    r, a, _ = dtype_bytes(setup)
+    r, a, _ = dtype_bytes(spec, setup)
     tokens = tokens_per_image(spec, setup.image_size)
     patches = tokens * MERGE * MERGE
     images = sequences * setup.images_per_example
