@@ -46,27 +46,21 @@ class DeviceMemory:
         return bool(self.fits) and self.total_bytes > (self.capacity_bytes or 0)
 
     @property
-    def reserved_peak_bytes(self) -> int | None:
-        """What torch.cuda.max_memory_reserved would show: the tensor peak plus the margins inside the
-        caching allocator's pool. A run that fits only under pressure cannot reserve more than the
-        card leaves beside the context and NCCL (the allocator frees its cache and retries there
-        instead of growing). None off the caching allocator (CPU, MPS)."""
-        if not self.device.startswith("cuda"):
-            return None
-        pool = self.tensor_peak_bytes + sum(c.bytes for c in self.components
-                                            if not c.in_tensor_peak and c.name in IN_ALLOCATOR_POOL)
-        if self.fits_under_pressure:
-            outside_pool = self.total_bytes - pool
-            pool = min(pool, int(self.capacity_bytes or 0) - outside_pool)
-        return pool
+    def device_total_bytes(self) -> int:
+        """What nvidia-smi (or the OS) shows for the process: total_bytes, or the card's capacity on a
+        run that fits only under pressure (the allocator frees its cache and retries there instead of
+        growing)."""
+        return int(self.capacity_bytes or 0) if self.fits_under_pressure else self.total_bytes
 
     @property
-    def device_total_bytes(self) -> int:
-        """What nvidia-smi (or the OS) shows for the process: total_bytes, capped at the capacity on a
-        run that fits only under pressure."""
-        if self.fits_under_pressure:
-            return min(self.total_bytes, int(self.capacity_bytes or 0))
-        return self.total_bytes
+    def reserved_peak_bytes(self) -> int | None:
+        """What torch.cuda.max_memory_reserved would show: what the device shows less the margins
+        outside the caching allocator's pool (the driver context, NCCL's buffers). None off the
+        caching allocator (CPU, MPS)."""
+        if not self.device.startswith("cuda"):
+            return None
+        outside_pool = sum(c.bytes for c in self.components if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL)
+        return self.device_total_bytes - outside_pool
 
 
 @dataclass(frozen=True)

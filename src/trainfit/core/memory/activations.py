@@ -114,11 +114,13 @@ def dtype_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, bool]:
     compute = 4 if p == "fp32" else 2
     if setup.method == "qlora" and not mixed and p != "fp32":
         residual = 2
-    if kbit_upcast_applies(setup):
-        residual = 4  # PEFT's k-bit preparation made the embeddings and norms fp32 (framework_effects.py)
-    if fp32_stream_under_autocast(spec, setup):
-        return 4, compute, True  # an fp32 model's dtype flow under autocast (framework_effects.py)
-    return residual, compute, mixed
+    # An fp32 residual stream over 16-bit weights (framework_effects.py): PEFT's k-bit preparation made
+    # the embeddings and norms fp32, or autocast's fp32 LayerNorm output runs through 4-bit linears,
+    # which then flows as an fp32 model's does under autocast.
+    autocast_stream = fp32_stream_under_autocast(spec, setup)
+    if kbit_upcast_applies(setup) or autocast_stream:
+        residual = 4
+    return residual, compute, mixed or autocast_stream
 
 
 def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
