@@ -391,10 +391,7 @@ def _hf_model(spec, setup: TrainingSetup, device: str, workdir: Path):
     from trainfit.core.memory.estimate import EAGER_ONLY
     from trainfit.train.hf_config import build_hf_config
 
-    cfg = build_hf_config(spec)
-    for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout"):
-        if hasattr(cfg, key):
-            setattr(cfg, key, 0.0)  # the memory model assumes dropout-free bases (modern default)
+    cfg = build_hf_config(spec)  # with the model's own dropout, which the prediction counts too
     cfg.use_cache = False
     attn = {"flash": "flash_attention_2"}.get(setup.attention, setup.attention)
     if spec.architecture in EAGER_ONLY:

@@ -53,7 +53,11 @@ BIGCODE_CONFIG = dict(model_type="gpt_bigcode", n_embd=256, n_head=8, n_layer=2,
                       n_positions=1024, multi_query=True, activation_function="gelu_pytorch_tanh",
                       attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, layer_norm_epsilon=1e-5,
                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+# Deeper and with a small vocabulary, so the layers (and a cache kept per layer) outweigh the loss.
+BIGCODE_DEEP_CONFIG = dict(BIGCODE_CONFIG, n_layer=8, vocab_size=2048)
+BIGCODE_CONFIGS = {"bench:gpt_bigcode": BIGCODE_CONFIG, "bench:gpt_bigcode-deep": BIGCODE_DEEP_CONFIG}
 ARCHS["gpt_bigcode"] = spec_from_config(BIGCODE_CONFIG, model_id="bench:gpt_bigcode")
+ARCHS["gpt_bigcode-deep"] = spec_from_config(BIGCODE_DEEP_CONFIG, model_id="bench:gpt_bigcode-deep")
 Q_V = LoraSettings(rank=16, alpha=32, dropout=0.0, target_modules=["q_proj", "v_proj"])
 CASES = [
     ("llama full pure-bf16", "llama", ma._s(precision="bf16")),
@@ -63,6 +67,10 @@ CASES = [
     ("mistral full bf16-autocast", "mistral", ma._s(precision="bf16-mixed")),
     ("mistral full bf16-autocast output kept", "mistral", ma._s(precision="bf16-mixed", output_kept=True)),
     ("gpt_bigcode full pure-bf16", "gpt_bigcode", ma._s(precision="bf16")),
+    ("gpt_bigcode full bf16-autocast", "gpt_bigcode", ma._s(precision="bf16-mixed")),
+    # use_cache left on (the config's default) under checkpointing: cache_under_checkpointing
+    ("gpt_bigcode-deep full pure-bf16 ckpt", "gpt_bigcode-deep",
+     ma._s(precision="bf16", grad_checkpointing="full", micro_batch=4, seq_len=512)),
     ("gpt_bigcode full fp32", "gpt_bigcode", ma._s()),
 ]
 
@@ -74,11 +82,14 @@ def _build(spec, setup):
 
     if spec.architecture != "gpt_bigcode":
         return _build_catalog(spec, setup)
-    cfg = dict(BIGCODE_CONFIG)
+    cfg = dict(BIGCODE_CONFIGS[spec.id])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg),
                                              attn_implementation="sdpa")
-    return model.to(torch.bfloat16 if setup.precision == "bf16" else torch.float32)
+    model = model.to(torch.bfloat16 if setup.precision == "bf16" else torch.float32)
+    if setup.grad_checkpointing == "full":  # use_cache stays the config's (True), as in a Trainer run
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 _build_catalog = ma.build

@@ -47,7 +47,7 @@ def _spec(arch: str, **kw) -> ModelSpec:
     return ModelSpec(**base)
 
 
-ARCHS = {
+ARCHS: dict[str, ModelSpec] = {
     "llama": _spec("llama"),
     "qwen2": _spec("qwen2", qkv_bias=True, vocab_size=16384, tie_embeddings=True, num_kv_heads=2),
     "mistral": _spec("mistral", hidden_size=384, num_heads=6, num_kv_heads=2, head_dim=64, intermediate_size=1024),
@@ -60,6 +60,10 @@ ARCHS = {
     "mixtral": _spec("mixtral", num_experts=4, experts_per_token=2, moe_intermediate_size=256,
                      intermediate_size=256),
 }
+# The model's own dropout at 0.1 (GPT-2's config; Phi-2's residual dropout), kept in training.
+ARCHS["gpt2-dropout"] = dataclasses.replace(ARCHS["gpt2"], hidden_dropout=0.1, attention_dropout=0.1,
+                                            embedding_dropout=0.1)
+ARCHS["phi-dropout"] = dataclasses.replace(ARCHS["phi"], hidden_dropout=0.1)
 
 
 def _s(method="full", **kw) -> TrainingSetup:
@@ -105,7 +109,12 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("gpt2 full bf16-autocast", "gpt2", _s(precision="bf16-mixed")),
     ("gpt2 lora c_attn", "gpt2", _s("lora", lora=LoraSettings(rank=16, dropout=0.0, target_modules=["c_attn"]))),
     ("gpt2 inference", "gpt2", _s("inference", generate_tokens=64, micro_batch=2)),
+    ("gpt2 full fp32 model-dropout", "gpt2-dropout", _s()),
+    ("gpt2 full bf16-autocast model-dropout", "gpt2-dropout", _s(precision="bf16-mixed")),
+    ("gpt2 lora c_attn ckpt model-dropout", "gpt2-dropout",
+     _s("lora", grad_checkpointing="full", lora=LoraSettings(rank=16, dropout=0.0, target_modules=["c_attn"]))),
     ("phi full fp32", "phi", _s()),
+    ("phi lora q,v bf16 resid-dropout", "phi-dropout", _s("lora", precision="bf16")),
     ("phi lora q,v bf16", "phi", _s("lora", precision="bf16")),
     ("phi lora all-linear dropout", "phi", _s("lora", lora=DROP_ALL)),
     ("gemma2 full fp32 eager", "gemma2", _s(attention="eager")),
@@ -122,10 +131,7 @@ def build(spec: ModelSpec, setup: TrainingSetup):
 
     from trainfit.train.hf_config import build_hf_config
 
-    cfg = build_hf_config(spec)
-    for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout"):
-        if hasattr(cfg, key):
-            setattr(cfg, key, 0.0)  # the memory model assumes dropout-free bases (modern default)
+    cfg = build_hf_config(spec)  # with the spec's own dropout (none unless a case sets it)
     cfg.use_cache = setup.method == "inference"
     torch.manual_seed(0)
     # cast after building: transformers before 4.56 reads `torch_dtype`, not `dtype`
@@ -288,7 +294,9 @@ def write(rows: list[dict]) -> None:
         lines.append(f"| {r['config']} | {r['measured_bytes'] / 2**20:.2f} | {r['predicted_bytes'] / 2**20:.2f} "
                      f"| {r['error_pct']:+.1f} |")
     lines += ["", "Shapes: hidden 256-384, 2 layers, vocab 8k-16k, seq 256, batch 1-4, random weights, "
-              "dropout 0. CPU kernels: SDPA runs the CPU flash kernel (saves q, k, v, out, fp32 logsumexp like "
+              "the model's own dropout 0 except the model-dropout / resid-dropout cases (0.1: CPU keeps a noise "
+              "tensor per dropout where CUDA keeps a 1-byte mask, and attention dropout sends SDPA down its math "
+              "path). CPU kernels: SDPA runs the CPU flash kernel (saves q, k, v, out, fp32 logsumexp like "
               "CUDA flash); autocast on CPU caches bf16 weight copies like CUDA; fused AdamW has no temporaries "
               "on either device."]
     (RESULTS / "memory_accuracy.md").write_text("\n".join(lines) + "\n")

@@ -487,12 +487,28 @@ row to fit a figure.
    while bitsandbytes' Linear4bit returns its input's dtype, so a LayerNorm model's residual stream
    is fp32 (`autocast_16bit_weights`, framework_effects.py; RMSNorm models cast back and stay
    16-bit, which is why the Llama-family rows never showed it). With it SantaCoder QLoRA allocated
-   is at -9.4..-11.7 %; what is left is about 110 KB per token, the same per-token shortfall as
-   SantaCoder's full fine-tune at bs8 (-12.2 %), and a meta-device trace of transformers 4.48.1's
-   gpt_bigcode step agrees with the model to 0.01 %, so it is in what the GPU run does beyond the
-   ops' outputs. Its nvidia-smi rows stay at -20..-27 %: 4 GiB of slack on an 8.5 GiB peak (47 %).
-   The Llama 2 70B accelerated bs4 OOM on 2 GPUs is the same configuration as the baseline one
-   (their bs2 figures are identical) and is missed the same way.
+   is at -9.4..-11.7 %, with about 110 KB per token left, the same per-token shortfall as
+   SantaCoder's full fine-tune at bs8 (-12.2 %): item 22. The Llama 2 70B accelerated bs4 OOM on 2
+   GPUs is the same configuration as the baseline one (their bs2 figures are identical) and is
+   missed the same way.
+22. **SantaCoder's key/value cache under checkpointing** (`cache_under_checkpointing`, transformers
+   < 4.53) and the 16-bit shifted copy of its own loss under autocast. gpt_bigcode's forward in
+   4.48.1 has no "use_cache is incompatible with gradient checkpointing" override (every other
+   supported architecture's has; 4.53's GradientCheckpointingLayer added it for all,
+   transformers#38913), fms-hf-tuning 2.5.0 loads the model with the config's use_cache true, so
+   every checkpointed layer returns `present = key_value`, a view of its fused c_attn output
+   (q + k + v = 2304 wide), and the cache keeps all 24 outputs alive until the loss: 110.6 KB per
+   token in bf16 (full fine-tune), 221 KB in the QLoRA rows, whose 4-bit c_attn returns the fp32
+   stream's dtype. The same rows' loss under autocast shifts the bf16 logits and autocast then casts
+   that copy to fp32, so the copy is 2 B per vocabulary entry, not 4 (98.6 KB per token less).
+   Measured on CPU under 4.48.1 (bench/loss_versions_cpu.py, an 8-layer gpt_bigcode, bf16,
+   checkpointed: -14.2 % without the cache, -1.9 % with it; bf16 autocast loss -0.5 %). With both,
+   SantaCoder allocated is -0.2..+6.5 % on all 8 rows (full bs8 -12.2 -> -0.1 %, QLoRA -9.4..-11.7
+   -> -0.1..+1.3 %). Its 2-GPU and QLoRA nvidia-smi rows stay 10-18 % under: nvidia-smi shows 1.6-1.9x
+   the allocated peak on 2 GPUs (FSDP) and 1.4-1.5x for QLoRA on one, more than the allocator model
+   grants (the full fine-tune on one GPU, 1.25-1.4x, is within 7 %).
+   The model's own dropout (ModelSpec hidden/attention/embedding_dropout, 0.1 in SantaCoder's
+   config, kept by the Trainer) adds its 1-byte CUDA masks too, small here under checkpointing.
 """
 
 

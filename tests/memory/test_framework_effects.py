@@ -15,15 +15,19 @@ import sys
 import pytest
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.activations import layer_bytes_per_token
+from trainfit.core.memory.activations import layer_bytes_per_token, loss_bytes_per_token
 from trainfit.core.memory.framework_effects import (
     bnb_keeps_input_for,
+    cache_under_checkpointing_for,
+    cached_kv_bytes_per_token,
     checkpoint_around_units_for,
     experts_fused_for,
     held_layer_input_grads,
+    legacy_loss_under_autocast,
     logits_returned_fp32_for,
     logits_shift_copy_for,
     no_sync_gradient_bytes,
+    transformers_knobs,
 )
 from trainfit.core.memory.fsdp import root_params
 from trainfit.core.memory.loss_kernels import loss_terms
@@ -497,3 +501,45 @@ def test_autocast_over_a_16bit_layernorm_model_with_4bit_linears_runs_an_fp32_st
     assert (layer_bytes_per_token(llama, model_stats(llama), ql, None)
             == layer_bytes_per_token(llama, model_stats(llama), dataclasses.replace(ql, autocast_16bit_weights=True),
                                      None))
+
+
+@pytest.mark.parametrize("version,kept", [("4.48.1", True), ("4.52.4", True), ("4.53.0", False), ("5.24", False)])
+def test_transformers_before_4_53_leaves_the_cache_on_under_checkpointing(version, kept):
+    assert cache_under_checkpointing_for(version) is kept
+    assert transformers_knobs(version)["cache_under_checkpointing"] is kept
+
+
+def test_gpt_bigcode_cache_under_checkpointing_keeps_every_layers_c_attn_output_through_the_forward():
+    """SantaCoder full fine-tune, pure bf16, checkpointed (fms-acceleration's baseline): each layer's
+    key/value is a view of its fused c_attn output (q + k + v wide), kept by the returned cache until the
+    loss; the Trainer drops the output before backward, so only the forward phase grows."""
+    santacoder = get_model("bigcode/gpt_bigcode-santacoder")
+    base = TrainingSetup(method="full", precision="bf16", micro_batch=8, seq_len=2048, grad_checkpointing="full",
+                         attention="flash", logits_shift_copy=True)
+    kept = dataclasses.replace(base, cache_under_checkpointing=True)
+    width = santacoder.num_heads * santacoder.head_dim + 2 * santacoder.head_dim  # multi-query: one kv head
+    assert width == 2304
+    per_token = cached_kv_bytes_per_token(santacoder, kept, 2)
+    assert per_token == santacoder.num_layers * width * 2
+    before, after = _phases(estimate_memory(santacoder, base)), _phases(estimate_memory(santacoder, kept))
+    assert after["forward"] == pytest.approx(before["forward"] + per_token * 8 * 2048 / 2**30, abs=0.01)
+    assert after["loss backward"] == before["loss backward"]
+    comps = {c.name: c for c in estimate_memory(santacoder, kept).devices[0].components}
+    assert comps["kv_cache"].bytes == pytest.approx(per_token * 8 * 2048, rel=1e-6)
+    # other architectures turn use_cache off themselves; no checkpointing: the attention keeps q, k, v anyway
+    llama = get_model("meta-llama/Llama-3.1-8B")
+    assert cached_kv_bytes_per_token(llama, kept, 2) == 0
+    assert cached_kv_bytes_per_token(santacoder, dataclasses.replace(kept, grad_checkpointing="none"), 2) == 0
+
+
+def test_own_forward_loss_under_autocast_copies_the_16bit_logits():
+    """gpt_bigcode's own loss (transformers < 4.49) shifts the 16-bit logits before autocast casts them to
+    fp32 for cross_entropy: the copy is 2 B per vocabulary entry, not the fp32 4 B of ForCausalLMLoss."""
+    santacoder = get_model("bigcode/gpt_bigcode-santacoder")
+    auto = TrainingSetup(method="full", precision="bf16-mixed", micro_batch=1, seq_len=512, logits_shift_copy=True)
+    assert legacy_loss_under_autocast(santacoder, auto)
+    assert not legacy_loss_under_autocast(get_model("meta-llama/Llama-3.1-8B"), auto)
+    assert not legacy_loss_under_autocast(santacoder, dataclasses.replace(auto, precision="bf16"))
+    v = santacoder.vocab_size
+    saved, fwd, _ = loss_bytes_per_token(santacoder, auto)
+    assert (saved, fwd) == (4 * v, 2 * v + 4 * v + 2 * v)  # log_softmax; logits, fp32 cast, 16-bit shifted copy

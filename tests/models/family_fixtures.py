@@ -27,9 +27,6 @@ _TINY: dict[str, dict[str, Any]] = {
     "roberta": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
                     vocab_size=512, max_position_embeddings=258),
 }
-# Dropout keys: the memory model describes dropout-free training (as bench/memory_accuracy.py).
-_DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "dropout_rate",
-                 "hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
 def config(name: str) -> dict[str, Any]:
@@ -53,17 +50,13 @@ def auto_class(model_type: str):
             "roberta": AutoModelForMaskedLM}.get(model_type, AutoModelForCausalLM)
 
 
-def build(cfg: dict[str, Any], *, device: str = "meta", dropout_free: bool = False, attention: str | None = None,
-          dtype: str = "float32"):
+def build(cfg: dict[str, Any], *, device: str = "meta", attention: str | None = None, dtype: str = "float32"):
     """The transformers model of `cfg`; fp32 unless `dtype` says otherwise (from_config would
     otherwise follow the config's torch_dtype, e.g. falcon-7b's bfloat16)."""
     import torch
     from transformers import AutoConfig
 
     kw = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map")}
-    if dropout_free:
-        kw.update({k: 0.0 for k in _DROPOUT_KEYS if k in kw or k in ("dropout_rate", "hidden_dropout_prob",
-                                                                     "attention_probs_dropout_prob")})
     hf = AutoConfig.for_model(cfg["model_type"], **kw)
     extra = {"attn_implementation": attention} if attention else {}
     extra["dtype"] = getattr(torch, dtype)

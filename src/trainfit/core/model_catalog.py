@@ -81,6 +81,9 @@ def _validate(s: ModelSpec) -> None:
                 "intermediate_size", "max_position_embeddings"):
         if getattr(s, key) <= 0:
             raise ValueError(f"key '{key}' must be positive, got {getattr(s, key)}")
+    for key in ("hidden_dropout", "attention_dropout", "embedding_dropout"):
+        if not 0 <= getattr(s, key) < 1:
+            raise ValueError(f"key '{key}' must be a probability in [0, 1), got {getattr(s, key)}")
     if s.num_heads % s.num_kv_heads:
         raise ValueError(f"key 'num_kv_heads': {s.num_kv_heads} does not divide num_heads {s.num_heads}")
     if s.num_experts and not 0 < s.experts_per_token <= s.num_experts:

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
 from trainfit.core.model_loader_families import FAMILY_FIELDS
+from trainfit.core.dropout_config import dropout_fields
 from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.errors import BadInputError
 from trainfit.validate import parse_json, read_text_file
@@ -90,7 +91,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
                             hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     if model_type in FAMILY_FIELDS:
         spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg), source=origin,
-                         **FAMILY_FIELDS[model_type](cfg))
+                         **FAMILY_FIELDS[model_type](cfg), **dropout_fields(data, model_type, origin))
         check_plausible(spec, origin, explicit_head_dim=True)
         return spec
     text = _Cfg(data["text_config"], f"{origin} text_config") if model_type == "qwen2_vl" and isinstance(
@@ -101,6 +102,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     tie_cfg = cfg if cfg.get("tie_word_embeddings") is not None else text
     fields["tie_embeddings"] = tie_cfg.bool("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False))
     fields.update(_bias_fields(text, model_type))
+    fields.update(dropout_fields(text.data, model_type, text.origin))
     if model_type == "gpt_neox" and cfg.bool("use_parallel_residual", True):
         # attention and MLP both read the block input, each through its own LayerNorm
         fields.update(parallel_attention=True, block_norms=2)

@@ -75,3 +75,8 @@ class ModelSpec:
     relative_attention_buckets: int = 0
     # BERT / RoBERTa segment (token type) embeddings; 0 where the model has none.
     type_vocab_size: int = 0
+    # The model's own dropout probabilities as its config.json sets them (core/dropout_config.py):
+    # on each block's attention / MLP output, on the attention probabilities, on the embeddings.
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    embedding_dropout: float = 0.0

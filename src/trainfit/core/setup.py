@@ -170,6 +170,10 @@ class TrainingSetup:
     # unit then holds the recomputed layer input and its gradient until backward ends (4.52's
     # GradientCheckpointingLayer checkpoints inside the unit).
     reentrant_checkpoint_around_fsdp_units: bool = False
+    # transformers before 4.53 leaves use_cache at the config's value under gradient checkpointing in
+    # model code without its own override (gpt_bigcode): every layer's key/value, a view of its fused
+    # c_attn output, is returned with the output and keeps that output alive until the loss.
+    cache_under_checkpointing: bool = False
     # The training loop keeps the model's output (its logits) through backward and the optimizer
     # step: `outputs = model(**batch); outputs.loss.backward()` in a hand-written loop, fsdp_qlora's
     # train.py. The HF Trainer and trainfit's runner drop it before backward.

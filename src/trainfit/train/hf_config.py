@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trainfit.core.dropout_config import config_kwargs as dropout_config_kwargs
 from trainfit.core.model_spec import ModelSpec, VisionTowerSpec
 from trainfit.core.params import BUILDABLE_ARCHITECTURES, QWEN2VL_TEMPORAL_PATCH, vision_params
 from trainfit.errors import BadInputError, require_extra
@@ -86,6 +87,7 @@ def _text_kwargs(spec: ModelSpec) -> dict[str, Any]:
         kw = dict(vocab_size=spec.vocab_size, n_positions=spec.max_position_embeddings, n_embd=spec.hidden_size,
                   n_layer=spec.num_layers, n_head=spec.num_heads, n_inner=spec.intermediate_size,
                   activation_function=act, tie_word_embeddings=spec.tie_embeddings)
+    kw.update(dropout_config_kwargs(spec))  # the model's own dropout, as the estimate counts it
     return kw
 
 

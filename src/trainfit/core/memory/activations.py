@@ -44,10 +44,12 @@ from trainfit.core.memory.framework_effects import (
     keeps_quantised_inputs,
     kbit_upcast_applies,
     legacy_loss_in_16bit,
+    legacy_loss_under_autocast,
     previous_has_inputs,
     quantised_lm_head,
     returned_logits_bytes,
 )
+from trainfit.core.memory import model_dropout
 from trainfit.core.memory.states import trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
@@ -241,6 +243,8 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
             # LitGPT and GPT-NeoX split one q+k+v output; without key groups to repeat, the saved
             # v is a view of it and keeps all of it (q and k are rotated into new tensors).
             core += a * (w.q + w.kv)
+        if model_dropout.sdpa_math_fallback(spec, setup, attention_kind(spec, setup)):
+            core += model_dropout.math_core_extra_bytes(w.q, w.kv, w.heads, a)
     total += core + inner(w.q, lw.get("attn_out", 0))
     if litgpt and lw.get("attn_out", 0) and not dropout:
         # LitGPT's y.transpose(1, 2).reshape(...) copies the attention output; the adapter keeps it.
@@ -280,6 +284,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
         mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
     total += mlp + inner(w.f, lw.get("mlp_out", 0))
+    total += model_dropout.block_bytes_per_token(spec, setup, w.f, a, bool(down_in))
     if not full:
         total += quantised_inputs_per_token(spec, st, setup)
     if setup.dora and not full:
@@ -293,12 +298,18 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
 
 
 def eager_scores_bytes(spec: ModelSpec, setup: TrainingSetup, tokens: int, seq_len: int) -> float:
-    """Per layer, eager attention's saved probabilities: fp32 softmax + its 16-bit copy."""
-    if attention_kind(spec, setup) != "eager":
+    """Per layer, eager attention's saved probabilities: fp32 softmax + its 16-bit copy, and what the
+    model's attention dropout keeps (model_dropout.py), which on CPU sends SDPA to its math path."""
+    kind = attention_kind(spec, setup)
+    scores = tokens * spec.num_heads * attention_kv_len(spec, seq_len)
+    # T5's decoder blocks drop their cross-attention's probabilities too (spread over all blocks).
+    dropped = scores * (1 + spec.decoder_layers / spec.num_layers)
+    if model_dropout.sdpa_math_fallback(spec, setup, kind):
+        return dropped * model_dropout.MATH_SCORES_BYTES
+    if kind != "eager":
         return 0.0
-    _, a, _ = dtype_bytes(spec, setup)
-    per = 4 if a == 4 else 6
-    return tokens * spec.num_heads * attention_kv_len(spec, seq_len) * per
+    _, a, mixed = dtype_bytes(spec, setup)
+    return scores * (4 if a == 4 else 6) + dropped * model_dropout.eager_scores_extra_bytes(spec, setup, a, mixed)
 
 
 def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool) -> float:
@@ -308,6 +319,7 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
         saved = r * h + 8
     else:
         saved = 4 * h + 4 + (r * h if full else 0)
+    saved += model_dropout.embedding_bytes_per_token(spec, setup, r)
     if full:
         saved += 2 * h if mixed else r * h  # lm_head input
     elif keeps_quantised_inputs(setup) and quantised_lm_head(spec, setup):
@@ -351,6 +363,7 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     if setup.logits_returned_fp32 and a != 4:  # the forward upcast them and freed the 16-bit ones
         fwd = 4 * v
     if setup.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
-        fwd += 4 * v
+        # (of the 16-bit ones where the model's own forward shifts before autocast's fp32 cast)
+        fwd += (a if legacy_loss_under_autocast(spec, setup) else 4) * v
     bwd = 8 * v
     return saved, fwd, bwd

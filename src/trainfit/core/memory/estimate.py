@@ -17,7 +17,8 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import (dequant_copies, held_layer_input_grads, kbit_upcast_applies,
+from trainfit.core.memory.framework_effects import (BNB_QUANTS, cached_kv_bytes_per_token, dequant_copies,
+                                                    held_layer_input_grads, kbit_upcast_applies,
                                                     no_sync_gradient_bytes, previous_has_inputs, quantised_lm_head,
                                                     returned_logits_bytes, step_temporary_bytes)
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
@@ -237,8 +238,11 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     # A loop that keeps the model's output holds its logits from the loss to the step (framework_effects).
     kept = returned_logits_bytes(model, setup, a) * tokens if setup.output_kept and not dpo else 0.0
     previous = act.previous_step_bytes(model, st, setup, a, tokens)
+    # The key/value cache a checkpointed forward returns (framework_effects.cached_kv_bytes_per_token):
+    # 4-bit linears return their input's dtype, the stream's, others the compute dtype.
+    kv_cache = cached_kv_bytes_per_token(model, setup, r if setup.quant in BNB_QUANTS else a) * tokens
     phases = {
-        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp + previous,
+        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp + previous + kv_cache,
         "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept,
         "optimizer step": base + states.gradients + step_tmp + kept,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
@@ -313,6 +317,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if dora_tmp and where_peak == "forward":
         comps.append(C("dora_transient", int(dora_tmp), "DoRA: B@A, the cast weight and W + s*BA of the largest "
                        "adapted layer (its forward)", True))
+    if kv_cache and where_peak == "forward":
+        comps.append(C("kv_cache", int(kv_cache), f"key/value cache of {n} checkpointed layers (use_cache left on "
+                       "before transformers 4.53), each a view keeping its whole c_attn output", True))
     if previous and where_peak == "forward":
         comps.append(C("previous_step", int(previous), "the previous micro-step's logits"
                        + (" and the inputs bitsandbytes kept on its autograd ctx" if previous_has_inputs(setup) else "")

@@ -133,6 +133,11 @@ TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
 TRANSFORMERS_FUSED_EXPERTS_VERSION = (5, 0, 0)
 TRANSFORMERS_16BIT_LOGITS_VERSION = (4, 46, 0)
 TRANSFORMERS_CHECKPOINT_LAYER_VERSION = (4, 52, 0)  # GradientCheckpointingLayer
+# GradientCheckpointingLayer turns use_cache off in every layer (transformers#38913, in 4.53.0).
+TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION = (4, 53, 0)
+# Model code of those releases that lets use_cache stay on under gradient checkpointing (4.48.1:
+# every other supported architecture sets use_cache = False there itself).
+CACHE_UNDER_CHECKPOINT_ARCHS = ("gpt_bigcode",)
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = BITSANDBYTES  # bitsandbytes' layers, which a plugin can swap in for the lm_head
 PEFT_PREPARED_QUANTS = BITSANDBYTES  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
@@ -238,12 +243,31 @@ def checkpoint_around_units_for(version: str) -> bool:
     return _release(version) < TRANSFORMERS_CHECKPOINT_LAYER_VERSION
 
 
+def cache_under_checkpointing_for(version: str) -> bool:
+    """True for a transformers release in which gradient checkpointing leaves use_cache on in model
+    code without its own override (before 4.53)."""
+    return _release(version) < TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION
+
+
 def transformers_knobs(version: str) -> dict[str, bool]:
     """The TrainingSetup fields a transformers release decides (ValueError for a non-release string)."""
     return dict(logits_shift_copy=logits_shift_copy_for(version),
                 logits_returned_fp32=logits_returned_fp32_for(version),
                 experts_fused=experts_fused_for(version),
-                reentrant_checkpoint_around_fsdp_units=checkpoint_around_units_for(version))
+                reentrant_checkpoint_around_fsdp_units=checkpoint_around_units_for(version),
+                cache_under_checkpointing=cache_under_checkpointing_for(version))
+
+
+def cached_kv_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, c_attn_bytes: int) -> float:
+    """Bytes per token that the key/value cache of a checkpointed run keeps through the forward
+    (cache_under_checkpointing): in every layer the whole fused c_attn output (queries, keys and
+    values) its key/value view belongs to, in the dtype the projection returns. The model's output
+    holds the cache; the HF Trainer drops that output before backward."""
+    if not (setup.cache_under_checkpointing and setup.grad_checkpointing != "none"
+            and spec.architecture in CACHE_UNDER_CHECKPOINT_ARCHS and setup.method != "inference"):
+        return 0.0
+    width = spec.num_heads * spec.head_dim + 2 * spec.num_kv_heads * spec.head_dim
+    return spec.num_layers * width * c_attn_bytes
 
 
 def held_layer_input_grads(setup: TrainingSetup) -> bool:
@@ -271,6 +295,13 @@ def legacy_loss_in_16bit(spec: ModelSpec, setup: TrainingSetup) -> bool:
     return (setup.logits_shift_copy and spec.architecture in LEGACY_16BIT_LOSS
             and setup.precision in ("bf16", "fp16") and not setup.autocast_16bit_weights
             and setup.loss == "standard")
+
+
+def legacy_loss_under_autocast(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """The same own-forward loss of a transformers < 4.49 run under autocast: the shifted copy is
+    made of the 16-bit logits, and autocast then casts it to fp32 for cross_entropy."""
+    return (setup.logits_shift_copy and spec.architecture in LEGACY_16BIT_LOSS and setup.loss == "standard"
+            and (setup.precision.endswith("-mixed") or setup.autocast_16bit_weights))
 
 
 def framework_problems(setup: TrainingSetup) -> list[str]:
