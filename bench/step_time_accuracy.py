@@ -84,7 +84,7 @@ def row_config(values: tuple, family: str = "llama", **extra) -> dict:
 # Beyond Llama: one knob or family per row (shapes of the Llama rows where one fits).
 # GQA + tied + qkv bias (Qwen2-shaped, 4 query heads per KV head as Qwen2.5-0.5B's 14/2 ~ 7);
 # MoE (Mixtral: 4 experts, top 2); GPT-2 (GELU, LayerNorm, learned positions, tied, biases,
-# dropout 0: the model has no dropout term); GPT-NeoX (parallel attention + MLP, partial rotary,
+# dropout 0: bench/dropout_speed_cpu.py times GPT-2's own 0.1 against it); GPT-NeoX (parallel attention + MLP, partial rotary,
 # GELU, LayerNorm); Gemma-2 (256k vocabulary on a 128-wide model, GQA, soft-capped attention
 # scores and logits, GELU-tanh); SGD; LoRA on all linear layers; sequences of 512 and 1024.
 OTHERS = [
@@ -146,6 +146,7 @@ def hf_config(cfg: dict):
     common = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
                   intermediate_size=ffn, max_position_embeddings=4096)
     fam = cfg["family"]
+    drop = cfg.get("dropout", 0.0)  # the model's own dropout (GPT-2 only: bench/dropout_speed_cpu.py)
     if fam == "llama":
         conf = T.LlamaConfig(**common, num_key_value_heads=kv, tie_word_embeddings=False)
     elif fam == "qwen2":
@@ -155,7 +156,7 @@ def hf_config(cfg: dict):
                                tie_word_embeddings=False)
     elif fam == "gpt2":
         conf = T.GPT2Config(vocab_size=vocab, n_embd=h, n_layer=layers, n_head=heads, n_inner=ffn, n_positions=4096,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+                            resid_pdrop=drop, embd_pdrop=drop, attn_pdrop=drop, bos_token_id=0, eos_token_id=0)
     elif fam == "gpt_neox":
         conf = T.GPTNeoXConfig(**common, use_parallel_residual=True, rotary_pct=0.25, hidden_dropout=0.0,
                                attention_dropout=0.0, tie_word_embeddings=False)
@@ -310,6 +311,7 @@ def calibrate(rows: list[dict], rates) -> dict:
 def describe(cfg: dict) -> str:
     extra = "".join(f" {k}={cfg[k]}" for k in ("kv_heads", "optimizer", "lora_targets")
                     if cfg[k] != row_config(tuple(cfg[x] for x in KEYS))[k])
+    extra += f" dropout={cfg['dropout']}" if cfg.get("dropout") else ""
     return f"{cfg['family']} " + " ".join(str(cfg[k]) for k in KEYS) + extra
 
 
@@ -389,7 +391,8 @@ def table(rows: list[dict]) -> list[str]:
         c, t = r["config"], r["predicted_terms_ms"]
         opt = f"{r['measured_optimizer_seconds'] * 1e3:.1f} / {t['optimizer_seconds'] + t['step_first_touch_seconds']:.1f}"
         method = c["method"] + (" (all-linear)" if c["method"] == "lora" and c["lora_targets"] == "all-linear" else "")
-        lines.append(f"| {c['family']} | {c['hidden']} | {c['layers']} | {c['heads']}/{c['kv_heads']} | {c['vocab']} "
+        fam = c["family"] + (f" (dropout {c['dropout']})" if c.get("dropout") else "")
+        lines.append(f"| {fam} | {c['hidden']} | {c['layers']} | {c['heads']}/{c['kv_heads']} | {c['vocab']} "
                      f"| {c['micro_batch']} | {c['seq']} | {method} | {c['precision']} | {c['ckpt']} | {c['optimizer']} | "
                      f"{r['measured_seconds'] * 1e3:.1f} | {r['predicted_seconds'] * 1e3:.1f} | {r['error']:+.1%} | "
                      f"{opt} | {r['bottleneck']} |")  # fmt: skip
@@ -399,7 +402,7 @@ def table(rows: list[dict]) -> list[str]:
 def group(cfg: dict) -> str:
     """The row's group for the by-family medians: its family, or the knob it varies on Llama."""
     if cfg["family"] != "llama":
-        return cfg["family"]
+        return cfg["family"] + (", dropout" if cfg.get("dropout") else "")
     if cfg["optimizer"] != "adamw":
         return "llama, " + cfg["optimizer"]
     if cfg["method"] == "lora" and cfg["lora_targets"] == "all-linear":

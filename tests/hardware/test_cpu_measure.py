@@ -25,7 +25,7 @@ def _fake_measure(calls: list, fp32: float = 180.0):
     def measure(cpu):
         calls.append(cpu.model)
         return BenchmarkInfo(30.0, fp32 + len(calls), 3.0, {}, None, None, None, 0.5, {}, measured_at="2026-01-01T00:00:00+00:00",
-                             scope="cpu")
+                             scope="cpu", cpu_dropout_ns_per_element=20.0)
     return measure
 
 
@@ -120,3 +120,31 @@ def test_stored_entry_is_plain_json(tmp_path, monkeypatch, quiet):
     (entry,) = (tmp_path / "cpu-rates").glob("*.json")
     data = json.loads(entry.read_text())
     assert data["benchmark"]["cpu_fp32_gflops"] == 181.0 and data["identity"].startswith("v1|")
+
+
+def test_a_kept_measurement_without_the_dropout_rate_is_measured_again(tmp_path, monkeypatch, quiet):
+    """A cache entry of a trainfit that did not measure dropout yet is replaced, not reused."""
+    monkeypatch.setenv("TRAINFIT_CACHE_DIR", str(tmp_path))
+    src, calls = _src(), []
+    cpu = profiler.cpu.probe_cpu(src)
+    cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls))
+    for entry in (tmp_path / "cpu-rates").glob("*.json"):
+        data = json.loads(entry.read_text())
+        data["benchmark"].pop("cpu_dropout_ns_per_element")
+        entry.write_text(json.dumps(data))
+    again = cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls))
+    assert len(calls) == 2 and again.cpu_dropout_ns_per_element == 20.0 and not again.cached
+    assert cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls)).cached and len(calls) == 2
+
+
+def test_the_dropout_rate_is_measured_and_reaches_the_cpu_rates():
+    pytest.importorskip("torch")
+    from trainfit.hardware.benchmark import cpu_dropout_ns_per_element
+
+    ns = cpu_dropout_ns_per_element(1 << 14, reps=1)
+    assert 0.05 < ns < 10_000  # random numbers drawn one by one: nanoseconds per element
+    profile = profiler.build_profile(sources=_src("fixture"), quick=True)
+    bench = BenchmarkInfo(30.0, 180.0, 3.0, {}, None, None, None, 0.5, {}, scope="cpu", cpu_dropout_ns_per_element=17.5)
+    r = rates.cpu_rates(dataclasses.replace(profile, benchmark=bench))
+    assert r.dropout_seconds_per_element == pytest.approx(17.5e-9)
+    assert rates.cpu_rates(dataclasses.replace(profile, benchmark=None)).dropout_seconds_per_element is None

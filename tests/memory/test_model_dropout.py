@@ -128,3 +128,50 @@ def test_cpu_live_peak_with_model_dropout_matches(precision, attention):
     setup = bench._s(micro_batch=2, seq_len=256, precision=precision, attention=attention)
     measured = bench.measure(spec, setup)
     assert _peak(spec, setup) == pytest.approx(measured, rel=0.02)
+
+
+def test_dropped_elements_count_every_site_and_the_materialised_scores():
+    from trainfit.core.memory.model_dropout import dropped_elements_per_token
+
+    gpt2 = get_model("gpt2")
+    setup = TrainingSetup(method="full", micro_batch=1, seq_len=512)
+    blocks = gpt2.num_layers * 2 * gpt2.hidden_size + gpt2.hidden_size
+    assert dropped_elements_per_token(gpt2, setup, False) == blocks
+    assert dropped_elements_per_token(gpt2, setup, True) == blocks + gpt2.num_layers * gpt2.num_heads * 512
+    assert dropped_elements_per_token(gpt2, dataclasses.replace(setup, method="dpo"), True) == 0
+    assert dropped_elements_per_token(get_model("meta-llama/Llama-3.1-8B"), setup, True) == 0
+
+
+def test_speed_charges_the_model_dropout():
+    """CPU: masks drawn at the profile's measured rate (again in a recompute); GPU: native_dropout's bytes."""
+    from trainfit.core.memory.model_dropout import dropped_elements_per_token
+    from trainfit.core.speed import flops as F
+    from trainfit.core.speed.cpu import cpu_step
+    from trainfit.core.speed.predict import predict_step
+    from trainfit.core.speed.rates import gpu_spec_rates
+    from trainfit.core.gpu_catalog import get_gpu
+
+    gpt2 = get_model("gpt2")
+    off = dataclasses.replace(gpt2, hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0)
+    cpu = TrainingSetup(method="full", precision="fp32", micro_batch=2, seq_len=256, device="cpu")
+    rates = _cpu_rates(dropout_ns=20.0)
+    step = cpu_step(gpt2, cpu, rates, F.step_flops(gpt2, cpu), "fp32", rates.peak_flops["fp32"])
+    dropped = dropped_elements_per_token(gpt2, cpu, True) * 2 * 256  # attention dropout: the math path
+    assert step.dropout_seconds == pytest.approx(dropped * 20e-9)
+    ckpt = dataclasses.replace(cpu, grad_checkpointing="full")
+    assert cpu_step(gpt2, ckpt, rates, F.step_flops(gpt2, ckpt), "fp32", 1e11).dropout_seconds == pytest.approx(
+        2 * dropped * 20e-9)
+    assert predict_step(gpt2, cpu, rates).step_seconds > predict_step(off, cpu, rates).step_seconds + dropped * 20e-9
+    gpu = dataclasses.replace(cpu, device="cuda", precision="bf16-mixed")
+    a100 = gpu_spec_rates(get_gpu("a100-80gb"))
+    assert predict_step(gpt2, gpu, a100).step_seconds > predict_step(off, gpu, a100).step_seconds
+
+
+def _cpu_rates(dropout_ns: float):
+    from trainfit.core.speed.rates import DeviceRates
+
+    return DeviceRates(kind="cpu", name="test CPU", architecture="avx2", count=1, peak_flops={"fp32": 1e11, "bf16": 2e9},
+                       measured=True, ceiling=0.8, half_hidden=64, half_tokens=64, memory_bandwidth_bytes_per_s=25e9,
+                       memory_efficiency=0.8, op_overhead_seconds=1e-5, link_kind="none", link_bytes_per_s=0.0,
+                       pcie_bytes_per_s=0.0, host_bandwidth_bytes_per_s=25e9, tdp_watts=None, cache_bytes=32 * 2**20,
+                       dropout_seconds_per_element=dropout_ns * 1e-9)

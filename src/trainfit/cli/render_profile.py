@@ -115,6 +115,8 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
             parts.append(f"CPU fp32 {b.cpu_fp32_gflops:.0f} GFLOP/s")
         if b.cpu_bf16_gflops is not None:
             parts.append(f"CPU bf16 {b.cpu_bf16_gflops:.0f} GFLOP/s")
+        if b.cpu_dropout_ns_per_element is not None:
+            parts.append(f"CPU dropout {b.cpu_dropout_ns_per_element:.1f} ns/element")
         for k, v in b.gpu_tflops.items():
             parts.append(f"GPU {k} {v:.0f} TFLOP/s")
         if b.gpu_bandwidth_gbps is not None:

@@ -205,6 +205,8 @@ class BenchmarkInfo:
     measured_at: str | None = None  # UTC, ISO 8601
     scope: str = "full"  # "full": profile --benchmark; "cpu": the default CPU measurement (RAM, CPU matmuls)
     cached: bool = False  # read back from trainfit's cache (measured at measured_at)
+    # A training-mode dropout's cost per element on the CPU (random-number bound; None: not measured).
+    cpu_dropout_ns_per_element: float | None = None
 
 
 _ONE_NODE = "one node: no inter-node network"

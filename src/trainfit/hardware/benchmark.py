@@ -105,6 +105,24 @@ def cpu_autocast_bf16_gflops(tokens: int = 256, width: int = 512, reps: int = 3)
     return 6 * tokens * width * width / _best(step, reps) / 1e9
 
 
+def cpu_dropout_ns_per_element(elements: int = 1 << 21, reps: int = 3) -> float:
+    """Nanoseconds per element of a training-mode dropout (p 0.1) on an fp32 tensor: torch's CPU path
+    draws a Bernoulli noise tensor element by element on one thread, then scales and multiplies, so
+    it runs at the core's random-number rate, not at memory bandwidth."""
+    import torch
+
+    x = torch.randn(elements)
+    torch.nn.functional.dropout(x, 0.1, training=True)
+    return _best(lambda: torch.nn.functional.dropout(x, 0.1, training=True), reps) / elements * 1e9
+
+
+def cpu_dropout_rate(scale: float = 1.0) -> tuple[float | None, str | None]:
+    """(ns per element, None) or (None, why): what the model's own dropout costs on this CPU."""
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch not installed (pip install 'trainfit[train]')"
+    return round(cpu_dropout_ns_per_element(max(1 << 14, int((1 << 21) * scale))), 2), None
+
+
 def cpu_bf16_rate(cpu: CpuInfo, scale: float = 1.0) -> tuple[float | None, str | None]:
     """(GFLOP/s, None) or (None, why): a bf16 matmul with native instructions (avx512_bf16 / amx /
     FEAT_BF16), else the autocast training-matmul rate, which is what bf16 training would get."""
@@ -138,6 +156,9 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     bf16, why = cpu_bf16_rate(cpu, scale)
     if why:
         reasons["cpu_bf16_gflops"] = why
+    dropout_ns, why = cpu_dropout_rate(scale)
+    if why:
+        reasons["cpu_dropout_ns_per_element"] = why
     gpu_tflops: dict[str, float] = {}
     gpu_bw = None
     cuda_like = [g for g in gpus if g.vendor in ("nvidia", "amd")]
@@ -156,10 +177,11 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
         reasons["disk_read_mbps"] = reasons["disk_write_mbps"] = f"disk test failed: {exc}"
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchmarkInfo(mem, fp32, bf16, gpu_tflops, gpu_bw, read, write,
-                         round(time.perf_counter() - t0, 2), reasons, measured_at=measured_at)
+                         round(time.perf_counter() - t0, 2), reasons, measured_at=measured_at,
+                         cpu_dropout_ns_per_element=dropout_ns)
 
 
 def benchmark_unavailable(reason: str) -> BenchmarkInfo:
     fields = ("memory_bandwidth_gbps", "cpu_fp32_gflops", "cpu_bf16_gflops", "gpu_bandwidth_gbps",
-              "disk_read_mbps", "disk_write_mbps")
+              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element")
     return BenchmarkInfo(None, None, None, {}, None, None, None, 0.0, {f: reason for f in fields})

@@ -61,7 +61,7 @@ def _iso(epoch: float) -> str:
 
 def measure_cpu(cpu: CpuInfo) -> BenchmarkInfo:
     """Memory bandwidth, fp32 matmul and the bf16 training-matmul rate (see benchmark.cpu_bf16_rate)."""
-    from trainfit.hardware.benchmark import cpu_bf16_rate, cpu_fp32_gflops, memory_bandwidth_gbps
+    from trainfit.hardware.benchmark import cpu_bf16_rate, cpu_dropout_rate, cpu_fp32_gflops, memory_bandwidth_gbps
 
     t0 = time.perf_counter()
     reasons = {k: CPU_ONLY for k in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")}
@@ -70,8 +70,11 @@ def measure_cpu(cpu: CpuInfo) -> BenchmarkInfo:
     bf16, why = cpu_bf16_rate(cpu)
     if why:
         reasons["cpu_bf16_gflops"] = why
+    dropout_ns, why = cpu_dropout_rate()
+    if why:
+        reasons["cpu_dropout_ns_per_element"] = why
     return BenchmarkInfo(mem, fp32, bf16, {}, None, None, None, round(time.perf_counter() - t0, 2), reasons,
-                         measured_at=_iso(time.time()), scope="cpu")
+                         measured_at=_iso(time.time()), scope="cpu", cpu_dropout_ns_per_element=dropout_ns)
 
 
 def busy_reason(cpu: CpuInfo) -> str | None:
@@ -94,7 +97,10 @@ def cpu_rates(src: Sources, cpu: CpuInfo, *, refresh: bool = False,
         kept = _read(key)
         # A measurement taken under load is reused only while the machine is still busy (so that
         # commands run together agree); the first quiet run replaces it.
-        if kept is not None and ("under_load" not in kept.unavailable or busy_reason(cpu) is not None):
+        # One from a trainfit that did not measure dropout yet is measured again.
+        if (kept is not None and (kept.cpu_dropout_ns_per_element is not None
+                                  or "cpu_dropout_ns_per_element" in kept.unavailable)
+                and ("under_load" not in kept.unavailable or busy_reason(cpu) is not None)):
             return kept
     if on_measure:
         on_measure("measuring this CPU's memory bandwidth and matmul rates once (a few seconds; kept in "

@@ -25,7 +25,7 @@ from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_syn
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
-from trainfit.core.memory import dora, loss_kernels, quant_formats, vision
+from trainfit.core.memory import dora, loss_kernels, model_dropout, quant_formats, vision
 from trainfit.core.memory.model_knob_checks import check_model_knobs
 from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, phase_pool_bytes, required_bytes
 from trainfit.core.memory.states import model_states, trained_param_bytes
@@ -173,6 +173,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         saved_layers = n * layer
         ckpt_what = f"{n} layers x {per_tok:.0f} B/token x {tokens} tokens" + (
             " + eager scores" if scores else "")
+    drop = max(model.hidden_dropout, model.attention_dropout, model.embedding_dropout)
+    if drop and model_dropout.runs(model, setup):
+        ckpt_what += f"; with the model's own dropout (p={drop:g} in its config: masks kept for backward)"
     # Reentrant checkpoints around frozen FSDP units: each layer's input gradient is held too, up to
     # the last layer's recompute (framework_effects.held_layer_input_grads).
     input_grads = (n - 1) * r * model.hidden_size * tokens if held_layer_input_grads(setup) else 0.0

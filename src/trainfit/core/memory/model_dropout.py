@@ -67,6 +67,29 @@ def block_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, ffn_width: int,
     return total
 
 
+def embedding_sites(spec: ModelSpec) -> int:
+    """Embedding-width dropouts per token: one, or T5's four (both stacks' inputs and outputs)."""
+    return 4 if spec.decoder_layers else 1
+
+
+def dropped_elements_per_token(spec: ModelSpec, setup: TrainingSetup, scores_materialised: bool) -> float:
+    """Elements one forward draws a dropout mask for, per token (the speed model's count): every
+    block's hidden dropouts, the embeddings', and the attention probabilities where they are a tensor
+    (eager attention, SDPA's math path); fused SDPA kernels draw theirs inside the kernel."""
+    if not runs(spec, setup):
+        return 0.0
+    total = 0.0
+    if spec.hidden_dropout:
+        total += spec.num_layers * hidden_sites(spec) * spec.hidden_size
+        if spec.decoder_layers:
+            total += spec.num_layers * spec.intermediate_size
+    if spec.embedding_dropout:
+        total += embedding_sites(spec) * spec.hidden_size
+    if spec.attention_dropout and scores_materialised:
+        total += (spec.num_layers + spec.decoder_layers) * spec.num_heads * setup.seq_len
+    return total
+
+
 def embedding_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, residual_bytes: int) -> float:
     """The embedding dropout's mask, where the embeddings' output needs a gradient: full training,
     or input gradients switched on for checkpointing (PEFT / Trainer enable_input_require_grads)."""
@@ -74,8 +97,7 @@ def embedding_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, residual_by
         return 0.0
     if setup.method not in ("full", "pretrain") and setup.grad_checkpointing == "none":
         return 0.0
-    sites = 4 if spec.decoder_layers else 1
-    return sites * _mask_bytes(setup, residual_bytes) * spec.hidden_size
+    return embedding_sites(spec) * _mask_bytes(setup, residual_bytes) * spec.hidden_size
 
 
 def attention_dropout_runs(spec: ModelSpec, setup: TrainingSetup) -> bool:

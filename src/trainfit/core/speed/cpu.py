@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainfit.core.memory import model_dropout
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
@@ -116,6 +117,15 @@ CPU_MOE_OPS_PER_EXPERT = 14
 # gradient, and a recomputed forward is cheap, so the FLOP count alone misstates both. The
 # emulated kernels show no tile-shape ramp (128-wide as fast as 512-wide): no width/token factor.
 CPU_EMULATED_16BIT_SHARES = {"forward": 0.06, "input_grad": 0.88, "weight_grad": 0.06}
+# The model's own dropout (core/memory/model_dropout.py): torch's CPU dropout draws its Bernoulli
+# noise element by element on one thread (then scales it and multiplies), so a forward costs the
+# profile's measured ns per element (hardware.benchmark.cpu_dropout_ns_per_element) and the
+# backward multiplies the gradient by the noise (3 tensors streamed). Timed on the reference machine
+# (2-core AMD EPYC, torch 2.13, fp32): 9-19 ns per element as the VM's speed varies, the Bernoulli
+# draw nearly all of it; inside SDPA's math path a 0.1 attention dropout adds 10.1-10.7 ns per score
+# against 9.3-9.8 for F.dropout's forward + backward alone (bench/dropout_speed_cpu.py times whole
+# steps). Without a measurement, the middle of that range.
+CPU_DROPOUT_SECONDS_UNMEASURED = 12e-9
 
 
 @dataclass(frozen=True)
@@ -130,11 +140,12 @@ class CpuStep:
     first_touch_seconds: float  # per micro-batch: activations, logits
     step_first_touch_seconds: float  # per optimizer step: gradients, optimizer temporaries
     optimizer_seconds: float
+    dropout_seconds: float = 0.0  # per micro-batch: the model's dropout drawing its masks
 
     @property
     def micro_seconds(self) -> float:
         return (self.gemm_seconds + self.attention_seconds + self.elementwise_seconds
-                + self.vocabulary_seconds + self.dispatch_seconds + self.first_touch_seconds)
+                + self.vocabulary_seconds + self.dispatch_seconds + self.first_touch_seconds + self.dropout_seconds)
 
 
 def trainable_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[tuple[float, int]]:
@@ -230,10 +241,17 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
     softcap = spec.architecture in SOFTCAP_ARCHITECTURES
-    if setup.attention == "eager":
+    # Attention dropout sends SDPA down its math path on a CPU, which materialises the scores as eager does.
+    scores_materialised = setup.attention == "eager" or model_dropout.sdpa_math_fallback(spec, setup, setup.attention)
+    if scores_materialised:
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
         score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if softcap else 0.0)
         elem_bytes += score_passes * 8.0 * layers * spec.num_heads * min(seq, context) * tokens
+    # The model's own dropout: masks drawn in every forward (and recompute), applied again in backward.
+    dropped = model_dropout.dropped_elements_per_token(spec, setup, scores_materialised) * (tokens + ref_tokens)
+    draw_s = rates.dropout_seconds_per_element or CPU_DROPOUT_SECONDS_UNMEASURED
+    dropout_s = dropped * (2.0 if full_ckpt else 1.0) * draw_s
+    elem_bytes += dropped * 3.0 * act_bytes
     weight_passes = 1.0 + (1.0 if full_ckpt else 0.0) + (1.0 if ref_tokens else 0.0)
     casts = 0.0  # autocast ops casting an fp32 activation to 16 bit (and its gradient back)
     if mixed:
@@ -290,4 +308,5 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
         first_touch_seconds=fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
         step_first_touch_seconds=step_fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
         optimizer_seconds=optimizer_s,
+        dropout_seconds=dropout_s,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from trainfit.core.memory import model_dropout
 from trainfit.core.memory.framework_effects import dequant_copies
 from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
 from trainfit.core.memory.stats import model_stats
@@ -97,6 +98,9 @@ def predict_step(
     sf = F.step_flops(spec, setup)
     if rates.kind == "cpu":
         eff, micro_s, optimizer_s, offload_s, comm_s, parts = _cpu_parts(spec, setup, rates, sf, used, peak)
+        if rates.dropout_seconds_per_element is None and model_dropout.dropped_elements_per_token(spec, setup, True):
+            notes.append("the model's dropout is costed at a reference CPU's rate (run `profile --benchmark` "
+                         "to measure this one's)")
     else:
         eff, micro_s, optimizer_s, offload_s, comm_s, parts = _gpu_parts(spec, setup, rates, sf, precision, peak, n_dev, notes)
     data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
@@ -164,6 +168,12 @@ def _gpu_parts(
     if setup.attention == "eager":
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
         elementwise_bytes += 3.0 * 8.0 * spec.num_layers * spec.num_heads * setup.seq_len * tokens
+    # The model's own dropout (fused SDPA / flash draw the attention's inside the kernel): CUDA's
+    # native_dropout reads x and writes y and a 1-byte mask, its backward reads the gradient and the
+    # mask and writes the gradient; drawn again in a recompute.
+    dropped = model_dropout.dropped_elements_per_token(spec, setup, setup.attention == "eager") * (tokens + ref_tokens)
+    draws = 2.0 if setup.grad_checkpointing == "full" else 1.0
+    elementwise_bytes += dropped * (draws + 1.0) * (2.0 * act_bytes + 1.0)
     memory_s = (elementwise_bytes + logits_bytes) / bw
     dequant_s = 0.0
     if setup.quant in ("nf4", "nf4-dq"):
@@ -267,7 +277,7 @@ def _cpu_parts(
     c = cpu_step(spec, setup, rates, sf, precision, peak)
     optimizer_s = c.optimizer_seconds + c.step_first_touch_seconds
     parts = {
-        "compute": setup.grad_accum * (c.gemm_seconds + c.attention_seconds),
+        "compute": setup.grad_accum * (c.gemm_seconds + c.attention_seconds + c.dropout_seconds),
         "memory bandwidth": setup.grad_accum * (c.elementwise_seconds + c.vocabulary_seconds + c.first_touch_seconds)
         + optimizer_s,
         "framework overhead": setup.grad_accum * c.dispatch_seconds,

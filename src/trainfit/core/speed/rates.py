@@ -120,6 +120,8 @@ class DeviceRates:
     nodes: int = 1
     network_bytes_per_s: float = 0.0
     network_label: str = ""  # "ib-ndr (assumed)"
+    # CPU: seconds per element of a training-mode dropout (profile benchmark); None where unmeasured.
+    dropout_seconds_per_element: float | None = None
 
     def matmul_efficiency(self, hidden: int, tokens: int) -> float:
         """Fraction of peak reached by the GEMMs of a model of width `hidden` on `tokens` rows."""
@@ -357,6 +359,8 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
         tdp_watts=profile.power.cpu_tdp_watts,
         notes=notes,
         cache_bytes=float(profile.cpu.l3_cache_bytes or profile.cpu.l2_cache_bytes or 0),
+        dropout_seconds_per_element=(bench.cpu_dropout_ns_per_element * 1e-9
+                                     if bench and bench.cpu_dropout_ns_per_element else None),
     )
 
 
