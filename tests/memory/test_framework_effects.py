@@ -543,3 +543,25 @@ def test_own_forward_loss_under_autocast_copies_the_16bit_logits():
     v = santacoder.vocab_size
     saved, fwd, _ = loss_bytes_per_token(santacoder, auto)
     assert (saved, fwd) == (4 * v, 2 * v + 4 * v + 2 * v)  # log_softmax; logits, fp32 cast, 16-bit shifted copy
+
+
+def test_own_forward_loss_never_returns_fp32_logits():
+    """transformers < 4.46 upcast the returned logits in Llama-style forwards; gpt_bigcode's own forward
+    never did, so its autocast loss is the same before and after 4.46."""
+    santacoder = get_model("bigcode/gpt_bigcode-santacoder")
+    old = TrainingSetup(method="full", precision="bf16-mixed", micro_batch=1, seq_len=512,
+                        **transformers_knobs("4.45.2"))
+    new = dataclasses.replace(old, **transformers_knobs("4.48.1"))
+    assert loss_bytes_per_token(santacoder, old) == loss_bytes_per_token(santacoder, new)
+
+
+def test_a_kept_output_keeps_its_cache_through_backward():
+    santacoder = get_model("bigcode/gpt_bigcode-santacoder")
+    base = TrainingSetup(method="full", precision="bf16", micro_batch=8, seq_len=2048, grad_checkpointing="full",
+                         attention="flash", logits_shift_copy=True, cache_under_checkpointing=True)
+    kept = dataclasses.replace(base, output_kept=True)
+    cache = cached_kv_bytes_per_token(santacoder, base, 2) * 8 * 2048 / 2**30
+    logits = 2 * santacoder.vocab_size * 8 * 2048 / 2**30  # the kept bf16 logits
+    diff = _phases(estimate_memory(santacoder, kept))["loss backward"] - _phases(
+        estimate_memory(santacoder, base))["loss backward"]
+    assert diff == pytest.approx(cache + logits, abs=0.02)

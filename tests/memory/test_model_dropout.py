@@ -175,3 +175,30 @@ def _cpu_rates(dropout_ns: float):
                        memory_efficiency=0.8, op_overhead_seconds=1e-5, link_kind="none", link_bytes_per_s=0.0,
                        pcie_bytes_per_s=0.0, host_bandwidth_bytes_per_s=25e9, tdp_watts=None, cache_bytes=32 * 2**20,
                        dropout_seconds_per_element=dropout_ns * 1e-9)
+
+
+def test_sites_follow_each_models_code():
+    """GPT-NeoX drops its embeddings with hidden_dropout; Phi-3 never applies embd_pdrop; rotary falcon
+    passes dropout_p=0 to SDPA, so its attention_dropout is not counted."""
+    neox = spec_from_config(dict(model_type="gpt_neox", hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                 intermediate_size=256, vocab_size=128, hidden_dropout=0.1), origin="c")
+    assert _drop(neox) == (0.1, 0.0, 0.1)
+    phi3 = spec_from_config(dict(model_type="phi3", hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                 intermediate_size=256, vocab_size=128, embd_pdrop=0.1), origin="c")
+    assert _drop(phi3) == (0.0, 0.0, 0.0)
+    falcon = dict(_fixture("falcon-7b"), attention_dropout=0.1)
+    assert spec_from_config(falcon, origin="falcon").attention_dropout == 0.0
+
+
+def test_mps_keeps_noise_like_the_cpu():
+    """ATen fuses dropout into a bool mask on CUDA and XPU tensors only."""
+    from trainfit.core.memory.model_dropout import block_bytes_per_token, eager_scores_extra_bytes
+
+    gpt2 = get_model("gpt2")
+    mps = TrainingSetup(method="full", precision="fp32", micro_batch=1, seq_len=256, device="mps")
+    cuda = dataclasses.replace(mps, device="cuda")
+    h, f = gpt2.hidden_size, gpt2.intermediate_size
+    assert block_bytes_per_token(gpt2, cuda, f, 4, True) == 2 * h * 1
+    assert block_bytes_per_token(gpt2, mps, f, 4, True) == 2 * h * 4
+    assert eager_scores_extra_bytes(gpt2, cuda, 4, False) == 1 + 4  # mask + the dropped copy
+    assert eager_scores_extra_bytes(gpt2, mps, 4, False) == 4 + 4  # noise + the dropped copy

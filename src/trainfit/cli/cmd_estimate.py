@@ -468,8 +468,6 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("bitsandbytes < 0.43.2")
     if setup.logits_shift_copy:
         parts.append("transformers < 4.49 loss")
-    if setup.cache_under_checkpointing and setup.grad_checkpointing != "none":
-        parts.append("transformers < 4.53 checkpointing (use_cache left on)")
     if setup.output_kept:
         parts.append("loop keeps the output")
     if setup.previous_step_kept:

@@ -26,9 +26,13 @@ DROPOUT_KEYS: dict[str, tuple[tuple[str, float] | None, ...]] = {
     "gpt2": (("resid_pdrop", 0.1), ("attn_pdrop", 0.1), ("embd_pdrop", 0.1)),
     "gpt_bigcode": (("resid_pdrop", 0.1), ("attn_pdrop", 0.1), ("embd_pdrop", 0.1)),
     "phi": (("resid_pdrop", 0.0), ("attention_dropout", 0.0), ("embd_pdrop", 0.0)),
-    "phi3": (("resid_pdrop", 0.0), ("attention_dropout", 0.0), ("embd_pdrop", 0.0)),
-    "gpt_neox": (("hidden_dropout", 0.0), ("attention_dropout", 0.0), None),
-    "falcon": (("hidden_dropout", 0.0), ("attention_dropout", 0.0), None),
+    # Phi3Model applies no embedding dropout (embd_pdrop is in its config, unused).
+    "phi3": (("resid_pdrop", 0.0), ("attention_dropout", 0.0), None),
+    # GPTNeoXModel's emb_dropout uses hidden_dropout too.
+    "gpt_neox": (("hidden_dropout", 0.0), ("attention_dropout", 0.0), ("hidden_dropout", 0.0)),
+    # Rotary falcon passes dropout_p=0.0 to SDPA and drops nothing in eager attention (only its flash
+    # and ALiBi paths use attention_dropout): the attention probabilities are not counted.
+    "falcon": (("hidden_dropout", 0.0), None, None),
     "bloom": (("hidden_dropout", 0.0), ("attention_dropout", 0.0), None),
     "qwen": (None, ("attn_dropout_prob", 0.0), ("emb_dropout_prob", 0.0)),
     "t5": (("dropout_rate", 0.1),) * 3,

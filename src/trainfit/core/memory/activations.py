@@ -45,6 +45,7 @@ from trainfit.core.memory.framework_effects import (
     kbit_upcast_applies,
     legacy_loss_in_16bit,
     legacy_loss_under_autocast,
+    own_forward_loss,
     previous_has_inputs,
     quantised_lm_head,
     returned_logits_bytes,
@@ -360,7 +361,7 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     if spec.architecture == "gemma2":
         saved += a * v
     fwd = a * v + (4 * v if a != 4 else 0)
-    if setup.logits_returned_fp32 and a != 4:  # the forward upcast them and freed the 16-bit ones
+    if setup.logits_returned_fp32 and a != 4 and not own_forward_loss(spec):  # the forward upcast them
         fwd = 4 * v
     if setup.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
         # (of the 16-bit ones where the model's own forward shifts before autocast's fp32 cast)

@@ -244,10 +244,11 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     # The key/value cache a checkpointed forward returns (framework_effects.cached_kv_bytes_per_token):
     # 4-bit linears return their input's dtype, the stream's, others the compute dtype.
     kv_cache = cached_kv_bytes_per_token(model, setup, r if setup.quant in BNB_QUANTS else a) * tokens
+    kv_kept = kv_cache if setup.output_kept else 0.0  # the kept output holds its cache too
     phases = {
         "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp + previous + kv_cache,
-        "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept,
-        "optimizer step": base + states.gradients + step_tmp + kept,
+        "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept + kv_kept,
+        "optimizer step": base + states.gradients + step_tmp + kept + kv_kept,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).

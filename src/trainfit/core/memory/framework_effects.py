@@ -264,7 +264,8 @@ def cached_kv_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, c_attn_byte
     values) its key/value view belongs to, in the dtype the projection returns. The model's output
     holds the cache; the HF Trainer drops that output before backward."""
     if not (setup.cache_under_checkpointing and setup.grad_checkpointing != "none"
-            and spec.architecture in CACHE_UNDER_CHECKPOINT_ARCHS and setup.method != "inference"):
+            and spec.architecture in CACHE_UNDER_CHECKPOINT_ARCHS and setup.method != "inference"
+            and setup.model_code == "transformers"):
         return 0.0
     width = spec.num_heads * spec.head_dim + 2 * spec.num_kv_heads * spec.head_dim
     return spec.num_layers * width * c_attn_bytes
@@ -282,9 +283,15 @@ def previous_has_inputs(setup: TrainingSetup) -> bool:
     return setup.previous_step_kept and setup.grad_checkpointing == "none" and setup.trains_adapters
 
 
+def own_forward_loss(spec: ModelSpec) -> bool:
+    """The architecture computed its loss in its own forward before transformers 4.49, on the logits
+    as the lm_head returned them: it never upcast them (LEGACY_16BIT_LOSS)."""
+    return spec.architecture in LEGACY_16BIT_LOSS
+
+
 def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:
     """Bytes per token of the logits the model's forward returns."""
-    upcast = setup.logits_returned_fp32 and not legacy_loss_in_16bit(spec, setup)
+    upcast = setup.logits_returned_fp32 and not own_forward_loss(spec)
     return (4 if upcast else compute_bytes) * spec.vocab_size
 
 

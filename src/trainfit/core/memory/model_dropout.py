@@ -3,7 +3,8 @@
 A dropout that runs in training keeps what its backward multiplies by:
 * CUDA: the fused native_dropout keeps a bool mask, 1 B per element (ATen Dropout.cpp,
   is_fused_kernel_acceptable);
-* CPU: the unfused path multiplies by a noise tensor of the input's dtype and keeps the noise.
+* CPU (and MPS, which ATen does not fuse either): the unfused path multiplies by a noise tensor of
+  the input's dtype and keeps the noise.
 Its output is a new tensor, so where the next op keeps its input (the probabilities' matmul with
 v, T5's wo after a ReLU that keeps its own output) that op keeps one more copy.
 
@@ -41,7 +42,8 @@ def runs(spec: ModelSpec, setup: TrainingSetup) -> bool:
 
 
 def _mask_bytes(setup: TrainingSetup, input_bytes: int) -> int:
-    return 1 if setup.device != "cpu" else input_bytes
+    """ATen fuses dropout (bool mask) on CUDA / ROCm and XPU tensors only; CPU and MPS keep noise."""
+    return input_bytes if setup.device in ("cpu", "mps") else 1
 
 
 def hidden_sites(spec: ModelSpec) -> float:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.memory import model_dropout
+from trainfit.core.memory.activations import attention_kind
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
@@ -118,7 +119,7 @@ CPU_MOE_OPS_PER_EXPERT = 14
 # emulated kernels show no tile-shape ramp (128-wide as fast as 512-wide): no width/token factor.
 CPU_EMULATED_16BIT_SHARES = {"forward": 0.06, "input_grad": 0.88, "weight_grad": 0.06}
 # The model's own dropout (core/memory/model_dropout.py): torch's CPU dropout draws its Bernoulli
-# noise element by element on one thread (then scales it and multiplies), so a forward costs the
+# noise from a random-number generator (then scales it and multiplies), so a forward costs the
 # profile's measured ns per element (hardware.benchmark.cpu_dropout_ns_per_element) and the
 # backward multiplies the gradient by the noise (3 tensors streamed). Timed on the reference machine
 # (2-core AMD EPYC, torch 2.13, fp32): 9-19 ns per element as the VM's speed varies, the Bernoulli
@@ -241,8 +242,10 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
     softcap = spec.architecture in SOFTCAP_ARCHITECTURES
-    # Attention dropout sends SDPA down its math path on a CPU, which materialises the scores as eager does.
-    scores_materialised = setup.attention == "eager" or model_dropout.sdpa_math_fallback(spec, setup, setup.attention)
+    # The path that runs (T5's trainable bias and MQA falcon fall back to SDPA's math path; so does attention
+    # dropout on a CPU), which materialises the scores as eager attention does.
+    kind = attention_kind(spec, setup)
+    scores_materialised = kind == "eager" or model_dropout.sdpa_math_fallback(spec, setup, kind)
     if scores_materialised:
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
         score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if softcap else 0.0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from trainfit.core.memory import model_dropout
+from trainfit.core.memory.activations import attention_kind
 from trainfit.core.memory.framework_effects import dequant_copies
 from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
 from trainfit.core.memory.stats import model_stats
@@ -99,8 +100,8 @@ def predict_step(
     if rates.kind == "cpu":
         eff, micro_s, optimizer_s, offload_s, comm_s, parts = _cpu_parts(spec, setup, rates, sf, used, peak)
         if rates.dropout_seconds_per_element is None and model_dropout.dropped_elements_per_token(spec, setup, True):
-            notes.append("the model's dropout is costed at a reference CPU's rate (run `profile --benchmark` "
-                         "to measure this one's)")
+            notes.append("the model's dropout is costed at a reference CPU's rate (this profile carries no "
+                         "dropout measurement: the default one needs torch)")
     else:
         eff, micro_s, optimizer_s, offload_s, comm_s, parts = _gpu_parts(spec, setup, rates, sf, precision, peak, n_dev, notes)
     data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
@@ -171,7 +172,8 @@ def _gpu_parts(
     # The model's own dropout (fused SDPA / flash draw the attention's inside the kernel): CUDA's
     # native_dropout reads x and writes y and a 1-byte mask, its backward reads the gradient and the
     # mask and writes the gradient; drawn again in a recompute.
-    dropped = model_dropout.dropped_elements_per_token(spec, setup, setup.attention == "eager") * (tokens + ref_tokens)
+    eager = attention_kind(spec, setup) == "eager"
+    dropped = model_dropout.dropped_elements_per_token(spec, setup, eager) * (tokens + ref_tokens)
     draws = 2.0 if setup.grad_checkpointing == "full" else 1.0
     elementwise_bytes += dropped * (draws + 1.0) * (2.0 * act_bytes + 1.0)
     memory_s = (elementwise_bytes + logits_bytes) / bw
