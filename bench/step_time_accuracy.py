@@ -84,8 +84,8 @@ def row_config(values: tuple, family: str = "llama", **extra) -> dict:
 # Beyond Llama: one knob or family per row (shapes of the Llama rows where one fits).
 # GQA + tied + qkv bias (Qwen2-shaped, 4 query heads per KV head as Qwen2.5-0.5B's 14/2 ~ 7);
 # MoE (Mixtral: 4 experts, top 2); GPT-2 (GELU, LayerNorm, learned positions, tied, biases,
-# dropout 0: bench/dropout_speed_cpu.py times GPT-2's own 0.1 against it); GPT-NeoX (parallel attention + MLP, partial rotary,
-# GELU, LayerNorm); Gemma-2 (256k vocabulary on a 128-wide model, GQA, soft-capped attention
+# dropout 0: bench/dropout_speed_cpu.py times GPT-2's own 0.1 against it); GPT-NeoX (parallel
+# attention + MLP, partial rotary, GELU, LayerNorm); Gemma-2 (256k vocabulary on a 128-wide model, GQA, soft-capped attention
 # scores and logits, GELU-tanh); SGD; LoRA on all linear layers; sequences of 512 and 1024.
 OTHERS = [
     row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "llama", kv_heads=2),
@@ -311,7 +311,6 @@ def calibrate(rows: list[dict], rates) -> dict:
 def describe(cfg: dict) -> str:
     extra = "".join(f" {k}={cfg[k]}" for k in ("kv_heads", "optimizer", "lora_targets")
                     if cfg[k] != row_config(tuple(cfg[x] for x in KEYS))[k])
-    extra += f" dropout={cfg['dropout']}" if cfg.get("dropout") else ""
     return f"{cfg['family']} " + " ".join(str(cfg[k]) for k in KEYS) + extra
 
 
@@ -391,8 +390,7 @@ def table(rows: list[dict]) -> list[str]:
         c, t = r["config"], r["predicted_terms_ms"]
         opt = f"{r['measured_optimizer_seconds'] * 1e3:.1f} / {t['optimizer_seconds'] + t['step_first_touch_seconds']:.1f}"
         method = c["method"] + (" (all-linear)" if c["method"] == "lora" and c["lora_targets"] == "all-linear" else "")
-        fam = c["family"] + (f" (dropout {c['dropout']})" if c.get("dropout") else "")
-        lines.append(f"| {fam} | {c['hidden']} | {c['layers']} | {c['heads']}/{c['kv_heads']} | {c['vocab']} "
+        lines.append(f"| {c['family']} | {c['hidden']} | {c['layers']} | {c['heads']}/{c['kv_heads']} | {c['vocab']} "
                      f"| {c['micro_batch']} | {c['seq']} | {method} | {c['precision']} | {c['ckpt']} | {c['optimizer']} | "
                      f"{r['measured_seconds'] * 1e3:.1f} | {r['predicted_seconds'] * 1e3:.1f} | {r['error']:+.1%} | "
                      f"{opt} | {r['bottleneck']} |")  # fmt: skip
@@ -402,7 +400,7 @@ def table(rows: list[dict]) -> list[str]:
 def group(cfg: dict) -> str:
     """The row's group for the by-family medians: its family, or the knob it varies on Llama."""
     if cfg["family"] != "llama":
-        return cfg["family"] + (", dropout" if cfg.get("dropout") else "")
+        return cfg["family"]
     if cfg["optimizer"] != "adamw":
         return "llama, " + cfg["optimizer"]
     if cfg["method"] == "lora" and cfg["lora_targets"] == "all-linear":

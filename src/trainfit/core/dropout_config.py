@@ -44,15 +44,18 @@ DROPOUT_KEYS: dict[str, tuple[tuple[str, float] | None, ...]] = {
 FIELDS = ("hidden_dropout", "attention_dropout", "embedding_dropout")
 
 
+def _keys(model_type: str) -> list[tuple[str, str, float]]:
+    """(ModelSpec field, config key, default) of each dropout the architecture applies."""
+    entries = DROPOUT_KEYS.get(model_type, (None, None, None))
+    return [(field, *entry) for field, entry in zip(FIELDS, entries) if entry is not None]
+
+
 def dropout_fields(data: dict[str, Any], model_type: str, origin: str) -> dict[str, float]:
     """ModelSpec dropout fields from a parsed config.json (absent keys: transformers' defaults)."""
     from trainfit.errors import BadInputError
 
     out: dict[str, float] = {}
-    for field, entry in zip(FIELDS, DROPOUT_KEYS.get(model_type, (None, None, None))):
-        if entry is None:
-            continue
-        key, default = entry
+    for field, key, default in _keys(model_type):
         value = data.get(key)
         value = default if value is None else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -63,8 +66,4 @@ def dropout_fields(data: dict[str, Any], model_type: str, origin: str) -> dict[s
 
 def config_kwargs(spec) -> dict[str, float]:
     """The config.json keys that give a built model the spec's dropout."""
-    out: dict[str, float] = {}
-    for field, entry in zip(FIELDS, DROPOUT_KEYS.get(spec.architecture, (None, None, None))):
-        if entry is not None:
-            out[entry[0]] = getattr(spec, field)
-    return out
+    return {key: getattr(spec, field) for field, key, _ in _keys(spec.architecture)}

@@ -303,8 +303,7 @@ def eager_scores_bytes(spec: ModelSpec, setup: TrainingSetup, tokens: int, seq_l
     model's attention dropout keeps (model_dropout.py), which on CPU sends SDPA to its math path."""
     kind = attention_kind(spec, setup)
     scores = tokens * spec.num_heads * attention_kv_len(spec, seq_len)
-    # T5's decoder blocks drop their cross-attention's probabilities too (spread over all blocks).
-    dropped = scores * (1 + spec.decoder_layers / spec.num_layers)
+    dropped = scores * model_dropout.attentions_per_block(spec)  # T5 drops its cross-attention's too
     if model_dropout.sdpa_math_fallback(spec, setup, kind):
         return dropped * model_dropout.MATH_SCORES_BYTES
     if kind != "eager":

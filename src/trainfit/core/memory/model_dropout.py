@@ -55,6 +55,11 @@ def hidden_sites(spec: ModelSpec) -> float:
     return 2.0
 
 
+def attentions_per_block(spec: ModelSpec) -> float:
+    """Attention probabilities per block: one, plus T5's decoder cross-attention spread over all blocks."""
+    return 1 + spec.decoder_layers / spec.num_layers
+
+
 def block_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, ffn_width: int, compute_bytes: int,
                           down_in: bool) -> float:
     """Per token and block: the hidden dropouts' masks, and T5's feed-forward dropout (mask, plus
@@ -88,7 +93,7 @@ def dropped_elements_per_token(spec: ModelSpec, setup: TrainingSetup, scores_mat
     if spec.embedding_dropout:
         total += embedding_sites(spec) * spec.hidden_size
     if spec.attention_dropout and scores_materialised:
-        total += (spec.num_layers + spec.decoder_layers) * spec.num_heads * setup.seq_len
+        total += spec.num_layers * attentions_per_block(spec) * spec.num_heads * setup.seq_len
     return total
 
 
