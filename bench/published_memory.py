@@ -509,6 +509,17 @@ row to fit a figure.
    grants (the full fine-tune on one GPU, 1.25-1.4x, is within 7 %).
    The model's own dropout (ModelSpec hidden/attention/embedding_dropout, 0.1 in SantaCoder's
    config, kept by the Trainer) adds its 1-byte CUDA masks too, small here under checkpointing.
+23. **The missed OOM sits at the card's limit** (source fms-acceleration-a100-2024-10, 4 rows added
+   after the model was set; no rule changed for them). One release earlier (transformers 4.45.2,
+   accelerate 0.34.2) the same Llama 2 70B QLoRA run on 2 GPUs at bs4 trained: allocated peak
+   72,625,788,416 B, which the model gives within 0.2 % (67.52 GiB), and nvidia-smi 81217 MiB, the
+   whole card. The next release ran out of memory at that batch, and its bs2 run shows 443 MiB more
+   on nvidia-smi for the same allocated peak. So the run needs the card to within a few hundred MiB,
+   and which side it lands on depends on the release. The model's verdict needs 71.9 GiB with 5 %
+   of surviving slack, about 7 GiB short of what this run needs. The allocator replay explains about
+   5 GiB of that: 8.5 GiB of slack survives, against the 3.4 GiB that the 5 % allows. The rest is in
+   what the replay cannot see. Telling the two releases apart needs the per-release overheads
+   measured on a GPU to within 1 %.
 """
 
 
