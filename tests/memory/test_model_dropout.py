@@ -202,3 +202,22 @@ def test_mps_keeps_noise_like_the_cpu():
     assert block_bytes_per_token(gpt2, mps, f, 4, True) == 2 * h * 4
     assert eager_scores_extra_bytes(gpt2, cuda, 4, False) == 1 + 4  # mask + the dropped copy
     assert eager_scores_extra_bytes(gpt2, mps, 4, False) == 4 + 4  # noise + the dropped copy
+
+
+def test_lora_dropout_on_mps_keeps_noise_like_the_cpu():
+    """PEFT's LoRA dropout goes through the same ATen dropout: a bool mask on CUDA, noise of the
+    input dtype on MPS (one rule for the model's dropout and the adapters')."""
+    from trainfit.core.memory.activations import layer_bytes_per_token
+    from trainfit.core.memory.stats import lora_stats, model_stats
+
+    spec = dataclasses.replace(get_model("gpt2"), hidden_dropout=0.0, attention_dropout=0.0,
+                               embedding_dropout=0.0)
+    lora = LoraSettings(rank=8, dropout=0.1, target_modules=["c_attn"])
+    cuda = TrainingSetup(method="lora", precision="fp32", micro_batch=1, seq_len=256, device="cuda", lora=lora)
+    mps = dataclasses.replace(cuda, device="mps")
+    _, where = lora_stats(spec, lora.target_modules, lora.rank)
+    st = model_stats(spec)
+    per_cuda, _ = layer_bytes_per_token(spec, st, cuda, where)
+    per_mps, _ = layer_bytes_per_token(spec, st, mps, where)
+    # one adapted module (c_attn) reading the hidden-width norm output: fp32 noise instead of a bool
+    assert per_mps - per_cuda == (4 - 1) * spec.hidden_size

@@ -166,9 +166,9 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     # fp32 adapters (PEFT's autocast_adapter_dtype) on a 16-bit base without autocast cast their input
     # to fp32 and keep that copy; LitGPT's bf16-true adapters are bf16 like the rest (states.py).
     adapter_cast = 4 if (not full and a == 2 and not mixed and trained_param_bytes(setup) == 4) else 0
-    # Dropout mask: CUDA's fused native_dropout keeps a bool mask; the CPU path multiplies by
-    # a noise tensor of the input dtype and keeps that (ATen Dropout.cpp _dropout_impl).
-    mask = 1 if setup.device != "cpu" else r
+    # Dropout mask: the fused native_dropout (CUDA / ROCm / XPU) keeps a bool mask; CPU and MPS
+    # multiply by a noise tensor of the input dtype and keep that (the model's own dropout's rule).
+    mask = model_dropout.mask_bytes(setup, r)
 
     def norm() -> float:
         if spec.norm == "layernorm":

@@ -41,7 +41,7 @@ def runs(spec: ModelSpec, setup: TrainingSetup) -> bool:
     return setup.method not in ("inference", "dpo") and setup.model_code != "litgpt"
 
 
-def _mask_bytes(setup: TrainingSetup, input_bytes: int) -> int:
+def mask_bytes(setup: TrainingSetup, input_bytes: int) -> int:
     """ATen fuses dropout (bool mask) on CUDA / ROCm and XPU tensors only; CPU and MPS keep noise."""
     return input_bytes if setup.device in ("cpu", "mps") else 1
 
@@ -66,7 +66,7 @@ def block_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, ffn_width: int,
     the copy wo keeps when the ReLU before it keeps its own output)."""
     if not (spec.hidden_dropout and runs(spec, setup)):
         return 0.0
-    m = _mask_bytes(setup, compute_bytes)
+    m = mask_bytes(setup, compute_bytes)
     total = hidden_sites(spec) * m * spec.hidden_size
     if spec.decoder_layers:
         copy = compute_bytes if down_in and spec.activation == "relu" and not spec.gated_mlp else 0
@@ -104,7 +104,7 @@ def embedding_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, residual_by
         return 0.0
     if setup.method not in ("full", "pretrain") and setup.grad_checkpointing == "none":
         return 0.0
-    return embedding_sites(spec) * _mask_bytes(setup, residual_bytes) * spec.hidden_size
+    return embedding_sites(spec) * mask_bytes(setup, residual_bytes) * spec.hidden_size
 
 
 def attention_dropout_runs(spec: ModelSpec, setup: TrainingSetup) -> bool:
@@ -122,7 +122,7 @@ def eager_scores_extra_bytes(spec: ModelSpec, setup: TrainingSetup, compute_byte
     if not attention_dropout_runs(spec, setup):
         return 0.0
     copy_replaced = compute_bytes == 2 and (mixed or spec.architecture != "gpt2")
-    return _mask_bytes(setup, compute_bytes) + (0 if copy_replaced else compute_bytes)
+    return mask_bytes(setup, compute_bytes) + (0 if copy_replaced else compute_bytes)
 
 
 MATH_SCORES_BYTES = 12  # fp32 probabilities, noise and dropped copy per score element
