@@ -139,6 +139,8 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
         knobs["bnb_fp16_quant_state"] = True
     if fw.get("transformers") and knobs.get("loss", "standard") == "standard":
         knobs.update(transformers_knobs(str(fw["transformers"])))
+    if "fsdp_flat_params" in fw:  # FSDP1 or FSDP2 stated by the framework, not by its transformers
+        knobs["fsdp_flat_params"] = bool(fw["fsdp_flat_params"])
     if "reentrant_checkpoint_around_fsdp_units" in fw:  # a loop that checkpoints with its own wrapper
         knobs["reentrant_checkpoint_around_fsdp_units"] = bool(fw["reentrant_checkpoint_around_fsdp_units"])
     if fw.get("output_kept"):
@@ -153,7 +155,7 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
 FRAMEWORK_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "optimizer_in_backward",
                   "kbit_upcast", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "transformers",
                   "output_kept", "reentrant_checkpoint_around_fsdp_units", "model_code",
-                  "previous_step_kept")
+                  "previous_step_kept", "fsdp_flat_params")
 
 
 def setup_for(row: dict[str, Any], frameworks: dict[str, dict[str, Any]] | None = None) -> TrainingSetup:

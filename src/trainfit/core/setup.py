@@ -170,6 +170,13 @@ class TrainingSetup:
     # unit then holds the recomputed layer input and its gradient until backward ends (4.52's
     # GradientCheckpointingLayer checkpoints inside the unit).
     reentrant_checkpoint_around_fsdp_units: bool = False
+    # FSDP1 (FullyShardedDataParallel: Accelerate's fsdp_version 1, Lightning's FSDPStrategy,
+    # fsdp_qlora) flattens each unit's parameters into one FlatParameter, whose gradient autograd
+    # assembles by concatenating its parts once the last one arrives: the root unit's lm_head
+    # gradient waits through the whole backward, and the embedding's backward ends with every part
+    # and their concatenation alive. FSDP2 (fully_shard, trainfit's runs on transformers >= 5) keeps
+    # one gradient per parameter.
+    fsdp_flat_params: bool = False
     # transformers before 4.53 leaves use_cache at the config's value under gradient checkpointing in
     # model code without its own override (gpt_bigcode): every layer's key/value, a view of its fused
     # c_attn output, is returned with the output and keeps that output alive until the loss.

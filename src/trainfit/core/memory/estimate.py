@@ -21,7 +21,7 @@ from trainfit.core.memory.framework_effects import (BNB_QUANTS, cached_kv_bytes_
                                                     held_layer_input_grads, kbit_upcast_applies,
                                                     no_sync_gradient_bytes, previous_has_inputs, quantised_lm_head,
                                                     returned_logits_bytes, step_temporary_bytes)
-from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, gathered_bytes, no_sync_applies
+from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, flat_root_bytes, gathered_bytes, no_sync_applies
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
@@ -227,9 +227,17 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     # Under FSDP the root unit (embeddings, lm_head) reduce-scatters only after the embedding's
     # backward, the last of the step: a trained lm_head's unsharded gradient is held next to the
     # sharded accumulated ones through every layer's backward (bench/fsdp_no_sync_cpu.py, sync). Under
-    # no_sync it accumulates into the root's unsharded gradient, which g_acc already holds.
-    head_apart = full and setup.fsdp_strategy in SHARDED_STRATEGIES and not no_sync_applies(setup)
+    # FSDP2's no_sync it accumulates into the root's unsharded gradient, which g_acc already holds;
+    # FSDP1 holds it apart either way, waiting for the root's other parts (flat_root_bytes).
+    sharded = full and setup.fsdp_strategy in SHARDED_STRATEGIES
+    flat = sharded and setup.fsdp_flat_params
+    head_apart = sharded and (flat or not no_sync_applies(setup))
     held_grads = g_acc + head_grad if head_apart else max(g_acc, head_grad)
+    # The gradients alive when backward ends: the unsharded ones of every unit under no_sync.
+    end_grads = max(states.gradients, g_acc)
+    # FSDP1 at the embedding's backward: the lm_head's gradient, the embedding's and their
+    # concatenation into the root's flat gradient, all at once (bench/fsdp_flat_root_cpu.py).
+    root_cat = flat_root_bytes(st, setup, head_grad if not model.tie_embeddings else 0.0) if flat else 0.0
     base = weights + ref + states.optimizer + states.master_weights + states.gathered + states.buckets
     acts = saved_layers + final + cache
     # Reference forward (no_grad) of DPO: logits for all chosen+rejected tokens, one layer's temps.
@@ -252,7 +260,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).
-        "backward end": base + states.gradients + emb_grad_tmp + kept,
+        "backward end": base + end_grads + emb_grad_tmp + root_cat + kept,
         "layer backward": base + held_grads + saved_layers + input_grads + final + recompute + cache + kept,
         "reference forward": base + g_acc + ref_fwd,
     }
@@ -284,8 +292,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if kept and where_peak not in ("forward", "reference forward"):
         comps.append(C("kept_output", int(kept), "the model output's logits, kept by the training loop until "
                        "after the optimizer step", True))
-    at_step = where_peak in ("optimizer step", "backward end")
-    grads_at_peak = states.gradients if at_step else g_acc
+    at_step = where_peak == "optimizer step"
+    grads_at_peak = {"optimizer step": states.gradients, "backward end": end_grads}.get(where_peak, g_acc)
     if grads_at_peak:
         comps.append(C("gradients", int(grads_at_peak), _grad_what(setup, states, at_step=at_step), True))
     if where_peak == "optimizer step" and step_tmp:
@@ -293,6 +301,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                        "at once (torch._foreach_sqrt), one moment's size", True))
     if where_peak == "backward end":
         comps.append(C("embedding_grad", int(emb_grad_tmp), "dense vocab x hidden grad of the embedding backward", True))
+        if root_cat:
+            comps.append(C("fsdp_root_gradient", int(root_cat), "FSDP1: the root unit's flat gradient concatenated "
+                           "from its parts, with the lm_head's gradient that waited for it", True))
     if where_peak in ("optimizer step", "backward end"):
         return comps, pool
     if where_peak == "reference forward":

@@ -135,6 +135,9 @@ TRANSFORMERS_16BIT_LOGITS_VERSION = (4, 46, 0)
 TRANSFORMERS_CHECKPOINT_LAYER_VERSION = (4, 52, 0)  # GradientCheckpointingLayer
 # GradientCheckpointingLayer turns use_cache off in every layer (transformers#38913, in 4.53.0).
 TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION = (4, 53, 0)
+# trainfit exports FSDP2 (Accelerate fsdp_version 2) for transformers >= 5 and FSDP1 before, which
+# is also Accelerate's default there (export/fsdp.py).
+TRANSFORMERS_FSDP2_VERSION = (5, 0, 0)
 # Model code of those releases that lets use_cache stay on under gradient checkpointing (4.48.1:
 # every other supported architecture sets use_cache = False there itself).
 CACHE_UNDER_CHECKPOINT_ARCHS = ("gpt_bigcode",)
@@ -249,13 +252,20 @@ def cache_under_checkpointing_for(version: str) -> bool:
     return _release(version) < TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION
 
 
+def fsdp_flat_params_for(version: str) -> bool:
+    """True for a transformers release under which the HF Trainer runs FSDP1 (flat parameters):
+    before 5, what trainfit's exports and Accelerate's default fsdp_version give."""
+    return _release(version) < TRANSFORMERS_FSDP2_VERSION
+
+
 def transformers_knobs(version: str) -> dict[str, bool]:
     """The TrainingSetup fields a transformers release decides (ValueError for a non-release string)."""
     return dict(logits_shift_copy=logits_shift_copy_for(version),
                 logits_returned_fp32=logits_returned_fp32_for(version),
                 experts_fused=experts_fused_for(version),
                 reentrant_checkpoint_around_fsdp_units=checkpoint_around_units_for(version),
-                cache_under_checkpointing=cache_under_checkpointing_for(version))
+                cache_under_checkpointing=cache_under_checkpointing_for(version),
+                fsdp_flat_params=fsdp_flat_params_for(version))
 
 
 def cached_kv_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, c_attn_bytes: int) -> float:

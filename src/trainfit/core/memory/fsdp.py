@@ -55,6 +55,14 @@ def root_params(st: ModelStats) -> int:
     return st.embedding + st.lm_head
 
 
+def flat_root_bytes(st: ModelStats, setup: TrainingSetup, head_grad: float) -> float:
+    """FSDP1 at the end of backward: autograd builds the root unit's flat gradient by concatenating
+    its parts (the split's backward) once the embedding's arrives, so the lm_head's gradient
+    (`head_grad`, 0 when tied: the embedding's then holds both), which waited since the loss, and
+    the concatenation of the whole root (in the compute dtype) are alive beside the embedding's."""
+    return head_grad + root_params(st) * compute_bytes(setup)
+
+
 def unit_bytes(st: ModelStats, setup: TrainingSetup) -> float:
     """Bytes of one decoder layer's gathered flat parameter. A quantised base is sharded and
     all-gathered as its packed storage (bitsandbytes' quant_storage in the compute dtype, as FSDP
