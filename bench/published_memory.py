@@ -468,7 +468,7 @@ row to fit a figure.
    allocated peak (the phase pool gives 27-31 %): the trace cannot show FSDP's other streams, whose
    freed blocks wait for them (record_stream); SantaCoder bs8 allocated (-12.2 %: the published growth
    per sequence is about twice what the model, exact on CPU under transformers 4.48.1, gives); LitGPT
-   Gemma 2B full on 4x A10G (-19.4 %). fms's Llama 2 70B QLoRA on 2 GPUs at bs4 ran out of memory at
+   Gemma 2B full on 4x A10G (-19.4 %, explained since: item 24). fms's Llama 2 70B QLoRA on 2 GPUs at bs4 ran out of memory at
    79.5 GiB (nvidia-smi); the model puts its tensor peak at 67.5 GiB (its bs2 peak is within 0.2 %)
    and the verdict needs 71.9 GiB of the card's 79.25 GiB with the 5 % of slack that survives a
    free-and-retry. Replaying the layer backward of that run through the allocator's rules (a
@@ -522,6 +522,17 @@ row to fit a figure.
    5 GiB of that: 8.5 GiB of slack survives, against the 3.4 GiB that the 5 % allows. The rest is in
    what the replay cannot see. Telling the two releases apart needs the per-release overheads
    measured on a GPU to within 1 %.
+24. **FSDP1's root-unit gradient** (`fsdp_flat_params`: FSDP1 for the HF Trainer before transformers
+   5, Lightning's FSDPStrategy, fsdp_qlora; FSDP2 for torchtune). FSDP1's modules hold views of one
+   flat parameter per unit, so autograd builds the unit's gradient by concatenating its parts once
+   the last one arrives. For the root unit that is the embedding, at the very end of backward: the
+   lm_head's gradient (waiting since the loss), the embedding's dense gradient and their
+   concatenation (the whole root) are alive at once, beside the accumulated gradients, which are
+   unsharded under no_sync. Measured on CPU with FSDP1 over gloo (bench/fsdp_flat_root_cpu.py,
+   32k vocabulary): -23.5 % without the term, +1.6 % with it (sync -23.7 % -> +2.6 %). LitGPT full
+   fine-tunes on several A10Gs: Gemma 2B (256k vocabulary, LitGPT's own lm_head copy) -19.4 % ->
+   -0.5 %, StableLM 3B -5.5 % -> +1.2 %. Phi-2 and the fms full fine-tunes peak elsewhere and are
+   unchanged.
 """
 
 

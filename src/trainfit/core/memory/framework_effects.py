@@ -53,6 +53,14 @@ made for the run a user will actually launch (and published measurements can be 
   gradient-synchronization guide: "no_sync requires additional GPU memory when using FSDP",
   accelerate#2531); Lightning Fabric's `no_backward_sync` and fsdp_qlora's `--no_sync` do the same.
   trainfit's exports set sync_each_batch (export/training_args.py), so its own runs keep shards.
+* FSDP1's flat parameters (TrainingSetup.fsdp_flat_params). FullyShardedDataParallel gives the
+  modules views of one FlatParameter per unit, so autograd forms the unit's gradient in the split's
+  backward, concatenating the parts once the last one arrives. The root unit's last part is the
+  embedding's, at the end of backward: the lm_head's gradient has waited since the loss, and it, the
+  embedding's dense gradient and the concatenated root are alive at once (fsdp.flat_root_bytes;
+  measured on CPU by bench/fsdp_flat_root_cpu.py). FSDP2 (fully_shard) keeps a gradient per
+  parameter. The HF Trainer runs FSDP1 through Accelerate's default fsdp_version before
+  transformers 5 (trainfit exports version 2 from 5 on), as do Lightning's FSDPStrategy and fsdp_qlora.
 * Lightning Fabric's bitsandbytes plugin (TrainingSetup.quantize_lm_head, bnb_fp16_quant_state), which
   LitGPT's `--quantize bnb.*` uses (src/lightning/fabric/plugins/precision/bitsandbytes.py, unchanged
   on this point since it was added in 2023-09). Its module_init_context replaces `torch.nn.Linear`
