@@ -34,7 +34,6 @@ import functools
 import gc
 import json
 import os
-import socket
 import tempfile
 import warnings
 from pathlib import Path
@@ -44,7 +43,6 @@ from _results import write_results
 from fsdp_reentrant_cpu import fsdp1_storage_reported
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.model_loader import spec_from_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = ".venv/bin/python bench/fsdp_flat_root_cpu.py"
@@ -52,22 +50,14 @@ WORLD = 2
 GRAD_ACCUM = 4
 SEQ_LEN = 64
 MODES = ("no_sync", "sync")
-CONFIG = dict(vocab_size=32768, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-              num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+VOCAB = 32768  # bench/fsdp_no_sync_cpu.py's tiny Llama (untied) with a larger vocabulary
+CONFIG = {**no_sync_bench.CONFIG, "vocab_size": VOCAB}
 MIB = 2 ** 20
-
-
-def spec():
-    from transformers import LlamaConfig
-
-    data = LlamaConfig(**CONFIG, use_cache=False, attention_dropout=0.0).to_dict()
-    data["torch_dtype"] = data["dtype"] = "float32"
-    return spec_from_config(data, origin="bench/fsdp_flat_root_cpu.py CONFIG", model_id="bench:tiny-llama-32k")
 
 
 def predict(mode: str, flat: bool) -> int:
     setup = dataclasses.replace(no_sync_bench.make_setup(mode == "no_sync", seq_len=SEQ_LEN), fsdp_flat_params=flat)
-    return estimate_memory(spec(), setup, None).devices[0].tensor_peak_bytes
+    return estimate_memory(no_sync_bench.tiny_spec(vocab_size=VOCAB), setup, None).devices[0].tensor_peak_bytes
 
 
 def _worker(rank: int, port: int, mode: str, out_path: str) -> None:
@@ -131,12 +121,9 @@ def _worker(rank: int, port: int, mode: str, out_path: str) -> None:
 def measure(mode: str) -> dict:
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.json"
-        mp.spawn(_worker, args=(port, mode, str(out)), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(no_sync_bench._free_port(), mode, str(out)), nprocs=WORLD, join=True)
         return json.loads(out.read_text())
 
 
