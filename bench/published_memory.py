@@ -533,6 +533,18 @@ row to fit a figure.
    fine-tunes on several A10Gs: Gemma 2B (256k vocabulary, LitGPT's own lm_head copy) -19.4 % ->
    -0.5 %, StableLM 3B -5.5 % -> +1.2 %. Phi-2 and the fms full fine-tunes peak elsewhere and are
    unchanged.
+25. **A paged optimizer's states are outside PyTorch's allocator** (`paged_optimizer`,
+   core/memory/paged_states.py). bitsandbytes allocates the state of every parameter with at least
+   1e5 elements with cudaMallocManaged (optim/optimizer.py get_state_buffer -> functional.get_paged);
+   max_memory_allocated and max_memory_reserved never see it, and when the card runs short the
+   driver evicts its pages to CPU RAM instead of failing. torchtune's Llama 3.1 8B full fine-tune on
+   one RTX 4090 (PagedAdamW8bit stepped in backward) logged 18.9 GiB allocated; the model had the
+   15 GiB of 8-bit states on the card: +80.5 % and "does not fit", the only fitting run it called a
+   no-fit. Without them: +1.4 %, and it fits with 13.9 GiB of the states waiting in RAM. No other row
+   uses a paged optimizer. The speed model charges the part in RAM one crossing of the host link per
+   optimizer step (bench/published_speed.py: that run -18.5 % -> -31.7 %, beside -36.4 / -39.4 % for
+   the same table's QLoRA and LoRA runs on that card, which page nothing; the table ran with
+   torch.compile, which the speed model does not model).
 """
 
 

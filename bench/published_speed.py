@@ -16,6 +16,7 @@ PCIe, short / long sequences, method, source).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from trainfit.core.gpu_catalog import get_gpu
+from trainfit.core.hardware_spec import resolve_hardware
 from trainfit.core.model_catalog import get_model
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import LoraSettings, TrainingSetup
@@ -48,7 +50,7 @@ SHORT_SEQ_MAX = 2048
 # GPU is the same 0.85): such rows stay in the table but not in the summary.
 PLAUSIBLE_UTILISATION_MAX = 0.85
 SETUP_KEYS = ("method", "precision", "optimizer", "micro_batch", "seq_len", "grad_accum", "grad_checkpointing",
-              "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload")
+              "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload", "optimizer_in_backward", "loss")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ def predict_row(row: Row) -> SpeedEstimate:
     """The speed model's estimate for one published run (catalog rates of its GPU)."""
     per_node = max(1, row.setup.num_gpus // max(1, row.setup.num_nodes))
     rates = gpu_spec_rates(get_gpu(row.gpu), per_node)
+    # The catalog machine, for the terms that depend on what fits in memory (paged optimizer states
+    # evicted to RAM); the rates themselves stay the catalog's.
+    rates = dataclasses.replace(rates, profile=resolve_hardware(f"{per_node}x {row.gpu}"))
     return predict_step(row.spec, row.setup, rates)
 
 

@@ -423,8 +423,9 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
             table.add_row("reserved peak", f"{dev.reserved_peak_bytes / GIB:.2f}",
                           "what max_memory_reserved sees: tensor peak + the margins in the caching allocator's pool")
         if dev.device_total_bytes != dev.total_bytes:
-            table.add_row("nvidia-smi", f"{dev.device_total_bytes / GIB:.2f}",
-                          "what the card can show: the allocator frees its cache and retries at its limit")
+            why = ("paged optimizer states fill what the rest leaves" if dev.spilled_bytes
+                   else "the allocator frees its cache and retries at its limit")
+            table.add_row("nvidia-smi", f"{dev.device_total_bytes / GIB:.2f}", f"what the card can show: {why}")
         out.print(table)
         if dev.capacity_bytes is None:
             out.print("capacity unknown: no verdict")

@@ -26,7 +26,8 @@ def say(message: str) -> None:
 def device_memory_json(dev) -> dict[str, Any]:
     """One device of a memory estimate as JSON: its fields, the verdict and what each tool would
     read (max_memory_allocated = tensor_peak_bytes, max_memory_reserved = reserved_peak_bytes,
-    nvidia-smi = device_total_bytes)."""
+    nvidia-smi = device_total_bytes), and the paged optimizer states that wait in CPU RAM (spilled_bytes)."""
     doc = to_jsonable(dev)
-    doc.update(fits=dev.fits, reserved_peak_bytes=dev.reserved_peak_bytes, device_total_bytes=dev.device_total_bytes)
+    doc.update(fits=dev.fits, reserved_peak_bytes=dev.reserved_peak_bytes, device_total_bytes=dev.device_total_bytes,
+               spilled_bytes=dev.spilled_bytes)
     return doc

@@ -186,7 +186,9 @@ def _hardware(flavor: Flavor) -> tuple[HardwareProfile, DeviceRates]:
         hw = dataclasses.replace(hw, cpu=dataclasses.replace(hw.cpu, usable_cores=cores, logical_cores=int(cores)))
         return hw, cpu_rates(hw)
     hw = resolve_hardware(f"{flavor.gpu_count}x {flavor.gpu}")
-    return hw, gpu_spec_rates(get_gpu(flavor.gpu), flavor.gpu_count)  # type: ignore[arg-type]
+    # with its machine, so speed terms that depend on what fits (a paged optimizer's spill) match estimate's
+    rates = dataclasses.replace(gpu_spec_rates(get_gpu(flavor.gpu), flavor.gpu_count), profile=hw)  # type: ignore[arg-type]
+    return hw, rates
 
 
 def _default_memory_fn() -> MemoryFn:

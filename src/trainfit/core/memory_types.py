@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 # The driver context and NCCL's own cudaMalloc'd channel buffers are outside it: only nvidia-smi
 # (and the OOM) sees those.
 IN_ALLOCATOR_POOL = ("framework_overhead", "fragmentation")
+# Memory the driver may move off the card instead of failing: managed (unified) memory of
+# bitsandbytes' paged optimizers (core.memory.paged_states). Shown by nvidia-smi while resident,
+# outside the caching allocator, and not needed on the card for the run to fit.
+SPILLABLE = ("paged_optimizer",)
 
 
 @dataclass(frozen=True)
@@ -46,21 +50,37 @@ class DeviceMemory:
         return bool(self.fits) and self.total_bytes > (self.capacity_bytes or 0)
 
     @property
+    def spillable_bytes(self) -> int:
+        return sum(c.bytes for c in self.components if c.name in SPILLABLE and not c.in_tensor_peak)
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Managed memory that does not fit on the card beside the rest and waits in CPU RAM. The
+        caching allocator keeps its cached blocks (the driver evicts managed pages for a cudaMalloc
+        rather than fail it), so the spill is what the free-running total exceeds the card by."""
+        if self.capacity_bytes is None:
+            return 0
+        return int(min(self.spillable_bytes, max(0, self.total_bytes - self.capacity_bytes)))
+
+    @property
     def device_total_bytes(self) -> int:
         """What nvidia-smi (or the OS) shows for the process: total_bytes, or the card's capacity on a
         run that fits only under pressure (the allocator frees its cache and retries there instead of
-        growing)."""
+        growing, or managed pages fill what the rest leaves)."""
         return int(self.capacity_bytes or 0) if self.fits_under_pressure else self.total_bytes
 
     @property
     def reserved_peak_bytes(self) -> int | None:
         """What torch.cuda.max_memory_reserved would show: what the device shows less the margins
-        outside the caching allocator's pool (the driver context, NCCL's buffers). None off the
-        caching allocator (CPU, MPS)."""
+        outside the caching allocator's pool (the driver context, NCCL's buffers, managed memory).
+        None off the caching allocator (CPU, MPS)."""
         if not self.device.startswith("cuda"):
             return None
-        outside_pool = sum(c.bytes for c in self.components if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL)
-        return self.device_total_bytes - outside_pool
+        fixed = sum(c.bytes for c in self.components
+                    if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL + SPILLABLE)
+        free_running = self.total_bytes - fixed - self.spillable_bytes
+        # At the card's limit the pool is what the card leaves: managed pages give way to it first.
+        return min(free_running, self.device_total_bytes - fixed)
 
 
 @dataclass(frozen=True)

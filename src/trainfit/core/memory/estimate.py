@@ -28,6 +28,7 @@ from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, model_dropout, quant_formats, vision
 from trainfit.core.memory.model_knob_checks import check_model_knobs
 from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, phase_pool_bytes, required_bytes
+from trainfit.core.memory.paged_states import paged_note, paged_what
 from trainfit.core.memory.states import model_states, trained_param_bytes
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
@@ -96,6 +97,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     total_comps = comps + margins(device, peak, architecture=arch, num_gpus=setup.num_gpus,
                                   training=setup.method != "inference", zero_stage=setup.zero_stage,
                                   phase_pool=phase_pool)
+    if states.paged_optimizer:
+        total_comps.append(C("paged_optimizer", int(states.paged_optimizer), paged_what(setup), False))
     total = sum(c.bytes for c in total_comps)
     label = "cpu" if device == "cpu" else f"{'mps' if device == 'mps' else 'cuda'}:0"
     capacity = None
@@ -105,6 +108,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
             notes.append(unknown_capacity_note(hardware, device))
     devices = [DeviceMemory(label, int(peak), int(total), capacity, total_comps,
                             required_bytes(device, int(total), total_comps))]
+    if devices[0].spilled_bytes:
+        host_comps.append(C("paged_optimizer", devices[0].spilled_bytes, "paged optimizer states the driver "
+                            "evicts from the card to CPU RAM (managed memory)", True))
     host_bytes = sum(c.bytes for c in host_comps)
     if (states.cpu or host_bytes) and device != "cpu":
         cpu_comps = [C("offload", int(states.cpu), states.cpu_what, True)] if states.cpu else []
@@ -118,9 +124,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                                     cpu_capacity(hardware) if hardware is not None else None, cpu_comps))
     if setup.num_gpus > 1:
         notes.append(f"per GPU figures; all {setup.num_gpus} GPUs hold the same amount under data parallelism")
-    if setup.optimizer in ("paged-adamw-8bit", "paged-adamw-32bit"):
-        notes.append("paged optimizer states live in unified memory: counted on the GPU at peak, "
-                     "but the driver can page them to CPU RAM instead of failing")
+    if states.paged_optimizer:
+        notes.append(paged_note(devices[0]))
     if setup.optimizer_in_backward:
         notes.append("optimizer in backward: no gradient clipping over the whole model is possible "
                      "(each parameter is stepped before the others' gradients exist)")

@@ -60,7 +60,8 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
 
 from __future__ import annotations
 
-from trainfit.core.memory_types import DeviceMemory, MemoryComponent
+from trainfit.core.memory.paged_states import spill_text
+from trainfit.core.memory_types import SPILLABLE, DeviceMemory, MemoryComponent
 from trainfit.core.profile import HardwareProfile
 
 MIB = 1024**2
@@ -151,17 +152,21 @@ def margins(device: str, tensor_peak: float, *, architecture: str | None, num_gp
 def required_bytes(device: str, total_bytes: int, components: list[MemoryComponent]) -> int:
     """The least a device must offer for the run: `total_bytes` with the caching allocator's
     free-running slack cut to what survives its free-and-retry (SLACK_UNDER_PRESSURE of the tensor
-    peak). Devices without the caching allocator need their whole total."""
+    peak), and without managed memory the driver can evict to CPU RAM (SPILLABLE). Devices without
+    the caching allocator need their whole total."""
     if device not in POOLED_DEVICES:
         return total_bytes
     peak = sum(c.bytes for c in components if c.in_tensor_peak)
     slack = sum(c.bytes for c in components if c.name == "fragmentation" and not c.in_tensor_peak)
-    return int(total_bytes - slack + min(slack, SLACK_UNDER_PRESSURE * peak))
+    spillable = sum(c.bytes for c in components if c.name in SPILLABLE and not c.in_tensor_peak)
+    return int(total_bytes - spillable - slack + min(slack, SLACK_UNDER_PRESSURE * peak))
 
 
 def under_pressure_text(device: DeviceMemory) -> str:
     """Why a device that fits only under pressure (DeviceMemory.fits_under_pressure) still fits, and
     what it costs: one sentence for estimate and plan."""
+    if device.spilled_bytes:
+        return spill_text(device)
     return (f"with room to spare the caching allocator would reserve {device.total_bytes / GIB:.2f} GiB of the "
             f"{device.capacity_bytes / GIB:.2f} GiB card, so near the limit it frees its cache and retries "
             "(slower steps; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it)")

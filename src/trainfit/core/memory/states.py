@@ -19,10 +19,11 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainfit.core.memory.framework_effects import dequant_copies, kbit_upcast_applies, quantised_lm_head
 from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes, root_params
+from trainfit.core.memory.paged_states import paged_state_bytes
 from trainfit.core.memory.quant_formats import (PREQUANTISED, experts_left_dense, group_index_bytes,
                                                 metadata_bytes_per_param, packed_bytes_per_param,
                                                 quantised_linear_params)
@@ -49,6 +50,9 @@ class States:
     cpu_what: str
     trainable: int
     dequant_transient: float
+    # Optimizer states in managed memory (bitsandbytes' paged optimizers, paged_states.py): outside
+    # the caching allocator and `optimizer`, evicted to CPU RAM when the card runs short.
+    paged_optimizer: float = 0.0
 
 
 def optimizer_bytes_per_param(setup: TrainingSetup, param_bytes: int) -> float:
@@ -124,6 +128,17 @@ def trained_param_bytes(setup: TrainingSetup) -> int:
 
 
 def model_states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_params: int) -> States:
+    states = _states(spec, st, setup, lora_params)
+    if not states.optimizer:
+        return states
+    # Sharding and offload scale every state alike, so the paged share of the whole model's states
+    # is the paged share of what each GPU keeps.
+    whole = states.trainable * optimizer_bytes_per_param(setup, trained_param_bytes(setup))
+    share = min(1.0, paged_state_bytes(spec, setup, states.trainable) / whole) if whole else 0.0
+    return replace(states, optimizer=states.optimizer * (1 - share), paged_optimizer=states.optimizer * share)
+
+
+def _states(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_params: int) -> States:
     n = setup.shard_group  # ranks a ZeRO shard is split over: one node's GPUs under hybrid sharding
     host_ranks = setup.gpus_per_node  # ranks whose offloaded states share one host's RAM
     z = setup.zero_stage

@@ -21,6 +21,7 @@ import math
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.activations import attention_kind
 from trainfit.core.memory.framework_effects import dequant_copies
+from trainfit.core.memory.paged_states import pages_states
 from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.model_spec import ModelSpec
@@ -104,6 +105,9 @@ def predict_step(
                          "dropout measurement: the default one needs torch)")
     else:
         eff, micro_s, optimizer_s, offload_s, comm_s, parts = _gpu_parts(spec, setup, rates, sf, precision, peak, n_dev, notes)
+        spill_s = _paged_spill_seconds(spec, setup, rates, notes)
+        offload_s += spill_s
+        parts["offload"] += spill_s
     data_s = 0.0  # tokenised data is read from RAM / page cache; set by callers that know the disk
     parts["data loading"] = data_s
     step_s = setup.grad_accum * micro_s + optimizer_s + offload_s + comm_s + data_s
@@ -128,6 +132,24 @@ def predict_step(
         notes=notes,
     )
     return with_workload(est, setup, workload) if workload else est
+
+
+def _paged_spill_seconds(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, notes: list[str]) -> float:
+    """Paged optimizer states that do not fit on the card wait in CPU RAM (core.memory.paged_states):
+    every optimizer step touches all of them, so the spilled part crosses the host link each step,
+    in while the part it displaces goes out. PCIe is full duplex, so the link's per-direction rate
+    bounds it from below; the driver's page migration only adds to it (not measured here)."""
+    if not pages_states(setup) or rates.profile is None or rates.pcie_bytes_per_s <= 0:
+        return 0.0
+    from trainfit.core.memory import estimate_memory
+
+    spilled = estimate_memory(spec, setup, rates.profile).devices[0].spilled_bytes
+    if not spilled:
+        return 0.0
+    seconds = spilled / rates.pcie_bytes_per_s
+    notes.append(f"paged optimizer: {spilled / 2**30:.2f} GiB of states wait in CPU RAM and cross the host "
+                 f"link at every optimizer step (+{seconds:.2f} s)")
+    return seconds
 
 
 def _gpu_parts(

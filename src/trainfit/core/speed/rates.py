@@ -122,6 +122,9 @@ class DeviceRates:
     network_label: str = ""  # "ib-ndr (assumed)"
     # CPU: seconds per element of a training-mode dropout (profile benchmark); None where unmeasured.
     dropout_seconds_per_element: float | None = None
+    # The machine these rates were read from (None for catalog rates): terms that depend on what fits
+    # in memory (a paged optimizer's states evicted to RAM) run the memory model on it.
+    profile: HardwareProfile | None = field(default=None, compare=False, repr=False)
 
     def matmul_efficiency(self, hidden: int, tokens: int) -> float:
         """Fraction of peak reached by the GEMMs of a model of width `hidden` on `tokens` rows."""
@@ -366,6 +369,8 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
 
 def device_rates(profile: HardwareProfile, device: str) -> DeviceRates:
     """Rates for the device a setup trains on ('cpu' uses the CPU even when GPUs exist)."""
+    import dataclasses
+
     if device == "cpu" or not profile.gpus:
         return cpu_rates(profile)
-    return gpu_rates(profile)
+    return dataclasses.replace(gpu_rates(profile), profile=profile)
