@@ -16,6 +16,11 @@ IN_ALLOCATOR_POOL = ("framework_overhead", "fragmentation")
 SPILLABLE = ("paged_optimizer",)
 
 
+def spillable_bytes(components: list[MemoryComponent]) -> int:
+    """Bytes of the margins in SPILLABLE: what the driver may move to CPU RAM."""
+    return sum(c.bytes for c in components if c.name in SPILLABLE and not c.in_tensor_peak)
+
+
 @dataclass(frozen=True)
 class MemoryComponent:
     name: str  # weights, gradients, optimizer, master_weights, activations, logits, kv_cache,
@@ -51,7 +56,7 @@ class DeviceMemory:
 
     @property
     def spillable_bytes(self) -> int:
-        return sum(c.bytes for c in self.components if c.name in SPILLABLE and not c.in_tensor_peak)
+        return spillable_bytes(self.components)
 
     @property
     def spilled_bytes(self) -> int:

@@ -61,7 +61,7 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
 from __future__ import annotations
 
 from trainfit.core.memory.paged_states import spill_text
-from trainfit.core.memory_types import SPILLABLE, DeviceMemory, MemoryComponent
+from trainfit.core.memory_types import DeviceMemory, MemoryComponent, spillable_bytes
 from trainfit.core.profile import HardwareProfile
 
 MIB = 1024**2
@@ -158,8 +158,7 @@ def required_bytes(device: str, total_bytes: int, components: list[MemoryCompone
         return total_bytes
     peak = sum(c.bytes for c in components if c.in_tensor_peak)
     slack = sum(c.bytes for c in components if c.name == "fragmentation" and not c.in_tensor_peak)
-    spillable = sum(c.bytes for c in components if c.name in SPILLABLE and not c.in_tensor_peak)
-    return int(total_bytes - spillable - slack + min(slack, SLACK_UNDER_PRESSURE * peak))
+    return int(total_bytes - spillable_bytes(components) - slack + min(slack, SLACK_UNDER_PRESSURE * peak))
 
 
 def under_pressure_text(device: DeviceMemory) -> str:

@@ -15,7 +15,7 @@ a measured machine by bench/step_time_accuracy.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from trainfit.core.gpu_spec import GpuSpec
@@ -369,8 +369,6 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
 
 def device_rates(profile: HardwareProfile, device: str) -> DeviceRates:
     """Rates for the device a setup trains on ('cpu' uses the CPU even when GPUs exist)."""
-    import dataclasses
-
     if device == "cpu" or not profile.gpus:
         return cpu_rates(profile)
-    return dataclasses.replace(gpu_rates(profile), profile=profile)
+    return replace(gpu_rates(profile), profile=profile)
