@@ -1,8 +1,8 @@
 """Speed model vs. published GPU training throughput.
 
 Each row of bench/data/published_speed.yaml is a training run someone published (MosaicML LLM
-Foundry, torchtune, Answer.AI fsdp_qlora, Qwen, torchtitan, the PyTorch FSDP blog) with its
-settings and source. This script predicts every row with trainfit's speed model
+Foundry, torchtune, Answer.AI fsdp_qlora, Qwen, torchtitan, the PyTorch FSDP blog, and, held
+out, fms-acceleration's reference runs) with its settings and source. This script predicts every row with trainfit's speed model
 (trainfit.core.speed.predict_step on catalog GPU rates; no subprocess, no GPU) and compares
 tokens/s per GPU with the published figure.
 
@@ -28,6 +28,8 @@ import yaml
 from trainfit.core.gpu_catalog import get_gpu
 from trainfit.core.hardware_spec import resolve_hardware
 from trainfit.core.model_catalog import get_model
+from trainfit.core.memory.framework_effects import transformers_knobs
+from trainfit.core.model_loader import spec_from_config
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import gpu_spec_rates, predict_step
@@ -37,6 +39,8 @@ from trainfit.core.speed.types import SpeedEstimate
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "published_speed.yaml"
+# Rows that repeat a published_memory.yaml run name its model by that file's config.json entries.
+MEMORY_DATA = HERE / "data" / "published_memory.yaml"
 RESULTS = HERE / "results"
 
 FIGURE_KINDS = ("tokens_per_s_per_gpu", "tokens_per_s_total", "seconds_per_step", "seconds_for_tokens")
@@ -78,6 +82,15 @@ def _shape_spec(name: str, shape: dict) -> ModelSpec:
                      **common)
 
 
+def _model_spec(name: str, shapes: dict, memory_configs: dict) -> ModelSpec:
+    """The row's model: a shape of this file, a config.json of published_memory.yaml, or the catalog's."""
+    if name in shapes:
+        return _shape_spec(name, shapes[name])
+    if name in memory_configs:
+        return spec_from_config(dict(memory_configs[name]), origin=str(MEMORY_DATA.name), model_id=name)
+    return get_model(name)
+
+
 def _published_per_gpu(row: dict) -> float:
     fig, n = row["figure"], row["num_gpus"]
     kind, value = fig["kind"], float(fig["value"])
@@ -102,6 +115,8 @@ def _setup(row: dict) -> TrainingSetup:
                                   target_modules=targets if isinstance(targets, str) else list(targets))
     if row["method"] in ("lora", "qlora") and "precision" not in row:
         kw["precision"] = "bf16"  # a frozen 16-bit base with fp32 adapters, as PEFT loads it
+    if "transformers" in row:  # what the release decides, e.g. Mixtral's experts as separate Linears before 5
+        kw.update(transformers_knobs(str(row["transformers"])))
     return TrainingSetup(device="cuda", **kw)
 
 
@@ -109,6 +124,7 @@ def load_rows(path: Path = DATA) -> list[Row]:
     """The YAML's runs with group defaults merged, checked and resolved to specs and setups."""
     doc = yaml.safe_load(path.read_text())
     shapes = doc.get("models", {})
+    memory_configs = yaml.safe_load(MEMORY_DATA.read_text()).get("models", {})
     groups = doc.get("groups", {})
     rows: list[Row] = []
     seen: set[str] = set()
@@ -125,8 +141,7 @@ def load_rows(path: Path = DATA) -> list[Row]:
             raise ValueError(f"{row['id']}: source must be an https URL")
         if row["figure"].get("kind") not in FIGURE_KINDS:
             raise ValueError(f"{row['id']}: figure.kind must be one of {', '.join(FIGURE_KINDS)}")
-        name = row["model"]
-        spec = _shape_spec(name, shapes[name]) if name in shapes else get_model(name)
+        spec = _model_spec(row["model"], shapes, memory_configs)
         gpu = get_gpu(row["gpu"])
         catalog_link = "nvlink" if (gpu.interconnect or "").startswith("nvlink") else "pcie"
         if row["num_gpus"] > 1 and row["link"] != catalog_link:

@@ -4,6 +4,7 @@ median |error| <= 15 %, no systematic optimism on multi-GPU runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -88,3 +89,21 @@ def test_median_error_and_no_systematic_optimism_on_multi_gpu(result):
     assert statistics.median(multi) <= 0.05
     # Implausible published figures are reported but left out of the summary.
     assert summary["runs"] == len(counted) < len(result["rows"])
+
+
+def test_rows_that_repeat_a_memory_run_take_its_config_and_release(rows):
+    by_id = {r.id: r for r in rows}
+    santacoder = by_id["fms-santacoder-full-1gpu-bs4"]
+    assert santacoder.spec.architecture == "gpt_bigcode"  # the config.json of published_memory.yaml
+    mixtral = by_id["fms-mixtral-abnb-1gpu-bs4"]
+    assert mixtral.setup.experts_fused is False  # transformers 4.48.1: one nn.Linear per expert
+    fused = dataclasses.replace(mixtral, setup=dataclasses.replace(mixtral.setup, experts_fused=True))
+    assert bench.predict_row(fused).step_seconds < bench.predict_row(mixtral).step_seconds
+
+
+@pytest.mark.parametrize("run_id", ["fms-mistral7b-full-2gpu-bs2", "fms-llama2-70b-abnb-2gpu-bs2",
+                                    "fms-mistral7b-abnb-1gpu-bs8"])
+def test_held_out_runs_are_predicted_within_15_percent(rows, run_id):
+    row = next(r for r in rows if r.id == run_id)
+    predicted = bench.predict_row(row).tokens_per_second / row.setup.num_gpus
+    assert abs(predicted / row.published_per_gpu - 1) <= 0.15, (run_id, predicted, row.published_per_gpu)
