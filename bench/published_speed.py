@@ -54,7 +54,8 @@ SHORT_SEQ_MAX = 2048
 # GPU is the same 0.85): such rows stay in the table but not in the summary.
 PLAUSIBLE_UTILISATION_MAX = 0.85
 SETUP_KEYS = ("method", "precision", "optimizer", "micro_batch", "seq_len", "grad_accum", "grad_checkpointing",
-              "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload", "optimizer_in_backward", "loss")
+              "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload", "optimizer_in_backward", "loss",
+              "kbit_upcast", "autocast_16bit_weights")
 
 
 @dataclass(frozen=True)

@@ -107,3 +107,13 @@ def test_held_out_runs_are_predicted_within_15_percent(rows, run_id):
     row = next(r for r in rows if r.id == run_id)
     predicted = bench.predict_row(row).tokens_per_second / row.setup.num_gpus
     assert abs(predicted / row.published_per_gpu - 1) <= 0.15, (run_id, predicted, row.published_per_gpu)
+
+
+def test_peft_kbit_preparation_pair_keeps_its_published_ratio(rows):
+    """Two runs on the same A100 that differ only in PEFT's fp32 cast of the non-quantised weights."""
+    by_id = {r.id: r for r in rows}
+    upcast, plain = by_id["fms-mistral7b-bnb-1gpu-bs4"], by_id["fms-mistral7b-abnb-1gpu-bs4"]
+    assert upcast.setup.kbit_upcast and not plain.setup.kbit_upcast
+    published = plain.published_per_gpu / upcast.published_per_gpu
+    predicted = bench.predict_row(upcast).step_seconds / bench.predict_row(plain).step_seconds
+    assert abs(predicted / published - 1) <= 0.05, (predicted, published)

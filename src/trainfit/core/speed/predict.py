@@ -20,7 +20,7 @@ import math
 
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.activations import attention_kind
-from trainfit.core.memory.framework_effects import dequant_copies
+from trainfit.core.memory.framework_effects import dequant_copies, fp32_stream_under_autocast, kbit_upcast_applies
 from trainfit.core.memory.paged_states import pages_states
 from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
 from trainfit.core.memory.stats import model_stats
@@ -183,10 +183,16 @@ def _gpu_parts(
     matmul_s = max(flops_s, weight_traffic / bw)
 
     # Elementwise (memory-bound) work. Training runs it ~3x (forward + 2x backward) + recompute.
-    per_token_layer = _gpu_elementwise_elements(spec) * act_bytes
+    # An fp32 residual stream over 4-bit linears (PEFT's k-bit preparation, or autocast's fp32
+    # LayerNorm output) runs every norm, residual, rotary and activation in fp32 and casts around
+    # each 4-bit linear (framework_effects.py).
+    fp32_stream = kbit_upcast_applies(setup) or fp32_stream_under_autocast(spec, setup)
+    per_token_layer = _gpu_elementwise_elements(spec) * (4.0 if fp32_stream else act_bytes)
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
     ref_tokens = tokens if sf.reference_flops else 0
     elementwise_bytes = per_token_layer * spec.num_layers * (tokens * fwd_equiv + ref_tokens)
+    if fp32_stream:
+        elementwise_bytes += _stream_cast_bytes(spec, n_dense > 0) * spec.num_layers * tokens * passes
     logits_bytes = spec.vocab_size * (tokens * LOGIT_BYTES_TRAIN + ref_tokens * LOGIT_BYTES_FORWARD)
     if setup.attention == "eager":
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
@@ -251,6 +257,17 @@ def _gpu_parts(
     if parts["compute"] == 0.0:  # the GEMMs themselves were bound by weight reads
         parts["memory bandwidth"] += compute_total
     return eff, micro_s, optimizer_s, offload_s, comm_s, parts
+
+
+def _stream_cast_bytes(spec: ModelSpec, experts_dense: bool) -> float:
+    """Bytes per token per layer, in one pass, of the casts around the block's 4-bit linears under
+    an fp32 stream: bitsandbytes' Linear4bit casts its input to the 16-bit compute dtype (read 4 B,
+    write 2 B per element) and its output back to the input's fp32 (read 2, write 4); backward
+    casts the gradients the same way. MoE experts bitsandbytes leaves 16-bit are not wrapped."""
+    dims = F.layer_linear_dims(spec)
+    if experts_dense:
+        dims = {k: v for k, v in dims.items() if k not in ("gate_proj", "up_proj", "down_proj")}
+    return 6.0 * sum((i + o) * c for i, o, c in dims.values())
 
 
 # flops.ELEMENTWISE_PER_HIDDEN charges each norm ~12h elements: RMSNorm in eager PyTorch is ~6
