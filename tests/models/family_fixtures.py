@@ -13,7 +13,7 @@ from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TRANSFORMERS_FAMILIES = ("falcon-7b", "gpt_bigcode-santacoder", "bloom-560m", "t5-small", "mt5-small",
-                         "bert-base-uncased", "roberta-base")
+                         "bert-base-uncased", "roberta-base", "granite-3.3-8b-instruct")
 
 # Size keys per model_type -> tiny values (same layout, small shapes).
 _TINY: dict[str, dict[str, Any]] = {
@@ -26,6 +26,8 @@ _TINY: dict[str, dict[str, Any]] = {
                  vocab_size=512, max_position_embeddings=256),
     "roberta": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
                     vocab_size=512, max_position_embeddings=258),
+    "granite": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                    intermediate_size=160, vocab_size=512, max_position_embeddings=256),
 }
 
 

@@ -1,4 +1,4 @@
-"""Falcon, GPTBigCode, BLOOM, Qwen v1, T5 / mT5 and BERT / RoBERTa: parameter counts and linear
+"""Falcon, GPTBigCode, BLOOM, Qwen v1, T5 / mT5, BERT / RoBERTa and Granite: parameter counts and linear
 layers from the shipped config.json fixtures (tests/models/fixtures/, sources in its README)
 equal the model transformers builds on the meta device; Qwen v1 (remote code, never run) equals
 the total its published safetensors index states."""

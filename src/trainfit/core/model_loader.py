@@ -208,9 +208,9 @@ def _bias_fields(cfg: _Cfg, model_type: str) -> dict[str, bool]:
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=True, lm_head_bias=False)
     if model_type in ("qwen2", "qwen2_moe", "qwen2_vl"):  # q/k/v biases are hard-wired
         return dict(qkv_bias=True, o_bias=False, mlp_bias=False, lm_head_bias=False)
-    if model_type in ("llama", "qwen3", "gemma", "gemma2"):
+    if model_type in ("llama", "granite", "qwen3", "gemma", "gemma2"):
         bias = cfg.bool("attention_bias", False)
-        mlp = cfg.bool("mlp_bias", False) if model_type == "llama" else False
+        mlp = cfg.bool("mlp_bias", False) if model_type in ("llama", "granite") else False
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=mlp, lm_head_bias=False)
     return dict(qkv_bias=False, o_bias=False, mlp_bias=False, lm_head_bias=False)
 

@@ -20,7 +20,9 @@ from trainfit.errors import BadInputError
 LayerKind = Literal["linear", "lm_head", "expert", "router"]
 
 # Architectures whose block is Llama-shaped: q/k/v/o projections + gated MLP + RMSNorm.
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl")
+# Granite (IBM Granite 3.x, PowerLM) adds scalar multipliers on the embeddings, residual branches,
+# attention scores and logits: no parameters, nothing saved for backward.
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "granite")
 MOE = ("mixtral", "qwen2_moe")
 # Decoder-only families with a fused query_key_value / c_attn projection and a plain (or, for
 # Qwen v1, gated) MLP: their layouts are below, written from transformers' modeling_<arch>.py
