@@ -41,7 +41,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from _allocator_replay import least_capacity, replay  # noqa: E402
 
-from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory import estimate_memory, overheads  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.model_spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
@@ -288,8 +288,10 @@ def write(rows: list[dict]) -> None:
              f"{summary['pressure_slack_pct'][0]}-{summary['pressure_slack_pct'][1]} % above the allocated peak, "
              f"median {summary['pressure_slack_median_pct']} %, at most 5 % in {summary['pressure_slack_within_5pct']} "
              f"of {summary['cases']}.", "",
-             "The model's free-running slack (`fragmentation`: 15 % of the tensor peak, or a full fine-tune's "
-             "phase pool where larger) is shown next to the replayed slack.", "",
+             "The model's free-running slack (`fragmentation`: "
+             f"{round(overheads.SLACK_TRAINING * 100)} % of the tensor peak, or a full fine-tune's "
+             "phase pool where larger) is shown next to the replayed slack, which leaves out what the "
+             "published pairs also hold (kernels' own allocations, other streams).", "",
              "| config | traced GiB | predicted GiB | error % | replayed reserved GiB | slack % | model slack % "
              "| least capacity % |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -337,7 +337,7 @@ row to fit a figure.
    above their allocated peak, median 2.4 %, bench/meta_trace.py). Until that split the verdict
    used the free-running total, and the one-GPU slack was held at 10 % (the lower quartile) to
    limit false "does not fit" verdicts: 11 of them, all runs measured within 2 GiB of their card.
-   With it, 15 % (the median) is applied and 3 remain; the missed OOM stays the one below.
+   With it, 15 % (the median then; 25 % since item 26) is applied and 3 remain; the missed OOM stays the one below.
    A full fine-tune's free-running pool also spans phases (`overheads.phase_pool_bytes`): the
    gradients and the optimizer step's temporaries sit beside the blocks the forward and backward left
    cached, so the slack is at least the resident states plus both phases' transients minus the peak.
@@ -545,6 +545,18 @@ row to fit a figure.
    optimizer step (bench/published_speed.py: that run -18.5 % -> -31.7 %, beside -36.4 / -39.4 % for
    the same table's QLoRA and LoRA runs on that card, which page nothing; the table ran with
    torch.compile, which the speed model does not model).
+26. **Held out: fms-acceleration's PowerLM-3B runs** (source fms-acceleration-a100-granite, 32 rows
+   of a family the model had never seen, added after it was set; Granite support came with them:
+   Llama's layout with multipliers that save nothing). Allocated, all 16: -1.1..+3.8 %, median |error| 0.6 %
+   (full, LoRA, QLoRA with and without PEFT's cast, 1 and 2 GPUs), which also bears out the shapes
+   taken from the paper. nvidia-smi on one GPU was under by 8.7-13.4 % for LoRA and QLoRA: their
+   reserved-over-allocated slack is 25-32 % of the allocated peak, not the 15 % the model charged.
+   With their 8 pairs the published unsharded pairs are 25, median 24.6 % (5.0-41.8 %; the first 17
+   gave 15.8 %), and the share is re-derived by its rule: 25 % (overheads.SLACK_TRAINING). PowerLM
+   nvidia-smi rows are then within -6.0..+11.0 %; Mixtral's one-GPU QLoRA rows, whose slack is
+   7-10 %, go from -0.2..+7.0 % to +8.4..+16.2 %. Under more than 10 %: 11 rows (5.8 %) with the old share,
+   5 (2.6 %) with the new. The fit verdict is unchanged (it keeps the 5 % that survives a
+   free-and-retry); the free-running total, reserved and nvidia-smi figures grow with it.
 """
 
 

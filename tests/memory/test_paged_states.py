@@ -56,9 +56,11 @@ def test_the_4090_run_fits_with_its_states_spilled_to_ram(llama):
     assert est.fits and gpu.fits_under_pressure
     paged = _parts(gpu)["paged_optimizer"].bytes
     # what does not fit beside the rest waits in RAM, and the card shows its whole capacity
-    assert gpu.spilled_bytes == gpu.total_bytes - gpu.capacity_bytes and 0 < gpu.spilled_bytes < paged
+    assert gpu.spilled_bytes == min(paged, gpu.total_bytes - gpu.capacity_bytes) and 0 < gpu.spilled_bytes
     assert gpu.device_total_bytes == gpu.capacity_bytes
-    assert gpu.reserved_peak_bytes == gpu.total_bytes - paged - _parts(gpu)["cuda_context"].bytes
+    # PyTorch's pool: its free-running size, or at most what the card leaves once the pages are out
+    context = _parts(gpu)["cuda_context"].bytes
+    assert gpu.reserved_peak_bytes == min(gpu.total_bytes - paged, gpu.capacity_bytes) - context
     host = [d for d in est.devices if d.device == "cpu"][0]
     assert _parts(host)["paged_optimizer"].bytes == gpu.spilled_bytes
     assert any("wait in CPU RAM" in n for n in est.notes)

@@ -12,7 +12,8 @@ import pytest
 import published_memory as bench
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.overheads import margins, phase_pool_bytes, required_bytes, slack_fraction
+from trainfit.core.memory.overheads import (SLACK_TRAINING, margins, phase_pool_bytes, required_bytes,
+                                           slack_fraction)
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent
 from trainfit.core.model_catalog import get_model
 from trainfit.core.setup import TrainingSetup
@@ -83,14 +84,14 @@ def test_markdown_report_states_the_targets(doc):
 
 
 def test_allocator_slack_is_larger_when_parameters_are_gathered_per_layer():
-    assert slack_fraction(training=True) == 0.15
+    assert slack_fraction(training=True) == SLACK_TRAINING == 0.25
     assert slack_fraction(training=True, zero_stage=3) == 0.30
     assert slack_fraction(training=False, zero_stage=3) == 0.05
     one = {c.name: c.bytes for c in margins("cuda", 10 * GIB, architecture="ampere", num_gpus=1,
                                              training=True, zero_stage=3)}
     many = {c.name: c.bytes for c in margins("cuda", 10 * GIB, architecture="ampere", num_gpus=4,
                                               training=True, zero_stage=3)}
-    assert one["fragmentation"] == int(1.5 * GIB)  # nothing is sharded on one GPU
+    assert one["fragmentation"] == int(2.5 * GIB)  # nothing is sharded on one GPU
     assert many["fragmentation"] == 3 * GIB
 
 
@@ -105,7 +106,7 @@ def test_the_free_running_pool_keeps_both_phases_transients():
     assert slack.bytes == 10 * GIB and "beside the gradients" in slack.what
     small = {c.name: c.bytes for c in margins("cuda", 35 * GIB, architecture="ampere", num_gpus=1,
                                               training=True, phase_pool=36 * GIB)}
-    assert small["fragmentation"] == int(0.15 * 35 * GIB)
+    assert small["fragmentation"] == int(SLACK_TRAINING * 35 * GIB)
     host = {c.name: c.bytes for c in margins("cpu", 35 * GIB, architecture=None, num_gpus=1, training=True,
                                              phase_pool=45 * GIB)}
     assert host["fragmentation"] == int(0.10 * 35 * GIB)  # malloc keeps no cache across phases
@@ -130,7 +131,7 @@ def test_the_fit_verdict_counts_only_the_slack_left_after_the_allocator_frees_it
     comps.append(MemoryComponent("weights", 10 * GIB, "w", True))
     total = sum(c.bytes for c in comps)
     need = required_bytes("cuda", total, comps)
-    assert total - need == int(1.5 * GIB) - int(0.05 * 10 * GIB)  # 15 % free-running, 5 % under pressure
+    assert total - need == int(2.5 * GIB) - int(0.05 * 10 * GIB)  # 25 % free-running, 5 % under pressure
     assert required_bytes("cpu", total, comps) == total  # malloc has no cache to give back
     dev = DeviceMemory("cuda:0", 10 * GIB, total, capacity_bytes=(need + total) // 2, components=comps,
                        required_bytes=need)

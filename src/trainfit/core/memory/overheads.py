@@ -21,8 +21,9 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
   returned ("CUDA semantics: memory management", PyTorch docs), so transient tensors of varying
   size leave unusable gaps. Measured from published pairs of peak allocated and peak
   nvidia-smi / reserved of the same run (bench/data/published_memory.yaml,
-  bench/results/published_memory.md, "Allocator slack"). One GPU: 5-36 %, median 15 % in the
-  fms-acceleration A100 reference runs (HF Trainer, 10 runs) -> 15 %. FSDP full shard / ZeRO-3,
+  bench/results/published_memory.md, "Allocator slack"). One GPU: 5-42 %, median 25 % in the
+  fms-acceleration A100 reference runs (HF Trainer, 25 runs: SantaCoder, Mistral 7B, Mixtral,
+  Llama 2 70B and the held-out PowerLM-3B; 15 % from the first 17) -> 25 %. FSDP full shard / ZeRO-3,
   where every layer's parameters are gathered and freed each step: median 26 % (15 runs; 12 and
   24 % in Answer.AI's fsdp_qlora benchmarks; 26-35 % in meta-llama/llama-cookbook#41) -> 30 %.
   Inference: 5 % (one forward pass of steady shapes). This is the slack of a run with room to
@@ -36,7 +37,7 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
   optimizer step) at batch 2 and 4, yet nvidia-smi shows 9 GiB more at batch 4, about what its
   activations grow by; a share of the peak cannot tell them apart. The allocator replay
   (bench/meta_trace.py) gives 40.4 % for a Llama 3.2 3B full fine-tune (this pool: 38.4 %), but
-  6.5 % for Mistral 7B full at batch 4 (this pool: 15.4 %, the flat share 15 %): it is the
+  6.5 % for Mistral 7B full at batch 4 (this pool: 15.4 %, under the flat share): it is the
   reserve of a run with room to spare, cut like the rest under pressure (next item).
 * Under memory pressure the slack shrinks: when cudaMalloc fails, the caching allocator frees every
   cached segment that holds no live block and retries (CUDACachingAllocator.cpp,
@@ -79,7 +80,7 @@ _CONTEXT_DEFAULT_MIB = {"cuda": 450, "rocm": 400, "xpu": 400, "mps": 0, "cpu": 0
 
 
 # Caching-allocator slack as a share of the tensor peak (published runs, see above).
-SLACK_TRAINING = 0.15
+SLACK_TRAINING = 0.25
 SLACK_TRAINING_SHARDED = 0.30  # ZeRO-3 / FSDP full shard: per-layer gather and free every step
 SLACK_INFERENCE = 0.05
 SLACK_HOST = 0.10  # CPU malloc / Metal heap fragmentation in training: not measured, unchanged from before
