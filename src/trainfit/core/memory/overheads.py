@@ -24,8 +24,9 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
   bench/results/published_memory.md, "Allocator slack"). One GPU: 5-42 %, median 25 % in the
   fms-acceleration A100 reference runs (HF Trainer, 25 runs: SantaCoder, Mistral 7B, Mixtral,
   Llama 2 70B and the held-out PowerLM-3B; 15 % from the first 17) -> 25 %. FSDP full shard / ZeRO-3,
-  where every layer's parameters are gathered and freed each step: median 26 % (15 runs; 12 and
-  24 % in Answer.AI's fsdp_qlora benchmarks; 26-35 % in meta-llama/llama-cookbook#41) -> 30 %.
+  where every layer's parameters are gathered and freed each step: median 26 % of the first 15 runs,
+  32 % of the 32 published now (12 and 24 % in Answer.AI's fsdp_qlora benchmarks; 26-35 % in
+  meta-llama/llama-cookbook#41) -> 30 %.
   Inference: 5 % (one forward pass of steady shapes). This is the slack of a run with room to
   spare, what nvidia-smi shows; it is not what a run needs (next item).
 * The slack of a full fine-tune also spans phases: the forward and backward free their activations

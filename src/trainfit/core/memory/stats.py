@@ -12,10 +12,6 @@ from dataclasses import dataclass
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import count_params, linear_layers, lora_position, lora_targets, norm_readers
 
-# Families whose decoder block the activation model describes (see activations.py).
-GATED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "granite", "phi3", "mixtral",
-               "qwen2_moe")
-
 
 @dataclass(frozen=True)
 class ModelStats:
