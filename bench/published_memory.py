@@ -521,7 +521,12 @@ row to fit a figure.
    of surviving slack, about 7 GiB short of what this run needs. The allocator replay explains about
    5 GiB of that: 8.5 GiB of slack survives, against the 3.4 GiB that the 5 % allows. The rest is in
    what the replay cannot see. Telling the two releases apart needs the per-release overheads
-   measured on a GPU to within 1 %.
+   measured on a GPU to within 1 %. The release between them (9239802, 2024-11-14: accelerate
+   1.0.1, transformers still 4.45.2) already ran out of memory at bs4, with its bs2 run 591 MiB
+   lower on nvidia-smi than the release that fitted; accelerate 0.34.2 -> 1.0.1 resolves the same
+   FSDP settings (backward_prefetch, limit_all_gathers, use_orig_params, sync_module_states), and
+   the same release shows Mixtral's 2-GPU runs up to 6.8 GiB higher on nvidia-smi at identical
+   allocated peaks: the difference is in the allocator's reserve, not in the tensors.
 24. **FSDP1's root-unit gradient** (`fsdp_flat_params`: FSDP1 for the HF Trainer before transformers
    5, Lightning's FSDPStrategy, fsdp_qlora; FSDP2 for torchtune). FSDP1's modules hold views of one
    flat parameter per unit, so autograd builds the unit's gradient by concatenating its parts once
