@@ -55,7 +55,7 @@ SHORT_SEQ_MAX = 2048
 PLAUSIBLE_UTILISATION_MAX = 0.85
 SETUP_KEYS = ("method", "precision", "optimizer", "micro_batch", "seq_len", "grad_accum", "grad_checkpointing",
               "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload", "optimizer_in_backward", "loss",
-              "kbit_upcast", "autocast_16bit_weights")
+              "kbit_upcast", "autocast_16bit_weights", "torch_compile")
 
 
 @dataclass(frozen=True)

@@ -117,3 +117,13 @@ def test_peft_kbit_preparation_pair_keeps_its_published_ratio(rows):
     published = plain.published_per_gpu / upcast.published_per_gpu
     predicted = bench.predict_row(upcast).step_seconds / bench.predict_row(plain).step_seconds
     assert abs(predicted / published - 1) <= 0.05, (predicted, published)
+
+
+def test_torch_compile_pair_gains_about_what_was_published(rows):
+    """Lightning Thunder's benchmark: the same FSDP2 Llama 2 7B run on 8 H100, eager and compiled."""
+    by_id = {r.id: r for r in rows}
+    eager, compiled = by_id["thunder-llama2-7b-8xh100-eager"], by_id["thunder-llama2-7b-8xh100-compile"]
+    assert compiled.setup.torch_compile and not eager.setup.torch_compile
+    published = compiled.published_per_gpu / eager.published_per_gpu  # 1.27
+    predicted = bench.predict_row(eager).step_seconds / bench.predict_row(compiled).step_seconds
+    assert 1.1 < predicted and abs(predicted / published - 1) <= 0.10, (predicted, published)

@@ -114,6 +114,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bnb-fp16-quant-state", action="store_true",
                    help="4-bit weights quantised from an fp16 copy (Lightning Fabric's bitsandbytes plugin): with "
                    "bf16 compute each de-quantised weight is cast again, two copies alive at once")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="the model run under torch.compile (torchtune's compile=True, TrainingArguments."
+                   "torch_compile): elementwise ops fused, fewer kernels; memory counted as eager (an upper "
+                   "bound); trainfit's own runs are eager")
     p.add_argument("--model-code", choices=typing.get_args(ModelCode), default="transformers",
                    help="whose modeling code runs the model: transformers with PEFT's LoRA (trainfit's runs) or "
                    "LitGPT's own GPT and LoRA layers, which keep different activations")
@@ -212,7 +216,7 @@ def _model_knobs(args: argparse.Namespace) -> dict:
 def _framework_knobs(args: argparse.Namespace) -> dict:
     """--optimizer-impl / --bitsandbytes-version / --transformers-version / --output-kept / --fsdp-mixed-units /
     --kbit-upcast / --autocast-16bit-weights / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state / --model-code /
-    --previous-step-kept as setup fields
+    --previous-step-kept / --torch-compile as setup fields
     (trainfit.core.memory.framework_effects). Without --hardware a run on this machine uses the
     installed bitsandbytes and transformers, so their versions are the defaults there."""
     from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for, transformers_knobs
@@ -232,7 +236,7 @@ def _framework_knobs(args: argparse.Namespace) -> dict:
                 autocast_16bit_weights=bool(args.autocast_16bit_weights),
                 fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
                 bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state), model_code=args.model_code,
-                previous_step_kept=bool(args.previous_step_kept))
+                previous_step_kept=bool(args.previous_step_kept), torch_compile=bool(args.torch_compile))
 
 
 def _from_version(flag: str, version: str | None, parse, default):
@@ -487,4 +491,6 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("lm_head quantised")
     if setup.bnb_fp16_quant_state:
         parts.append("fp16 quant state")
+    if setup.torch_compile:
+        parts.append("torch.compile")
     return "".join(f", {p}" for p in parts)

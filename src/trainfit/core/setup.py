@@ -194,6 +194,12 @@ class TrainingSetup:
     # or LitGPT's own GPT and LoRA classes: GELU-tanh as one op, q/k/v adapters through one
     # LoRAQKVLinear (one dropout, one stacked A), adapters in the training dtype (bf16-true).
     model_code: ModelCode = "transformers"
+    # torch.compile over the model (torchtune's compile=True, TrainingArguments.torch_compile):
+    # Inductor fuses each chain of elementwise ops (norm, rotary, activation x gate) into one kernel
+    # that reads its inputs and writes its outputs once; the matmuls are unchanged. trainfit's runs
+    # are eager. The memory model counts the eager tensors (Inductor may recompute some instead of
+    # saving them: an upper bound).
+    torch_compile: bool = False
 
     @property
     def global_batch(self) -> int:

@@ -139,7 +139,7 @@ NOT_TRAINING_KEYS = ("method", "generate_tokens", "optimizer_impl", "bnb_keeps_i
                      "kbit_upcast", "autocast_16bit_weights", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state",
                      "logits_shift_copy", "logits_returned_fp32", "output_kept", "experts_fused",
                      "reentrant_checkpoint_around_fsdp_units", "cache_under_checkpointing", "model_code",
-                     "previous_step_kept", "fsdp_flat_params")
+                     "previous_step_kept", "fsdp_flat_params", "torch_compile")
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ LOGIT_BYTES_FORWARD = 6.0
 NF4_DEQUANT_BYTES_PER_WEIGHT = 14.0
 # Kernels per layer in an eager forward (HF Llama-style block); backward launches ~2x.
 KERNELS_PER_LAYER_FORWARD = 40
+# Under torch.compile: the 7 projections, attention and ~6 fused elementwise kernels.
+KERNELS_PER_LAYER_FORWARD_COMPILED = 16
 
 
 def _bytes_per_weight(setup: TrainingSetup) -> float:
@@ -187,7 +189,7 @@ def _gpu_parts(
     # LayerNorm output) runs every norm, residual, rotary and activation in fp32 and casts around
     # each 4-bit linear (framework_effects.py).
     fp32_stream = kbit_upcast_applies(setup) or fp32_stream_under_autocast(spec, setup)
-    per_token_layer = _gpu_elementwise_elements(spec) * (4.0 if fp32_stream else act_bytes)
+    per_token_layer = _gpu_elementwise_elements(spec, setup.torch_compile) * (4.0 if fp32_stream else act_bytes)
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
     ref_tokens = tokens if sf.reference_flops else 0
     elementwise_bytes = per_token_layer * spec.num_layers * (tokens * fwd_equiv + ref_tokens)
@@ -216,7 +218,8 @@ def _gpu_parts(
     elif setup.quant == "int8":
         # bitsandbytes int8: read 1 byte, write 2 per weight and use (no published figure to fit).
         dequant_s = passes * n_quant * (w_bytes + 2.0) / bw
-    kernels = KERNELS_PER_LAYER_FORWARD * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
+    per_layer = KERNELS_PER_LAYER_FORWARD_COMPILED if setup.torch_compile else KERNELS_PER_LAYER_FORWARD
+    kernels = per_layer * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
     overhead_s = kernels * rates.op_overhead_seconds
     micro_s = matmul_s + memory_s + dequant_s + overhead_s
 
@@ -278,10 +281,11 @@ def _stream_cast_bytes(spec: ModelSpec, experts_dense: bool) -> float:
 FUSED_LAYERNORM_SAVING_PER_HIDDEN = 9.0
 
 
-def _gpu_elementwise_elements(spec: ModelSpec) -> float:
-    """Elements the memory-bound ops of one layer touch per token on a GPU (forward)."""
-    elements = F.elementwise_elements_per_token_layer(spec)
-    if spec.norm == "layernorm":
+def _gpu_elementwise_elements(spec: ModelSpec, compiled: bool = False) -> float:
+    """Elements the memory-bound ops of one layer touch per token on a GPU (forward); compiled, every
+    norm is already one fused kernel."""
+    elements = F.elementwise_elements_per_token_layer(spec, compiled)
+    if spec.norm == "layernorm" and not compiled:
         norms = spec.block_norms or (1 if spec.parallel_attention else 2)
         elements -= FUSED_LAYERNORM_SAVING_PER_HIDDEN * norms * spec.hidden_size
     return elements
