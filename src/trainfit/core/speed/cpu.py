@@ -238,7 +238,7 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
 
     # Elementwise traffic, in forward-equivalent passes: forward 1 + backward 2 (+1 recompute).
     ffn = F.active_ffn_width(spec)
-    per_token_layer = F.elementwise_elements_per_token_layer(spec) * act_bytes
+    per_token_layer = F.elementwise_elements_per_token_layer(spec, setup.torch_compile) * act_bytes
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
     softcap = spec.architecture in SOFTCAP_ARCHITECTURES
