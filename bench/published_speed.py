@@ -25,11 +25,10 @@ from pathlib import Path
 
 import yaml
 
+import published_memory
 from trainfit.core.gpu_catalog import get_gpu
 from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import get_model
 from trainfit.core.memory.framework_effects import transformers_knobs
-from trainfit.core.model_loader import spec_from_config
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import gpu_spec_rates, predict_step
@@ -39,8 +38,6 @@ from trainfit.core.speed.types import SpeedEstimate
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "published_speed.yaml"
-# Rows that repeat a published_memory.yaml run name its model by that file's config.json entries.
-MEMORY_DATA = HERE / "data" / "published_memory.yaml"
 RESULTS = HERE / "results"
 
 FIGURE_KINDS = ("tokens_per_s_per_gpu", "tokens_per_s_total", "seconds_per_step", "seconds_for_tokens")
@@ -87,9 +84,7 @@ def _model_spec(name: str, shapes: dict, memory_configs: dict) -> ModelSpec:
     """The row's model: a shape of this file, a config.json of published_memory.yaml, or the catalog's."""
     if name in shapes:
         return _shape_spec(name, shapes[name])
-    if name in memory_configs:
-        return spec_from_config(dict(memory_configs[name]), origin=str(MEMORY_DATA.name), model_id=name)
-    return get_model(name)
+    return published_memory.model_for({"model": name}, memory_configs)
 
 
 def _published_per_gpu(row: dict) -> float:
@@ -125,7 +120,8 @@ def load_rows(path: Path = DATA) -> list[Row]:
     """The YAML's runs with group defaults merged, checked and resolved to specs and setups."""
     doc = yaml.safe_load(path.read_text())
     shapes = doc.get("models", {})
-    memory_configs = yaml.safe_load(MEMORY_DATA.read_text()).get("models", {})
+    # Rows that repeat a published_memory.yaml run name its model by that file's config.json entries.
+    memory_configs = published_memory.load().get("models", {})
     groups = doc.get("groups", {})
     rows: list[Row] = []
     seen: set[str] = set()

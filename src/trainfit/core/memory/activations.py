@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.memory.framework_effects import (
+    fp32_stream_over_16bit_weights,
     fp32_stream_under_autocast,
     keeps_quantised_inputs,
-    kbit_upcast_applies,
     legacy_loss_in_16bit,
     legacy_loss_under_autocast,
     own_forward_loss,
@@ -120,10 +120,9 @@ def dtype_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, bool]:
     # An fp32 residual stream over 16-bit weights (framework_effects.py): PEFT's k-bit preparation made
     # the embeddings and norms fp32, or autocast's fp32 LayerNorm output runs through 4-bit linears,
     # which then flows as an fp32 model's does under autocast.
-    autocast_stream = fp32_stream_under_autocast(spec, setup)
-    if kbit_upcast_applies(setup) or autocast_stream:
+    if fp32_stream_over_16bit_weights(spec, setup):
         residual = 4
-    return residual, compute, mixed or autocast_stream
+    return residual, compute, mixed or fp32_stream_under_autocast(spec, setup)
 
 
 def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:

@@ -192,6 +192,13 @@ def fp32_stream_under_autocast(spec: ModelSpec, setup: TrainingSetup) -> bool:
     return setup.autocast_16bit_weights and setup.quant in BNB_QUANTS and spec.norm == "layernorm"
 
 
+def fp32_stream_over_16bit_weights(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """The residual stream is fp32 while the quantised linears compute in 16 bits: PEFT's k-bit
+    preparation cast the embeddings and norms to fp32, or autocast's fp32 LayerNorm output runs
+    through 4-bit linears. Saved activations (memory) and elementwise traffic (speed) follow it."""
+    return kbit_upcast_applies(setup) or fp32_stream_under_autocast(spec, setup)
+
+
 def quantised_lm_head(spec: ModelSpec, setup: TrainingSetup) -> int:
     """Weights of the lm_head that a bitsandbytes quantisation covers (TrainingSetup.quantize_lm_head):
     its own weight only; a head tied to the embeddings stays 16-bit with them."""

@@ -72,6 +72,7 @@ def layer_linear_dims(spec: ModelSpec) -> dict[str, tuple[int, int, int]]:
 ELEMENTWISE_PER_HIDDEN = 30.0
 ELEMENTWISE_PER_FFN = 6.0
 ELEMENTWISE_PER_QKV = 6.0
+EAGER_ELEMENTS = (ELEMENTWISE_PER_HIDDEN, ELEMENTWISE_PER_FFN, ELEMENTWISE_PER_QKV)
 # The same ops fused by torch.compile (Inductor), each chain one kernel that reads its inputs and
 # writes its outputs once: an RMSNorm reads x and writes y (2h, against ~12h eager), a residual add
 # reads two and writes one (3h, unchanged), rotary reads and writes q and k (2 per element, against
@@ -80,6 +81,7 @@ ELEMENTWISE_PER_QKV = 6.0
 COMPILED_PER_HIDDEN = 10.0
 COMPILED_PER_FFN = 3.0
 COMPILED_PER_QKV = 2.0
+COMPILED_ELEMENTS = (COMPILED_PER_HIDDEN, COMPILED_PER_FFN, COMPILED_PER_QKV)
 
 
 def active_ffn_width(spec: ModelSpec) -> int:
@@ -92,9 +94,8 @@ def elementwise_elements_per_token_layer(spec: ModelSpec, compiled: bool = False
     """Elements the norms, residuals, rotary and activations of one layer touch per token (forward),
     eager or fused by torch.compile."""
     qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
-    if compiled:
-        return COMPILED_PER_HIDDEN * spec.hidden_size + COMPILED_PER_FFN * active_ffn_width(spec) + COMPILED_PER_QKV * qkv
-    return ELEMENTWISE_PER_HIDDEN * spec.hidden_size + ELEMENTWISE_PER_FFN * active_ffn_width(spec) + ELEMENTWISE_PER_QKV * qkv
+    per_hidden, per_ffn, per_qkv = COMPILED_ELEMENTS if compiled else EAGER_ELEMENTS
+    return per_hidden * spec.hidden_size + per_ffn * active_ffn_width(spec) + per_qkv * qkv
 
 
 def cross_attention_params(spec: ModelSpec) -> int:

@@ -20,7 +20,7 @@ import math
 
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.activations import attention_kind
-from trainfit.core.memory.framework_effects import dequant_copies, fp32_stream_under_autocast, kbit_upcast_applies
+from trainfit.core.memory.framework_effects import dequant_copies, fp32_stream_over_16bit_weights
 from trainfit.core.memory.paged_states import pages_states
 from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
 from trainfit.core.memory.stats import model_stats
@@ -188,7 +188,7 @@ def _gpu_parts(
     # An fp32 residual stream over 4-bit linears (PEFT's k-bit preparation, or autocast's fp32
     # LayerNorm output) runs every norm, residual, rotary and activation in fp32 and casts around
     # each 4-bit linear (framework_effects.py).
-    fp32_stream = kbit_upcast_applies(setup) or fp32_stream_under_autocast(spec, setup)
+    fp32_stream = fp32_stream_over_16bit_weights(spec, setup)
     per_token_layer = _gpu_elementwise_elements(spec, setup.torch_compile) * (4.0 if fp32_stream else act_bytes)
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
     ref_tokens = tokens if sf.reference_flops else 0
