@@ -15,6 +15,9 @@ and reports:
     trainfit.train.tensor_counter in place of max_memory_allocated over the warm-up steps (at least
     two), then the timed steps without the counter; no reserved / NVML figures.
 A real out-of-memory error is recorded as status "oom" and compared with the prediction's verdict.
+With --least-capacity (memory), each selected row that fits is run again under allocator caps
+(torch.cuda.set_per_process_memory_fraction; a live-tensor cap in CPU mode), bisecting for the least
+cap its steps complete in: the figure the fit verdict predicts (DeviceMemory.least_pool_bytes).
 
 The parent predicts the same TrainingSetup with trainfit's core (estimate_memory: tensor_peak_bytes,
 total_bytes, reserved/device figures where the model has them; predict_step: step_seconds) on the
@@ -64,12 +67,14 @@ class Case:
     setup: TrainingSetup
     engine: str = "plain"  # plain | deepspeed (ZeRO-3 offload) | fsdp (FSDP2 CPU offload)
     layers: int | None = None  # keep only this many decoder layers (Mixtral-shaped mid-size model)
+    vocab: int | None = None  # another vocabulary size on the catalog model's layers
     inject_oom: bool = False  # raise torch.OutOfMemoryError at the first step (tests the OOM path)
     memory_only: bool = False  # a row meant to find the OOM edge: the speed twin skips it
 
 
 _OPTIMIZERS_MODELLED = set(get_args(Optimizer))  # rows with an optimizer this TrainingSetup lacks are dropped
 LORA_QV = LoraSettings(rank=16, alpha=32, dropout=0.0, target_modules=["q_proj", "v_proj"])
+LORA_QKVO = LoraSettings(rank=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 LORA_ALL = LoraSettings(rank=16, alpha=32, dropout=0.0,
                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 # Per-architecture LoRA targets where q_proj / v_proj do not exist (GPT-2 fuses q, k, v in c_attn).
@@ -164,6 +169,14 @@ def cuda_grid() -> list[Case]:
         Case("llama-8b full adamw-8bit pure-bf16 b1 s1024 ckpt", "llama3.1-8b",
              _s(micro_batch=1, precision="bf16", optimizer="adamw-8bit", grad_checkpointing="full")),
         Case("qwen2-7b lora b16 s4096", "qwen2.5-7b", _s("lora", micro_batch=16, seq_len=4096), memory_only=True),
+        # Llama 2 70B's shapes (Llama 3.1 70B's layers, the same, with Llama 2's 32,000-token vocabulary;
+        # 16 of 80 layers) at the published 2-GPU QLoRA OOM's micro-batch and sequence
+        # (bench/published_memory.py, finding 23): the transients that decide how much of the
+        # allocator's slack survives at the card's limit are per layer, so --least-capacity here
+        # measures what that run's verdict rests on.
+        Case("llama2-70b-16l qlora qkvo b4 s4096 ckpt", "meta-llama/Llama-3.1-70B",
+             _s("qlora", micro_batch=4, seq_len=4096, lora=LORA_QKVO, grad_checkpointing="full"), layers=16,
+             vocab=32000),
         # 1-GPU sharding with offload: ZeRO-3 through DeepSpeed, FSDP2 with CPU offload.
         Case("llama-8b zero3 offload full b1 s1024 ckpt", "llama3.1-8b",
              _s(micro_batch=1, zero_stage=3, offload="optimizer+params", grad_checkpointing="full"),
@@ -216,6 +229,8 @@ def case_spec(case: Case, device: str):
     spec = get_model(case.model)
     if case.layers is not None:
         spec = dataclasses.replace(spec, num_layers=case.layers, exact_params=None, id=f"{spec.id}[{case.layers}L]")
+    if case.vocab is not None:
+        spec = dataclasses.replace(spec, vocab_size=case.vocab, exact_params=None, id=f"{spec.id}[vocab {case.vocab}]")
     if device == "cpu":
         from trainfit.train.hf_config import shrink
 
@@ -283,6 +298,9 @@ def predict(case: Case, device: str, hardware_spec: str) -> dict:
         out.update(params_total=mem.params_total, tensor_peak_bytes=dev.tensor_peak_bytes, total_bytes=dev.total_bytes,
                    capacity_bytes=dev.capacity_bytes, fits=dev.fits, reserved_peak_bytes=dev.reserved_peak_bytes,
                    device_total_bytes=dev.device_total_bytes,  # what nvidia-smi shows
+                   # the least pool the run completes in (the fit verdict's figure); in CPU mode the
+                   # capped quantity is the live tensor bytes, so the tensor peak
+                   least_pool_bytes=dev.least_pool_bytes if device == "cuda" else dev.tensor_peak_bytes,
                    # every term, so the CUDA constants can be refitted from the JSON alone
                    components={c.name: c.bytes for c in dev.components}, notes=list(mem.notes))
     except Exception as exc:  # a setup the model refuses is a finding, not a harness crash
@@ -301,7 +319,7 @@ def signed_error_pct(predicted: float | None, measured: float | None) -> float |
     return round((predicted - measured) / measured * 100, 2)
 
 
-def compare(pred: dict, meas: dict) -> dict:
+def compare(pred: dict, meas: dict, least: dict | None = None) -> dict:
     ok = meas.get("status") == "ok"
     reserved_pred = pred.get("reserved_peak_bytes") or pred.get("total_bytes")
     device_pred = pred.get("device_total_bytes") or pred.get("total_bytes")
@@ -313,6 +331,8 @@ def compare(pred: dict, meas: dict) -> dict:
                                                      meas.get("max_memory_reserved_bytes") if ok else None),
         "device_total_vs_nvml_pct": signed_error_pct(device_pred, nvml if ok else None),
         "step_seconds_pct": signed_error_pct(pred.get("step_seconds"), meas.get("step_seconds") if ok else None),
+        "least_pool_vs_least_capacity_pct": signed_error_pct(pred.get("least_pool_bytes"),
+                                                             (least or {}).get("least_capacity_bytes")),
     }
     fits = pred.get("fits")
     verdict = None
@@ -523,8 +543,27 @@ def _fsdp_model(model, setup: TrainingSetup):
     return model
 
 
-def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path) -> dict:
-    """Build, warm up and time one case; memory and step-time readings (status ok / oom / skipped)."""
+def _capped_counter(cap_bytes: int):
+    """The live-tensor counter with a limit: the CPU mode's stand-in for a card's capacity."""
+    import torch
+
+    from trainfit.train.tensor_counter import TensorBytesCounter
+
+    class CappedCounter(TensorBytesCounter):
+        def _add_storage(self, storage) -> None:
+            super()._add_storage(storage)
+            if self.current_bytes > cap_bytes:
+                raise torch.OutOfMemoryError(f"live tensors reached {self.current_bytes} B, over the "
+                                             f"{cap_bytes} B cap (CPU mode)")
+
+    return CappedCounter()
+
+
+def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path, cap_bytes: int | None = None) -> dict:
+    """Build, warm up and time one case; memory and step-time readings (status ok / oom / skipped).
+    `cap_bytes` limits the run the way a smaller card would: on CUDA the caching allocator's pool
+    (torch.cuda.set_per_process_memory_fraction, so the allocator frees its cache and retries at the
+    cap, then raises OutOfMemoryError, as at a card's limit); on the CPU the live tensor bytes."""
     reason = _skip_reason(case, device)
     if reason:
         return {"status": "skipped", "reason": reason}
@@ -541,6 +580,9 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path) 
             # TF32 matmuls stay off (PyTorch's default, which HF Trainer leaves alone unless --tf32):
             # the speed model charges fp32 rows at the fp32 rate.
             torch.cuda.set_device(0)
+            if cap_bytes is not None:
+                total = torch.cuda.get_device_properties(0).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), 0)
         else:
             torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
         spec = case_spec(case, device)
@@ -609,7 +651,7 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path) 
         else:
             from trainfit.train.tensor_counter import TensorBytesCounter
 
-            counter = TensorBytesCounter()
+            counter = TensorBytesCounter() if cap_bytes is None else _capped_counter(cap_bytes)
             existing = list(model.parameters()) + list(model.buffers()) + batches
             counter.track_existing(existing)
             storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in existing}
@@ -641,8 +683,11 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path) 
     finally:
         stop_sampler()
     if device == "cuda":
+        stats = torch.cuda.memory_stats()
         result.update(max_memory_allocated_bytes=torch.cuda.max_memory_allocated(),
                       max_memory_reserved_bytes=torch.cuda.max_memory_reserved(),
+                      # cudaMalloc failures the allocator survived by freeing its cache: a run near its limit
+                      num_alloc_retries=stats.get("num_alloc_retries"),
                       nvml_process_used_bytes=state["process_max"],
                       nvml_device_used_delta_bytes=(state["device_max"] - state["device_before"])
                       if state["device_max"] is not None and state["device_before"] is not None else None)
@@ -653,6 +698,52 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path) 
                       nvml_process_used_bytes=None, nvml_device_used_delta_bytes=None,
                       memory_source="live-tensor counter (trainfit.train.tensor_counter)")
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Least capacity: the smallest allocator cap the steps complete in, which is what the fit verdict
+# predicts (DeviceMemory.least_pool_bytes) and what no uncapped reading shows: with room to spare the
+# pool keeps its cached blocks (max_memory_reserved), at a card's limit the allocator frees every
+# wholly free segment and retries, so only the gaps inside segments that hold live tensors remain.
+
+# The allocator rounds large segments to 2 MiB, so a finer cap means nothing on CUDA; the CPU mode's
+# tiny models count bytes.
+CAPACITY_ALIGN_BYTES = {"cuda": 2 * 2**20, "cpu": 4096}
+
+
+def bisect_capacity(runs_at, failing_bytes: int, passing_bytes: int, probes: int, align_bytes: int) -> dict:
+    """Bisect between a cap known to fail (below the allocated peak) and one known to pass (the
+    uncapped run's reserved peak): `runs_at(cap)` runs the steps under the cap in a fresh process and
+    returns its result; each probe halves the bracket. A probe that neither completes nor runs out
+    of memory (a crash, a timeout) ends the search with the bracket it had."""
+    lo, hi = failing_bytes, passing_bytes
+    tried = []
+    for _ in range(probes):
+        mid = (lo + hi) // 2 // align_bytes * align_bytes
+        if mid <= lo or mid >= hi:
+            break
+        result = runs_at(mid)
+        tried.append({"cap_bytes": mid, "status": result["status"],
+                      "num_alloc_retries": result.get("num_alloc_retries")})
+        if result["status"] == "ok":
+            hi = mid
+        elif result["status"] == "oom":
+            lo = mid
+        else:
+            break
+    return {"least_capacity_bytes": hi, "failing_cap_bytes": lo, "resolution_bytes": hi - lo, "probes": tried}
+
+
+def measure_least_capacity(case: Case, device: str, warmup: int, workdir: Path, measured: dict,
+                           probes: int) -> dict:
+    """The least capacity of a case that ran uncapped (`measured`): bisected on warm-up steps plus one,
+    so the optimizer states exist and a full step runs on them."""
+    allocated = measured["max_memory_allocated_bytes"]
+    # Known to pass: the uncapped run's reserved peak (the same sizes never need more); on the CPU
+    # (no pool) a quarter above the live-tensor peak, which the same steps cannot reach.
+    passing = measured.get("max_memory_reserved_bytes") or allocated * 5 // 4
+    return bisect_capacity(lambda cap: run_case_subprocess(case, device, warmup, 1, workdir, cap_bytes=cap),
+                           allocated - 1, passing, probes, CAPACITY_ALIGN_BYTES[device])
 
 
 def _case_to_json(case: Case) -> str:
@@ -673,11 +764,13 @@ def _case_from_json(text: str) -> Case:
 # Driver.
 
 def run_case_subprocess(case: Case, device: str, warmup: int, steps: int, workdir: Path,
-                        timeout_seconds: float = WORKER_TIMEOUT_SECONDS) -> dict:
+                        timeout_seconds: float = WORKER_TIMEOUT_SECONDS, cap_bytes: int | None = None) -> dict:
     """One case in a fresh interpreter; a crash or hang becomes a row, never a harness failure."""
     out = Path(tempfile.mkstemp(prefix="cuda-harness-", suffix=".json", dir=workdir)[1])
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", _case_to_json(case), "--device", device,
            "--warmup", str(warmup), "--steps", str(steps), "--result-file", str(out), "--workdir", str(workdir)]
+    if cap_bytes is not None:
+        cmd += ["--cap-bytes", str(cap_bytes)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_seconds)
@@ -707,8 +800,8 @@ def summarise(rows: list[dict], key: str) -> dict:
 
 
 def write_results(kind: str, rows: list[dict], machine: dict, args, out_dir: Path, argv: list[str]) -> dict:
-    keys = ("tensor_peak_vs_allocated_pct", "reserved_vs_reserved_pct", "device_total_vs_nvml_pct") \
-        if kind == "memory" else ("step_seconds_pct",)
+    keys = ("tensor_peak_vs_allocated_pct", "reserved_vs_reserved_pct", "device_total_vs_nvml_pct",
+            "least_pool_vs_least_capacity_pct") if kind == "memory" else ("step_seconds_pct",)
     summary = {k: summarise(rows, k) for k in keys}
     statuses: dict[str, int] = {}
     for r in rows:
@@ -762,6 +855,22 @@ def markdown(kind: str, doc: dict) -> str:
                 f"{_pct(e['reserved_vs_reserved_pct'])} | "
                 f"{_mib(nvml)} | {_mib(p.get('device_total_bytes') or p.get('total_bytes'))} | "
                 f"{_pct(e['device_total_vs_nvml_pct'])} | {r.get('oom_verdict') or ''} |")
+        least_rows = [r for r in doc["rows"] if r.get("least_capacity")]
+        if least_rows:
+            lines += ["", "Least capacity: the smallest allocator cap (torch.cuda.set_per_process_memory_fraction; "
+                      "live tensor bytes in CPU mode) the steps completed in, bisected between a cap that failed "
+                      "and one that passed; predicted = the pool the fit verdict needs (needed bytes less the "
+                      "CUDA context and NCCL buffers).", "",
+                      "| config | allocated MiB | reserved MiB | least capacity MiB | bracket MiB | retries there | "
+                      "predicted MiB | err % |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            for r in least_rows:
+                ms, lc = r["measured"], r["least_capacity"]
+                at = [p["num_alloc_retries"] for p in lc["probes"] if p["cap_bytes"] == lc["least_capacity_bytes"]]
+                lines.append(f"| {r['config']} | {_mib(ms.get('max_memory_allocated_bytes'))} | "
+                             f"{_mib(ms.get('max_memory_reserved_bytes'))} | {_mib(lc['least_capacity_bytes'])} | "
+                             f"{_mib(lc['resolution_bytes'])} | {'' if not at or at[0] is None else at[0]} | "
+                             f"{_mib(r['predicted'].get('least_pool_bytes'))} | "
+                             f"{_pct(r['errors'].get('least_pool_vs_least_capacity_pct'))} |")
     else:
         lines += ["| config | status | measured ms | predicted ms | err % |", "|---|---|---:|---:|---:|"]
         for r in doc["rows"]:
@@ -796,6 +905,13 @@ def build_arg_parser(kind: str) -> argparse.ArgumentParser:
                     help="no device run: predict the rows stored in the JSON again with this trainfit (after a "
                          "constant changed) and rewrite the errors")
     ap.add_argument("--workdir", help="scratch folder (QLoRA random inits); default: a temporary one")
+    if kind == "memory":
+        ap.add_argument("--least-capacity", action="store_true",
+                        help="also find, for each row that fits, the least allocator cap its steps complete in "
+                             "(bisection between its allocated and reserved peaks, one capped run per probe) "
+                             "against the fit verdict's figure; pick rows with --only or --quick")
+        ap.add_argument("--probes", type=int, default=5,
+                        help="capped runs per row for --least-capacity (each halves the bracket; default 5)")
     return ap
 
 
@@ -811,9 +927,10 @@ def repredict(kind: str, args, argv: list[str]) -> int:
     rows = []
     for row in prev["rows"]:
         case = _case_from_json(json.dumps({"name": row["config"], "model": row["model"], "layers": row["layers"],
-                                           "engine": row["engine"], "setup": row["setup"]}))
+                                           "vocab": row.get("vocab"), "engine": row["engine"],
+                                           "setup": row["setup"]}))
         predicted = predict(case, args.device, hardware_spec)
-        rows.append({**row, "predicted": predicted, **compare(predicted, row["measured"])})
+        rows.append({**row, "predicted": predicted, **compare(predicted, row["measured"], row.get("least_capacity"))})
     doc = write_results(kind, rows, {**prev["machine"], "hardware_spec": hardware_spec}, args, Path(args.out_dir),
                         prev["command"].split()[2:] + ["# re-predicted:", *argv])
     print(json.dumps(doc["summary"]))
@@ -875,15 +992,23 @@ def main(kind: str, argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="trainfit-cuda-harness-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    least_wanted = kind == "memory" and args.least_capacity
     for case in cases:
-        if case.name in done and done[case.name]["measured"]["status"] not in ("crashed", "timeout"):
-            rows.append(done[case.name])
+        prev = done.get(case.name)
+        if prev is not None and prev["measured"]["status"] not in ("crashed", "timeout") and not (
+                least_wanted and prev["measured"]["status"] == "ok" and "least_capacity" not in prev):
+            rows.append(prev)
             continue
-        measured = run_case_subprocess(case, args.device, args.warmup, args.steps, workdir)
+        # a resumed row that still lacks its least capacity keeps its uncapped measurement
+        measured = prev["measured"] if prev is not None and prev["measured"]["status"] == "ok" else \
+            run_case_subprocess(case, args.device, args.warmup, args.steps, workdir)
+        least = measure_least_capacity(case, args.device, args.warmup, workdir, measured, args.probes) \
+            if least_wanted and measured["status"] == "ok" else None
         predicted = predict(case, args.device, hardware_spec)
-        row = {"config": case.name, "model": case.model, "layers": case.layers, "engine": case.engine,
+        row = {"config": case.name, "model": case.model, "layers": case.layers, "vocab": case.vocab, "engine": case.engine,
                "setup": dataclasses.asdict(case.setup), "measured": measured, "predicted": predicted,
-               **compare(predicted, measured)}
+               **({"least_capacity": least} if least is not None else {}),
+               **compare(predicted, measured, least)}
         rows.append(row)
         e = row["errors"]
         print(f"{case.name:48s} {measured['status']:8s} alloc err {_pct(e['tensor_peak_vs_allocated_pct']):>7s} % "
@@ -903,8 +1028,10 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--result-file", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--cap-bytes", type=int)
     args = ap.parse_args(argv)
-    result = run_worker(_case_from_json(args.worker), args.device, args.warmup, args.steps, Path(args.workdir))
+    result = run_worker(_case_from_json(args.worker), args.device, args.warmup, args.steps, Path(args.workdir),
+                        cap_bytes=args.cap_bytes)
     Path(args.result_file).write_text(json.dumps(result))
     return 0
 

@@ -108,13 +108,56 @@ def test_verdicts_and_errors_from_figures():
             "nvml_process_used_bytes": None, "nvml_device_used_delta_bytes": 150, "step_seconds": 1.0}
     out = harness.compare(pred, meas)
     assert out["errors"] == {"tensor_peak_vs_allocated_pct": -10.0, "reserved_vs_reserved_pct": 9.09,
-                             "device_total_vs_nvml_pct": -20.0, "step_seconds_pct": 50.0}
+                             "device_total_vs_nvml_pct": -20.0, "step_seconds_pct": 50.0,
+                             "least_pool_vs_least_capacity_pct": None}
     assert out["oom_verdict"] == "false_oom"  # predicted not to fit, ran
     # A newer memory model's reserved / device figures are preferred over total_bytes.
     out = harness.compare({**pred, "reserved_peak_bytes": 110, "device_total_bytes": 150}, meas)
     assert out["errors"]["reserved_vs_reserved_pct"] == 0.0 and out["errors"]["device_total_vs_nvml_pct"] == 0.0
     assert harness.compare(pred, {"status": "skipped", "reason": "x"})["oom_verdict"] is None
     assert harness.compare({**pred, "fits": True}, {"status": "oom"})["oom_verdict"] == "missed_oom"
+    least = {"least_capacity_bytes": 100}
+    assert harness.compare({**pred, "least_pool_bytes": 95}, meas, least)["errors"][
+        "least_pool_vs_least_capacity_pct"] == -5.0
+
+
+def test_least_capacity_bisects_between_a_failing_and_a_passing_cap():
+    mib = 2**20
+    needs = 1000 * mib + 12345  # the steps complete at this cap or above, run out of memory below
+    caps = []
+
+    def runs_at(cap):
+        caps.append(cap)
+        return {"status": "ok" if cap >= needs else "oom", "num_alloc_retries": 3 if cap >= needs else None}
+
+    out = harness.bisect_capacity(runs_at, 900 * mib, 1200 * mib, probes=6, align_bytes=2 * mib)
+    assert out["failing_cap_bytes"] < needs <= out["least_capacity_bytes"]
+    assert out["resolution_bytes"] == out["least_capacity_bytes"] - out["failing_cap_bytes"] <= 300 * mib / 2**5
+    assert [p["cap_bytes"] for p in out["probes"]] == caps and all(c % (2 * mib) == 0 for c in caps)
+    assert len(caps) <= 6
+    # A probe that crashes ends the search with the bracket it had.
+    out = harness.bisect_capacity(lambda cap: {"status": "crashed"}, 900 * mib, 1200 * mib, probes=6,
+                                  align_bytes=2 * mib)
+    assert (out["failing_cap_bytes"], out["least_capacity_bytes"]) == (900 * mib, 1200 * mib)
+    assert [p["status"] for p in out["probes"]] == ["crashed"]
+    # Nothing to bisect once the bracket is one alignment step wide.
+    assert harness.bisect_capacity(runs_at, 1000 * mib, 1002 * mib, probes=6, align_bytes=2 * mib)["probes"] == []
+
+
+def test_least_capacity_of_a_cpu_row_brackets_its_live_tensor_peak(tmp_path):
+    row_name = "llama full fp32 b2 s64"
+    assert _run("memory", tmp_path, "--only", row_name, "--warmup", "2", "--steps", "1",
+                "--least-capacity", "--probes", "2") == 0
+    doc = json.loads((tmp_path / "cuda_memory.json").read_text())
+    row = doc["rows"][0]
+    peak, least = row["measured"]["max_memory_allocated_bytes"], row["least_capacity"]
+    # The counter's cap raises torch.OutOfMemoryError over the peak: below it the steps cannot run.
+    assert least["failing_cap_bytes"] < peak <= least["least_capacity_bytes"] <= peak * 5 // 4
+    assert [p["status"] for p in least["probes"]] and {p["status"] for p in least["probes"]} <= {"ok", "oom"}
+    assert row["predicted"]["least_pool_bytes"] == row["predicted"]["tensor_peak_bytes"]
+    assert row["errors"]["least_pool_vs_least_capacity_pct"] is not None
+    assert doc["summary"]["least_pool_vs_least_capacity_pct"]["rows"] == 1
+    assert f"| {row_name} | " in (tmp_path / "cuda_memory.md").read_text().split("Least capacity")[1]
 
 
 def test_cuda_grid_covers_the_issue_axes():

@@ -12,8 +12,8 @@ import pytest
 import published_memory as bench
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.overheads import (SLACK_TRAINING, margins, phase_pool_bytes, required_bytes,
-                                           slack_fraction)
+from trainfit.core.memory.overheads import (SLACK_TRAINING, SLACK_UNDER_PRESSURE, margins, phase_pool_bytes,
+                                           required_bytes, slack_fraction)
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent
 from trainfit.core.model_catalog import get_model
 from trainfit.core.setup import TrainingSetup
@@ -158,6 +158,14 @@ def test_what_reserved_and_nvidia_smi_show_is_capped_at_the_card_under_pressure(
     failing = dataclasses.replace(roomy, capacity_bytes=5 * GIB)
     assert not failing.fits and failing.device_total_bytes == total  # what it would need
     assert DeviceMemory("cpu", 1, 10, 9, []).reserved_peak_bytes is None  # no caching allocator
+    # The least pool (what bench/cuda_memory.py --least-capacity measures): the verdict's figure
+    # inside the allocator, i.e. the tensor peak, the workspaces and the 5 % that survives a retry.
+    slack = next(c.bytes for c in comps if c.name == "fragmentation")
+    assert slack > SLACK_UNDER_PRESSURE * 10 * GIB
+    assert roomy.least_pool_bytes == roomy.needed_bytes - outside
+    assert roomy.least_pool_bytes == roomy.reserved_peak_bytes - slack + int(SLACK_UNDER_PRESSURE * 10 * GIB)
+    assert pressed.least_pool_bytes == roomy.least_pool_bytes  # a property of the run, not of the card
+    assert DeviceMemory("cpu", 1, 10, 9, []).least_pool_bytes is None
 
 
 def test_a_run_that_fits_only_under_pressure_says_so(capsys):

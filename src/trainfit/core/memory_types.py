@@ -87,6 +87,18 @@ class DeviceMemory:
         # At the card's limit the pool is what the card leaves: managed pages give way to it first.
         return min(free_running, self.device_total_bytes - fixed)
 
+    @property
+    def least_pool_bytes(self) -> int | None:
+        """The least the caching allocator's pool must be allowed to reach for the run to complete
+        (what torch.cuda.set_per_process_memory_fraction caps): needed_bytes less the margins
+        outside the pool. The fit verdict rests on it; bench/cuda_memory.py --least-capacity
+        measures it. None off the caching allocator (CPU, MPS)."""
+        if not self.device.startswith("cuda"):
+            return None
+        fixed = sum(c.bytes for c in self.components
+                    if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL + SPILLABLE)
+        return self.needed_bytes - fixed
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
