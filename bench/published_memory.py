@@ -527,6 +527,26 @@ row to fit a figure.
    FSDP settings (backward_prefetch, limit_all_gathers, use_orig_params, sync_module_states), and
    the same release shows Mixtral's 2-GPU runs up to 6.8 GiB higher on nvidia-smi at identical
    allocated peaks: the difference is in the allocator's reserve, not in the tensors.
+   What changed is how a quantised base reaches the GPUs. The release that fitted pinned
+   fms-acceleration 8178cd5, whose bitsandbytes plugin made every rank load the whole quantised
+   model itself (it patched transformers' is_local_dist_rank_0 to True, "Disabling low_cpu_mem_mode
+   in the BNBAccelerationPlugin"); 9239802 pins 9cf8f65, after fc78b55 ("Fix Low CPU Memory Mode
+   Issues for Quantized Peft") dropped that patch, so ranks above 0 build the model on the meta device
+   and FSDP materialises each unit and receives rank 0's weights (sync_module_states); the GPTQ
+   plugin changed the same way. The two releases' reference tables (refs/a100_80gb.csv at 97fc3c1 and
+   9239802) split along exactly that line. The 2-GPU runs of a quantised base (34) moved on nvidia-smi
+   at the same allocated peak (equal to the byte, or within 6 MB where Mixtral's routing varies):
+   Mixtral 8x7B +4.9..+9.9 GiB with
+   bitsandbytes and +0.6..+2.4 with GPTQ, Mistral 7B +0.2..+1.5, Llama 2 70B at bs2 -0.7..+2.3,
+   SantaCoder under 0.15; and all five Llama 2 70B runs at bs4 (bitsandbytes, accelerated-peft-bnb
+   with and without fused kernels, GPTQ with and without) trained in the first and ran out of memory
+   in the second. The 16 runs without a quantised base moved by at most 0.36 GiB. So the OOM belongs
+   to the loading path, which leaves the allocator's pool laid out differently from the first step on;
+   it is no rule of sharded QLoRA at large: Answer.AI's fsdp_qlora loads the same way (low_memory:
+   ranks above 0 on meta, rank 0's weights broadcast) and its 24 GB runs fit with 0.1-3 GiB to spare
+   only because the allocator frees its cache and retries. How much of that reserve survives the
+   retry is what `bench/cuda_memory.py --least-capacity` measures, and it needs two GPUs to measure
+   this path; the model leaves the verdict as it is rather than fit a margin to one run.
 24. **FSDP1's root-unit gradient** (`fsdp_flat_params`: FSDP1 for the HF Trainer before transformers
    5, Lightning's FSDPStrategy, fsdp_qlora; FSDP2 for torchtune). FSDP1's modules hold views of one
    flat parameter per unit, so autograd builds the unit's gradient by concatenating its parts once
