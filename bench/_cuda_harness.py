@@ -991,30 +991,38 @@ def main(kind: str, argv: list[str] | None = None) -> int:
         done = {r["config"]: r for r in json.loads(prev_path.read_text())["rows"]}
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="trainfit-cuda-harness-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # --resume with --only / --quick: the rows measured before and not selected now stay in the file
+    selected = {c.name for c in cases}
+    kept = [r for name, r in done.items() if name not in selected]
     rows: list[dict] = []
     least_wanted = kind == "memory" and args.least_capacity
-    for case in cases:
-        prev = done.get(case.name)
-        if prev is not None and prev["measured"]["status"] not in ("crashed", "timeout") and not (
-                least_wanted and prev["measured"]["status"] == "ok" and "least_capacity" not in prev):
-            rows.append(prev)
-            continue
-        # a resumed row that still lacks its least capacity keeps its uncapped measurement
-        measured = prev["measured"] if prev is not None and prev["measured"]["status"] == "ok" else \
-            run_case_subprocess(case, args.device, args.warmup, args.steps, workdir)
-        least = measure_least_capacity(case, args.device, args.warmup, workdir, measured, args.probes) \
-            if least_wanted and measured["status"] == "ok" else None
-        predicted = predict(case, args.device, hardware_spec)
-        row = {"config": case.name, "model": case.model, "layers": case.layers, "vocab": case.vocab, "engine": case.engine,
-               "setup": dataclasses.asdict(case.setup), "measured": measured, "predicted": predicted,
-               **({"least_capacity": least} if least is not None else {}),
-               **compare(predicted, measured, least)}
-        rows.append(row)
-        e = row["errors"]
-        print(f"{case.name:48s} {measured['status']:8s} alloc err {_pct(e['tensor_peak_vs_allocated_pct']):>7s} % "
-              f"step err {_pct(e['step_seconds_pct']):>7s} % {row['oom_verdict'] or ''}", flush=True)
-        write_results(kind, rows, machine, args, out_dir, argv)  # after every row: a cut-off run keeps what it measured
-    doc = write_results(kind, rows, machine, args, out_dir, argv)
+    try:
+        for case in cases:
+            prev = done.get(case.name)
+            if prev is not None and prev["measured"]["status"] not in ("crashed", "timeout") and not (
+                    least_wanted and prev["measured"]["status"] == "ok" and "least_capacity" not in prev):
+                rows.append(prev)
+                continue
+            # a resumed row that still lacks its least capacity keeps its uncapped measurement
+            measured = prev["measured"] if prev is not None and prev["measured"]["status"] == "ok" else \
+                run_case_subprocess(case, args.device, args.warmup, args.steps, workdir)
+            least = measure_least_capacity(case, args.device, args.warmup, workdir, measured, args.probes) \
+                if least_wanted and measured["status"] == "ok" else None
+            predicted = predict(case, args.device, hardware_spec)
+            row = {"config": case.name, "model": case.model, "layers": case.layers, "vocab": case.vocab,
+                   "engine": case.engine, "setup": dataclasses.asdict(case.setup), "measured": measured, "predicted": predicted,
+                   **({"least_capacity": least} if least is not None else {}),
+                   **compare(predicted, measured, least)}
+            rows.append(row)
+            e = row["errors"]
+            print(f"{case.name:48s} {measured['status']:8s} alloc err {_pct(e['tensor_peak_vs_allocated_pct']):>7s} % "
+                  f"step err {_pct(e['step_seconds_pct']):>7s} % {row['oom_verdict'] or ''}", flush=True)
+            write_results(kind, rows + kept, machine, args, out_dir, argv)  # after every row: a cut-off run keeps it
+    except KeyboardInterrupt:  # a time limit (bench/gpu_session.sh) or ^C: what was measured is written
+        print(f"interrupted after {len(rows)} rows of this run: {out_dir / f'cuda_{kind}.json'} holds them; "
+              "the same command with --resume goes on", file=sys.stderr)
+        return 130
+    doc = write_results(kind, rows + kept, machine, args, out_dir, argv)
     print(json.dumps(doc["summary"]))
     print(f"wrote {out_dir / f'cuda_{kind}.json'} and .md")
     return 0

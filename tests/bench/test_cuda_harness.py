@@ -158,6 +158,13 @@ def test_least_capacity_of_a_cpu_row_brackets_its_live_tensor_peak(tmp_path):
     assert row["errors"]["least_pool_vs_least_capacity_pct"] is not None
     assert doc["summary"]["least_pool_vs_least_capacity_pct"]["rows"] == 1
     assert f"| {row_name} | " in (tmp_path / "cuda_memory.md").read_text().split("Least capacity")[1]
+    # --resume with --only keeps the rows measured before that this run does not select.
+    doc["rows"].append({**row, "config": "a row measured earlier"})
+    (tmp_path / "cuda_memory.json").write_text(json.dumps(doc))
+    assert _run("memory", tmp_path, "--resume", "--only", row_name) == 0  # measured: reused, no worker
+    again = json.loads((tmp_path / "cuda_memory.json").read_text())
+    assert [r["config"] for r in again["rows"]] == [row_name, "a row measured earlier"]
+    assert again["rows"][0]["least_capacity"] == least
 
 
 def test_cuda_grid_covers_the_issue_axes():
