@@ -31,7 +31,7 @@ step() {
 }
 
 # 1. The fit verdict's own figure on the shapes of the one published OOM the model still calls fitting.
-step bench/cuda_memory.py --resume --least-capacity --only "llama2-70b-16l"
+step bench/cuda_memory.py --resume --least-capacity --only "llama2-70b-8l"
 # 2. The quick rows with their least capacity: one per method, the SGD row and FSDP CPU offload.
 step bench/cuda_memory.py --resume --least-capacity --quick
 # 3. Step times of the same rows.
