@@ -723,7 +723,8 @@ def bisect_capacity(runs_at, failing_bytes: int, passing_bytes: int, probes: int
         if mid <= lo or mid >= hi:
             break
         result = runs_at(mid)
-        tried.append({"cap_bytes": mid, "status": result["status"],
+        # the phase tells an OOM while building (weights loading under the cap) from one in the steps
+        tried.append({"cap_bytes": mid, "status": result["status"], "phase": result.get("phase"),
                       "num_alloc_retries": result.get("num_alloc_retries")})
         if result["status"] == "ok":
             hi = mid
