@@ -149,13 +149,15 @@ def framework_knobs(row: dict[str, Any], frameworks: dict[str, dict[str, Any]]) 
         knobs["model_code"] = fw["model_code"]
     if fw.get("previous_step_kept"):
         knobs["previous_step_kept"] = True
+    if fw.get("torch_compile"):
+        knobs["torch_compile"] = True
     return knobs
 
 
 FRAMEWORK_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "optimizer_in_backward",
                   "kbit_upcast", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "transformers",
                   "output_kept", "reentrant_checkpoint_around_fsdp_units", "model_code",
-                  "previous_step_kept", "fsdp_flat_params")
+                  "previous_step_kept", "fsdp_flat_params", "torch_compile")
 
 
 def setup_for(row: dict[str, Any], frameworks: dict[str, dict[str, Any]] | None = None) -> TrainingSetup:
@@ -582,6 +584,20 @@ row to fit a figure.
    7-10 %, go from -0.2..+7.0 % to +8.4..+16.2 %. Under more than 10 %: 11 rows (5.8 %) with the old share,
    5 (2.6 %) with the new. The fit verdict is unchanged (it keeps the 5 % that survives a
    free-and-retry); the free-running total, reserved and nvidia-smi figures grow with it.
+27. **torchtune's chunked loss keeps every piece** (`loss: chunked`, core/memory/loss_kernels.py).
+   CEWithChunkedOutputLoss upcasts one piece of the logits at a time but recomputes nothing: eager,
+   every piece's fp32 log_softmax output is kept for the backward (4 B per vocabulary entry per
+   token), beside the list of 16-bit logits the model returns; the model had taken the pieces as
+   checkpointed, one alive at a time. On CPU, torchtune's pattern against the live-tensor counter
+   (tests/memory/test_dora_loss_vision.py, a 16k vocabulary): full fp32 -12.6 % -> +0.2 %, full bf16
+   -19.9 % -> -0.3 %, LoRA bf16 -50.3 % -> +0.3 %. The backward measured there also sums the lm_head's
+   per-piece grads out of place (three copies at once from the second piece on, not two). The
+   table's runs were compiled (`torch_compile: true`), and compile=True compiles the loss too:
+   AOTAutograd's partition (Inductor's) keeps each piece's 16-bit logits and two fp32 per token and
+   no fp32 copy (bench/results/compiled_loss_cpu.md: eager and compiled kept bytes equal the model's
+   to the byte). torchtune's five rows: median +12.9 % before and after; 8B full +1.4 -> +5.9 %,
+   70B full +35.1 -> +48.3 % (three unsharded lm_head grads under FSDP2; what compile and torchtune's
+   separately sharded embeddings and output do there is not modelled), the other three unchanged.
 """
 
 

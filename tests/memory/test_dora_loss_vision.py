@@ -58,9 +58,9 @@ def test_logits_term_by_kernel_against_hand_calculation():
     assert _comp(fused, "logits") == chunk * v * 2 + tokens * (2 * h + 4)
     chunked = estimate_memory(spec, _setup(loss="chunked"))
     piece = tokens // 8
-    # one piece: 16-bit logits + fp32 log_softmax + the two fp32 grads of its backward, and the
-    # bf16 hidden-state gradient filled piece by piece (the lm_head is frozen under LoRA)
-    assert _comp(chunked, "logits") == piece * (2 * v + 4 * v + 8 * v) + tokens * 2 * h
+    # torchtune: every piece's 16-bit logits and saved fp32 log_softmax, beside one piece's fp32
+    # upcast, at the end of the loss forward (its backward holds one piece's fp32 grads: less)
+    assert _comp(chunked, "logits") == tokens * (2 * v + 4 * v) + piece * 4 * v
     assert fused.devices[0].tensor_peak_bytes < chunked.devices[0].tensor_peak_bytes < std.devices[0].tensor_peak_bytes
 
 
@@ -79,36 +79,42 @@ def test_fused_loss_keeps_the_lm_head_gradient_when_it_trains():
     assert trained.backward == 0  # backward only scales the stored gradients
 
 
-def test_chunked_cross_entropy_against_the_live_counter():
-    """A checkpointed 8-piece lm_head + cross-entropy on a tiny Llama, measured live on CPU."""
+@pytest.mark.parametrize("method,precision", [("full", "fp32"), ("full", "bf16"), ("lora", "bf16")])
+def test_chunked_cross_entropy_against_the_live_counter(method, precision):
+    """torchtune's CEWithChunkedOutputLoss on a tiny Llama, measured live on CPU: the lm_head applied
+    to 8 pieces (TransformerDecoder.chunked_output), each piece upcast and cross-entropied in turn,
+    the logits deleted before backward as torchtune's recipes do."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from torch.utils.checkpoint import checkpoint
+    import torch.nn.functional as F
 
     from trainfit.train.tensor_counter import TensorBytesCounter
 
     b = _bench()
     spec = dataclasses.replace(b.ARCHS["llama"], num_layers=1, vocab_size=16384)
-    setup = dataclasses.replace(b._s(seq_len=256, micro_batch=2), loss="chunked", precision="fp32")
-    model = b.build(spec, setup).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    setup = dataclasses.replace(b._s(method, seq_len=256, micro_batch=2), loss="chunked", precision=precision)
+    model = b.build(spec, setup)
+    if setup.lora is not None:
+        model = b._peft(model, setup.lora)
+    model.train()
+    inner = model.get_base_model() if setup.lora is not None else model  # PEFT wraps the LoRA model
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     ids = torch.randint(0, spec.vocab_size, (2, 256), generator=torch.Generator().manual_seed(1))
+    # torchtune shifts the labels, not the logits: the last position is ignored
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], dim=1)
     counter = TensorBytesCounter()
-    counter.track_existing(list(model.parameters()) + list(model.buffers()) + [ids])
-
-    def piece(hidden, labels):
-        return torch.nn.functional.cross_entropy(model.lm_head(hidden).float(), labels, reduction="sum")
+    counter.track_existing(list(model.parameters()) + list(model.buffers()) + [ids, labels])
 
     with counter:
         for _ in range(2):
-            hidden = model.model(input_ids=ids).last_hidden_state[:, :-1].reshape(-1, spec.hidden_size)
-            labels = ids[:, 1:].reshape(-1)
-            n = hidden.shape[0]
-            step = math.ceil(n / 8)
-            loss = sum(checkpoint(piece, hidden[i:i + step], labels[i:i + step], use_reentrant=False)
-                       for i in range(0, n, step)) / n
+            hidden = inner.model(input_ids=ids).last_hidden_state
+            logits = [inner.lm_head(piece) for piece in hidden.chunk(8, dim=1)]
+            total = sum(F.cross_entropy(lg.reshape(-1, lg.size(-1)).float(), lb.reshape(-1), ignore_index=-100,
+                                        reduction="sum") for lg, lb in zip(logits, labels.chunk(8, dim=1)))
+            loss = total / (labels != -100).sum()
+            del logits, hidden, total
             loss.backward()
-            del loss, hidden
+            del loss
             opt.step()
             opt.zero_grad(set_to_none=True)
     predicted = estimate_memory(spec, setup).devices[0].tensor_peak_bytes

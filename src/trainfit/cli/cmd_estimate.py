@@ -71,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=arg("heads"))
     p.add_argument("--vocab", type=arg("vocab"), default=32000)
     p.add_argument("--loss", choices=typing.get_args(LossKernel), default="standard",
-                   help="cross-entropy: standard (whole logits, fp32 upcast), chunked (8 checkpointed pieces), "
+                   help="cross-entropy: standard (whole logits, fp32 upcast), chunked (torchtune's "
+                   "CEWithChunkedOutputLoss: 8 pieces upcast one at a time), "
                    "fused (Liger-Kernel fused linear cross-entropy: one chunk of logits at a time) or "
                    "chunked-16bit (LitGPT: lm_head and loss in 128-token chunks, no fp32 upcast)")
     p.add_argument("--optimizer-impl", choices=typing.get_args(OptimizerImpl), default="auto",

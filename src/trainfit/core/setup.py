@@ -28,8 +28,9 @@ FsdpStrategy = Literal["none", "full-shard", "shard-grad-op", "no-shard"]
 # (group size 128), loaded as they were published (trainfit.core.memory.quant_formats).
 Quant = Literal["none", "nf4", "nf4-dq", "int8", "gptq", "awq"]
 # How the causal-LM loss meets the logits (trainfit.core.memory.loss_kernels): "standard" materialises
-# batch x seq x vocab logits; "chunked" and "fused" hold one chunk of them at a time; "chunked-16bit"
-# keeps every chunk's 16-bit logits but never upcasts them to fp32 (LitGPT).
+# batch x seq x vocab logits; "chunked" (torchtune) upcasts them to fp32 one piece at a time; "fused"
+# (Liger) holds one chunk of them at a time; "chunked-16bit" keeps every chunk's 16-bit logits but
+# never upcasts them to fp32 (LitGPT).
 LossKernel = Literal["standard", "chunked", "fused", "chunked-16bit"]
 # How torch's AdamW steps (trainfit.core.memory.framework_effects): "auto" is what trainfit runs.
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]

@@ -12,11 +12,15 @@
   buffer in place, and the gradients of the hidden states (BT x H, the input's dtype), of the
   lm_head weight (V x H, when it trains) and an fp32 loss per token are computed in the forward
   and kept for backward, which only scales them.
-* chunked: the tokens are split into CHUNKS pieces (torchtune's CEWithChunkedOutputLoss default
-  num_output_chunks = 8) and each piece's lm_head + cross-entropy is recomputed in backward
-  (checkpointed), so the logits, fp32 upcast and gradients of one piece are alive at a time,
-  with the hidden-state gradient and a trained lm_head's gradient (plus one piece's share of it
-  being added in) during the loss backward.
+* chunked: torchtune's CEWithChunkedOutputLoss (torchtune/modules/loss/ce_chunked_output_loss.py,
+  read 2026-11-27; pytorch/torchtune#1390). The model's forward applies the lm_head to CHUNKS = 8
+  pieces of the tokens (TransformerDecoder.chunked_output) and returns the list of 16-bit logits;
+  the loss upcasts one piece at a time to fp32 and runs cross_entropy on it. Nothing is
+  recomputed: every piece's log_softmax output (fp32) is saved for the backward, so what chunking
+  saves is the fp32 upcast of the whole logits, not the saved tensor. The recipes `del logits`
+  before backward, which then holds one piece's fp32 gradients at a time, the hidden-state
+  gradient filled piece by piece and a trained lm_head's gradient (plus one piece's share of it
+  being added in).
 * chunked-16bit: LitGPT applies the lm_head to 128-token chunks (lm_head_chunk_size=128) and
   `chunked_cross_entropy` runs cross_entropy on each chunk in the logits' own dtype, with no fp32
   upcast (litgpt/utils.py, finetune/*.py): every chunk's logits and log_softmax output stay alive
@@ -75,12 +79,32 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
                          "hidden-state grads (+ lm_head grad) kept from the forward")
     if setup.loss == "chunked":
         chunk = chunked_chunk_tokens(tokens)
-        # One piece alive: its 16-bit logits, the fp32 log_softmax, and in backward their grads. Each
-        # piece's backward runs the lm_head's too: the hidden-state grad fills piece by piece, and a
-        # trained lm_head's grad exists from the first piece on, with the next piece's grad as a
-        # second copy while it is added in (measured on CPU: tests/memory/test_dora_loss_vision.py).
-        return LossTerms(0.0, chunk * (a * v + saved + fwd), chunk * (a * v + saved + bwd) + tokens * r * h + 2 * head_grad,
-                         f"chunked cross-entropy: {CHUNKS} pieces of {chunk} tokens, one piece's logits + grads alive")
+        if setup.torch_compile:
+            # torchtune compiles compute_cross_entropy with the model: Inductor's partition of
+            # cross_entropy(logits.float()) keeps the piece's 16-bit logits themselves and two fp32 per
+            # token (max, log-sum-exp), never an fp32 copy, and its backward writes the logits' grad in
+            # their own dtype (the saved set read on CPU: bench/results/compiled_loss_cpu.md).
+            kept, upcast, grads = a * v + 8, 0.0, a * v
+            fwd_bytes = tokens * kept
+            what = "torch.compile keeps each piece's 16-bit logits and its log-sum-exp"
+        else:
+            # Forward: every piece's 16-bit logits (the list the model returns; the recipes `del` it
+            # before backward) and, piece by piece, the saved fp32 log_softmax outputs, beside one
+            # piece's fp32 upcast.
+            kept, upcast, grads = saved, fwd - a * v, bwd
+            fwd_bytes = tokens * (saved + a * v) + chunk * upcast
+            what = "every piece's fp32 log_softmax kept for backward"
+        # Backward, piece by piece (each piece's saved tensors are freed once its cross-entropy
+        # backward has run): one piece's grads; then its logits' grad in the compute dtype and the
+        # lm_head grad it makes (when the head trains). The head's weight is used once per piece, so
+        # autograd sums its grads in an input buffer, out of place (a linear's weight grad is a
+        # transposed view): from the second piece on, the sum so far, the new grad and their sum. The
+        # hidden-state grad fills piece by piece. Measured on CPU, eager, fp32 and bf16:
+        # tests/memory/test_dora_loss_vision.py.
+        piece_grads = max(chunk * grads, chunk * (a * v - kept) + head_grad, 3 * head_grad - 2 * chunk * kept)
+        return LossTerms(tokens * kept, fwd_bytes - tokens * kept, piece_grads + tokens * r * h,
+                         f"chunked cross-entropy (torchtune): {CHUNKS} pieces of {chunk} tokens upcast one at a "
+                         f"time; {what}")
     if setup.loss == "chunked-16bit":
         chunk = min(LITGPT_CHUNK_TOKENS, tokens)
         # Backward, one chunk at a time: the grads of its log_softmax and logits, in the compute dtype.
