@@ -596,8 +596,9 @@ row to fit a figure.
    AOTAutograd's partition (Inductor's) keeps each piece's 16-bit logits and two fp32 per token and
    no fp32 copy (bench/results/compiled_loss_cpu.md: eager and compiled kept bytes equal the model's
    to the byte). torchtune's five rows: median +12.9 % before and after; 8B full +1.4 -> +5.9 %,
-   70B full +35.1 -> +48.3 % (three unsharded lm_head grads under FSDP2; what compile and torchtune's
-   separately sharded embeddings and output do there is not modelled), the other three unchanged.
+   70B full +35.1 -> +48.3 % (three unsharded lm_head grads under FSDP2; not modelled there: what
+   compile does to the layers, and embeddings and output sharded as FSDP2 units of their own, which
+   torchtune's configs can ask for), the other three unchanged.
 """
 
 
