@@ -19,8 +19,9 @@
   recomputed: every piece's log_softmax output (fp32) is saved for the backward, so what chunking
   saves is the fp32 upcast of the whole logits, not the saved tensor. The recipes `del logits`
   before backward, which then holds one piece's fp32 gradients at a time, the hidden-state
-  gradient filled piece by piece and a trained lm_head's gradient (plus one piece's share of it
-  being added in).
+  gradient filled piece by piece and a trained lm_head's gradient (three copies while the next
+  piece's is summed in). With compile=True the recipes compile the loss too: each piece keeps its
+  16-bit logits instead (TrainingSetup.torch_compile).
 * chunked-16bit: LitGPT applies the lm_head to 128-token chunks (lm_head_chunk_size=128) and
   `chunked_cross_entropy` runs cross_entropy on each chunk in the logits' own dtype, with no fp32
   upcast (litgpt/utils.py, finetune/*.py): every chunk's logits and log_softmax output stay alive
@@ -84,15 +85,15 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
             # cross_entropy(logits.float()) keeps the piece's 16-bit logits themselves and two fp32 per
             # token (max, log-sum-exp), never an fp32 copy, and its backward writes the logits' grad in
             # their own dtype (the saved set read on CPU: bench/results/compiled_loss_cpu.md).
-            kept, upcast, grads = a * v + 8, 0.0, a * v
+            kept, grads = a * v + 8, a * v
             fwd_bytes = tokens * kept
             what = "torch.compile keeps each piece's 16-bit logits and its log-sum-exp"
         else:
             # Forward: every piece's 16-bit logits (the list the model returns; the recipes `del` it
             # before backward) and, piece by piece, the saved fp32 log_softmax outputs, beside one
             # piece's fp32 upcast.
-            kept, upcast, grads = saved, fwd - a * v, bwd
-            fwd_bytes = tokens * (saved + a * v) + chunk * upcast
+            kept, grads = saved, bwd
+            fwd_bytes = tokens * (saved + a * v) + chunk * (fwd - a * v)
             what = "every piece's fp32 log_softmax kept for backward"
         # Backward, piece by piece (each piece's saved tensors are freed once its cross-entropy
         # backward has run): one piece's grads; then its logits' grad in the compute dtype and the
