@@ -10,7 +10,10 @@ the memory model's figure for the same piece (trainfit.core.memory.loss_kernels,
 with and without TrainingSetup.torch_compile). A tensor that shares the logits' storage is the
 logits themselves: kept alive by the backward, not a new allocation.
 
-Run:  .venv/bin/python bench/compiled_loss_cpu.py        (Inductor needs a C++ compiler; about a minute)
+It also compiles a whole two-layer transformers Llama called with labels (its loss inside the graph)
+and records the vocabulary-sized tensors kept: trainfit's `standard` loss under torch_compile.
+
+Run:  .venv/bin/python bench/compiled_loss_cpu.py        (Inductor needs a C++ compiler; a minute or two)
 Writes bench/results/compiled_loss_cpu.{md,json}.
 """
 
@@ -61,6 +64,36 @@ def saved_for_backward(backend: str, dtype_name: str, tokens: int = TOKENS, voca
             "labels_bytes": labels_bytes, "grad_dtype": str(logits.grad.dtype).replace("torch.", "")}
 
 
+def whole_model_vocab_saved(backend: str, tokens_per_seq: int = 128, vocab: int = 4096) -> dict:
+    """A whole transformers Llama (2 layers, bf16) called with labels, eager or compiled: the
+    vocabulary-sized tensors autograd keeps for the backward (the loss's; parameters left out)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch._dynamo.reset()
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).train()
+    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    ids = torch.randint(0, vocab, (2, tokens_per_seq), generator=torch.Generator().manual_seed(0))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, tuple[int, str]] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if t.dim() >= 2 and t.shape[-1] == vocab and ptr not in params:
+            kept[ptr] = (t.untyped_storage().nbytes(), str(t.dtype).replace("torch.", ""))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return {"backend": backend, "tokens": 2 * tokens_per_seq, "vocab": vocab,
+            "vocab_sized_saved_bytes": sum(n for n, _ in kept.values()),
+            "dtypes": sorted({d for _, d in kept.values()})}
+
+
 def predicted_kept_per_token(dtype_name: str, compiled: bool, tokens: int = TOKENS, vocab: int = VOCAB) -> float:
     """The memory model's bytes kept per token of one piece (LossTerms.saved / tokens)."""
     from trainfit.core.memory.loss_kernels import loss_terms
@@ -83,9 +116,15 @@ def run() -> dict:
             print(f"{dtype_name:9s} {backend:28s} saved {row['saved_bytes']:>10,} B "
                   f"(logits' own {row['of_which_logits_bytes']:>10,}), predicted {row['predicted_bytes']:>12,.0f}",
                   flush=True)
+    whole = []
+    for backend in BACKENDS:
+        row = whole_model_vocab_saved(backend)
+        whole.append(row)
+        print(f"whole model {backend:28s} vocabulary-sized saved {row['vocab_sized_saved_bytes']:>10,} B "
+              f"{row['dtypes']}", flush=True)
     import torch
 
-    return {"torch": torch.__version__, "tokens": TOKENS, "vocab": VOCAB, "rows": rows}
+    return {"torch": torch.__version__, "tokens": TOKENS, "vocab": VOCAB, "rows": rows, "whole_model": whole}
 
 
 def to_markdown(doc: dict) -> str:
@@ -102,7 +141,15 @@ def to_markdown(doc: dict) -> str:
                      f"{r['predicted_bytes']:,.0f} | {r['grad_dtype']} |")
     lines += ["", "Eager keeps log_softmax's fp32 output (4 B per entry); the compiled partition keeps the "
               "logits themselves and two fp32 per token (max and log-sum-exp), and recomputes the softmax "
-              "in the backward."]
+              "in the backward.", "",
+              "A whole transformers Llama (2 layers, hidden 128, bf16) called with labels, so its loss is in "
+              "the compiled graph: the vocabulary-sized tensors kept for the backward (parameters left out). "
+              "trainfit's `standard` loss under torch_compile keeps the 16-bit logits (2 B per entry).", "",
+              "| backend | tokens | vocabulary | kept B | per token and entry | dtypes |", "|---|---:|---:|---:|---:|---|"]
+    for r in doc.get("whole_model", []):
+        per = r["vocab_sized_saved_bytes"] / (r["tokens"] * r["vocab"])
+        lines.append(f"| {r['backend']} | {r['tokens']} | {r['vocab']} | {r['vocab_sized_saved_bytes']:,} | "
+                     f"{per:.2f} | {', '.join(r['dtypes'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -23,15 +23,19 @@ def test_compile_fuses_the_elementwise_chains():
     assert fused < 0.5 * eager  # norms 12h -> 2h, rotary 6 -> 2, SiLU x up 6 -> 3 per element
 
 
-def test_compiled_step_is_faster_with_the_same_matmuls_and_memory():
+def test_compiled_step_is_faster_with_the_same_matmuls_and_layer_memory():
     compiled = dataclasses.replace(EAGER, torch_compile=True)
     a, b = predict_step(LLAMA3_8B, EAGER, H100), predict_step(LLAMA3_8B, compiled, H100)
     assert b.step_seconds < a.step_seconds < 1.5 * b.step_seconds
     assert b.step_flops == a.step_flops
     assert b.seconds_by_part["memory bandwidth"] < a.seconds_by_part["memory bandwidth"]
     assert b.seconds_by_part["framework overhead"] < a.seconds_by_part["framework overhead"]
-    assert estimate_memory(LLAMA3_8B, compiled).devices[0].tensor_peak_bytes == \
-        estimate_memory(LLAMA3_8B, EAGER).devices[0].tensor_peak_bytes
+    # Memory: the layers are counted as eager; the loss keeps the 16-bit logits, not an fp32 log_softmax
+    # (tests/memory/test_compiled_loss.py).
+    parts = [{c.name: c.bytes for c in estimate_memory(LLAMA3_8B, s).devices[0].components if c.in_tensor_peak}
+             for s in (EAGER, compiled)]
+    assert {k: v for k, v in parts[1].items() if k != "logits"} == {k: v for k, v in parts[0].items() if k != "logits"}
+    assert parts[1]["logits"] < parts[0]["logits"]
 
 
 def test_a_cpu_step_fuses_the_same_chains():

@@ -118,8 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-compile", action="store_true",
                    help="the model run under torch.compile (torchtune's compile=True, TrainingArguments."
                    "torch_compile): elementwise ops fused, fewer kernels; memory counted as eager (an upper "
-                   "bound), except --loss chunked, whose compiled pieces keep their 16-bit logits instead of an "
-                   "fp32 log_softmax; trainfit's own runs are eager")
+                   "bound), except the loss (standard or chunked), whose compiled graph keeps the 16-bit logits "
+                   "instead of an fp32 log_softmax; trainfit's own runs are eager")
     p.add_argument("--model-code", choices=typing.get_args(ModelCode), default="transformers",
                    help="whose modeling code runs the model: transformers with PEFT's LoRA (trainfit's runs) or "
                    "LitGPT's own GPT and LoRA layers, which keep different activations")

@@ -199,8 +199,8 @@ class TrainingSetup:
     # Inductor fuses each chain of elementwise ops (norm, rotary, activation x gate) into one kernel
     # that reads its inputs and writes its outputs once; the matmuls are unchanged. trainfit's runs
     # are eager. The memory model counts the eager tensors (Inductor may recompute some instead of
-    # saving them: an upper bound), except torchtune's chunked loss, whose compiled pieces keep their
-    # 16-bit logits instead of an fp32 log_softmax (core/memory/loss_kernels.py).
+    # saving them: an upper bound), except the loss (standard, or torchtune's chunked), whose compiled
+    # graph keeps the 16-bit logits instead of an fp32 log_softmax (core/memory/loss_kernels.py).
     torch_compile: bool = False
 
     @property

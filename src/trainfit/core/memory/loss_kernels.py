@@ -3,7 +3,8 @@
 * standard: transformers' ForCausalLMLoss materialises batch x seq x vocab logits, upcasts them to
   fp32 and keeps log_softmax's output for backward (activations.loss_bytes_per_token); before
   transformers 4.49 it also copied the shifted logits, and some architectures skipped the upcast
-  (TrainingSetup.logits_shift_copy, framework_effects.legacy_loss_in_16bit).
+  (TrainingSetup.logits_shift_copy, framework_effects.legacy_loss_in_16bit). Under torch.compile
+  the model's graph keeps the 16-bit logits instead, and two fp32 per token.
 * fused: Liger-Kernel's fused linear cross-entropy (LigerFusedLinearCrossEntropyFunction,
   github.com/linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py, read
   2026-11-23). It never builds the whole logits: the BT tokens go through the lm_head in chunks
@@ -112,6 +113,14 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
         return LossTerms(2 * a * v * tokens, chunk * a * v, 2 * chunk * a * v,
                          f"16-bit chunked cross-entropy: {tokens} tokens' logits and log_softmax kept in "
                          f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
+    if setup.torch_compile:
+        # A compiled model's graph holds its loss: the partition keeps the 16-bit logits (the very
+        # tensor the model returns) and two fp32 per token (max, log-sum-exp), no fp32 copy, whatever
+        # the release's upcasts and shifted copies; the backward writes the logits' grad in their dtype
+        # (bench/results/compiled_loss_cpu.md: a whole transformers Llama compiled).
+        return LossTerms(tokens * (a * v + 8), 0.0, tokens * a * v,
+                         f"logits + loss: {tokens} tokens x vocab {v} (torch.compile: the {a}-byte logits and "
+                         "their log-sum-exp kept, no fp32 copy)")
     if legacy_loss_in_16bit(spec, setup):
         how = f"{a}-byte logits, their shifted copy and log_softmax (transformers < 4.49, no fp32 upcast)"
     elif setup.logits_shift_copy:
