@@ -144,30 +144,29 @@ def test_least_capacity_bisects_between_a_failing_and_a_passing_cap():
     assert harness.bisect_capacity(runs_at, 1000 * mib, 1002 * mib, probes=6, align_bytes=2 * mib)["probes"] == []
 
 
-def test_least_capacity_of_a_cpu_row_brackets_its_live_tensor_peak(tmp_path):
+def test_least_capacity_of_a_cpu_row_brackets_its_live_tensor_peak(memory_doc, tmp_path):
     row_name = "llama full fp32 b2 s64"
-    assert _run("memory", tmp_path, "--only", row_name, "--warmup", "2", "--steps", "1",
+    # --resume on the quick rows measured already: the selected row keeps its measurement and gains its
+    # least capacity (one capped probe), the rows not selected stay in the file.
+    before, _, out = memory_doc
+    (tmp_path / "cuda_memory.json").write_text((out / "cuda_memory.json").read_text())
+    assert _run("memory", tmp_path, "--resume", "--only", row_name, "--warmup", "2", "--steps", "1",
                 "--least-capacity", "--probes", "1") == 0
     doc = json.loads((tmp_path / "cuda_memory.json").read_text())
-    row = doc["rows"][0]
+    assert sorted(r["config"] for r in doc["rows"]) == sorted(r["config"] for r in before["rows"])
+    row = next(r for r in doc["rows"] if r["config"] == row_name)
+    assert row["measured"] == next(r for r in before["rows"] if r["config"] == row_name)["measured"]
     peak, least = row["measured"]["max_memory_allocated_bytes"], row["least_capacity"]
     assert least["failing_cap_bytes"] < peak <= least["least_capacity_bytes"] <= peak * 5 // 4
     assert [p["status"] for p in least["probes"]] == ["ok"]  # the one probe, above the peak
-    # Under the peak the capped counter raises torch.OutOfMemoryError, recorded as an OOM in the steps.
-    case = next(c for c in harness.cpu_grid() if c.name == row_name)
-    capped = harness.run_case_subprocess(case, "cpu", 2, 1, tmp_path, cap_bytes=peak * 9 // 10)
-    assert capped["status"] == "oom" and capped["phase"] == "warm-up" and "cap" in capped["error"]
     assert row["predicted"]["least_pool_bytes"] == row["predicted"]["tensor_peak_bytes"]
     assert row["errors"]["least_pool_vs_least_capacity_pct"] is not None
     assert doc["summary"]["least_pool_vs_least_capacity_pct"]["rows"] == 1
     assert f"| {row_name} | " in (tmp_path / "cuda_memory.md").read_text().split("Least capacity")[1]
-    # --resume with --only keeps the rows measured before that this run does not select.
-    doc["rows"].append({**row, "config": "a row measured earlier"})
-    (tmp_path / "cuda_memory.json").write_text(json.dumps(doc))
-    assert _run("memory", tmp_path, "--resume", "--only", row_name) == 0  # measured: reused, no worker
-    again = json.loads((tmp_path / "cuda_memory.json").read_text())
-    assert [r["config"] for r in again["rows"]] == [row_name, "a row measured earlier"]
-    assert again["rows"][0]["least_capacity"] == least
+    # Under the peak the capped counter raises torch.OutOfMemoryError, recorded as an OOM in the steps.
+    case = next(c for c in harness.cpu_grid() if c.name == row_name)
+    capped = harness.run_case_subprocess(case, "cpu", 2, 1, tmp_path, cap_bytes=peak * 9 // 10)
+    assert capped["status"] == "oom" and capped["phase"] == "warm-up" and "cap" in capped["error"]
 
 
 def test_cuda_grid_covers_the_issue_axes():
