@@ -94,15 +94,16 @@ def whole_model_vocab_saved(backend: str, tokens_per_seq: int = 128, vocab: int 
             "dtypes": sorted({d for _, d in kept.values()})}
 
 
-def predicted_kept_per_token(dtype_name: str, compiled: bool, tokens: int = TOKENS, vocab: int = VOCAB) -> float:
-    """The memory model's bytes kept per token of one piece (LossTerms.saved / tokens)."""
+def predicted_kept_per_token(dtype_name: str, compiled: bool, tokens: int = TOKENS, vocab: int = VOCAB,
+                             loss: str = "chunked") -> float:
+    """The memory model's bytes kept per token by the loss (LossTerms.saved / tokens)."""
     from trainfit.core.memory.loss_kernels import loss_terms
     from trainfit.core.model_catalog import get_model
     from trainfit.core.setup import LoraSettings, TrainingSetup
 
     spec = dataclasses.replace(get_model("llama3.2-1b"), vocab_size=vocab, exact_params=None)
     setup = TrainingSetup(method="lora", lora=LoraSettings(), precision="bf16" if dtype_name == "bfloat16" else "fp32",
-                          loss="chunked", torch_compile=compiled, device="cpu")
+                          loss=loss, torch_compile=compiled, device="cpu")
     return loss_terms(spec, setup, tokens, head_trains=False).saved / tokens
 
 

@@ -74,6 +74,12 @@ class DeviceMemory:
         growing, or managed pages fill what the rest leaves)."""
         return int(self.capacity_bytes or 0) if self.fits_under_pressure else self.total_bytes
 
+    def _outside_pool_bytes(self) -> int:
+        """The margins neither in the tensor peak nor in the caching allocator's pool, managed memory
+        aside: the driver context and NCCL's buffers."""
+        return sum(c.bytes for c in self.components
+                   if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL + SPILLABLE)
+
     @property
     def reserved_peak_bytes(self) -> int | None:
         """What torch.cuda.max_memory_reserved would show: what the device shows less the margins
@@ -81,8 +87,7 @@ class DeviceMemory:
         None off the caching allocator (CPU, MPS)."""
         if not self.device.startswith("cuda"):
             return None
-        fixed = sum(c.bytes for c in self.components
-                    if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL + SPILLABLE)
+        fixed = self._outside_pool_bytes()
         free_running = self.total_bytes - fixed - self.spillable_bytes
         # At the card's limit the pool is what the card leaves: managed pages give way to it first.
         return min(free_running, self.device_total_bytes - fixed)
@@ -95,9 +100,7 @@ class DeviceMemory:
         measures it. None off the caching allocator (CPU, MPS)."""
         if not self.device.startswith("cuda"):
             return None
-        fixed = sum(c.bytes for c in self.components
-                    if not c.in_tensor_peak and c.name not in IN_ALLOCATOR_POOL + SPILLABLE)
-        return self.needed_bytes - fixed
+        return self.needed_bytes - self._outside_pool_bytes()
 
 
 @dataclass(frozen=True)

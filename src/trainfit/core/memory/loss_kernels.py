@@ -50,6 +50,15 @@ class LossTerms:
     what: str
 
 
+def compiled_loss_bytes_per_token(a: int, v: int) -> tuple[float, float]:
+    """(kept, backward grads) bytes per token of cross_entropy(logits.float()) under torch.compile:
+    AOTAutograd's partition (Inductor's) keeps the `a`-byte logits themselves and two fp32 per token
+    (max, log-sum-exp), never an fp32 copy, and the backward writes the logits' grad in their own
+    dtype (read on CPU for one piece and for a whole compiled transformers Llama:
+    bench/results/compiled_loss_cpu.md)."""
+    return a * v + 8.0, a * v
+
+
 def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -82,11 +91,8 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
     if setup.loss == "chunked":
         chunk = chunked_chunk_tokens(tokens)
         if setup.torch_compile:
-            # torchtune compiles compute_cross_entropy with the model: Inductor's partition of
-            # cross_entropy(logits.float()) keeps the piece's 16-bit logits themselves and two fp32 per
-            # token (max, log-sum-exp), never an fp32 copy, and its backward writes the logits' grad in
-            # their own dtype (the saved set read on CPU: bench/results/compiled_loss_cpu.md).
-            kept, grads = a * v + 8, a * v
+            # torchtune compiles compute_cross_entropy with the model: each piece keeps its logits.
+            kept, grads = compiled_loss_bytes_per_token(a, v)
             fwd_bytes = tokens * kept
             what = "torch.compile keeps each piece's 16-bit logits and its log-sum-exp"
         else:
@@ -114,11 +120,10 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
                          f"16-bit chunked cross-entropy: {tokens} tokens' logits and log_softmax kept in "
                          f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
     if setup.torch_compile:
-        # A compiled model's graph holds its loss: the partition keeps the 16-bit logits (the very
-        # tensor the model returns) and two fp32 per token (max, log-sum-exp), no fp32 copy, whatever
-        # the release's upcasts and shifted copies; the backward writes the logits' grad in their dtype
-        # (bench/results/compiled_loss_cpu.md: a whole transformers Llama compiled).
-        return LossTerms(tokens * (a * v + 8), 0.0, tokens * a * v,
+        # A compiled model's graph holds its loss: the logits it keeps are the very tensor the model
+        # returns, whatever the release's upcasts and shifted copies.
+        kept, grads = compiled_loss_bytes_per_token(a, v)
+        return LossTerms(tokens * kept, 0.0, tokens * grads,
                          f"logits + loss: {tokens} tokens x vocab {v} (torch.compile: the {a}-byte logits and "
                          "their log-sum-exp kept, no fp32 copy)")
     if legacy_loss_in_16bit(spec, setup):
