@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     with _stdout_to_stderr(args.json), quiet_libraries():  # library warnings are not the user's business
         summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
                         quiet=args.quiet, log=say)
-    from trainfit.train.runner import world
+    from trainfit.train.runner import end_distributed, world
+
+    end_distributed()
 
     if world()[0] != 0:
         return 0  # under a launcher only rank 0 reports

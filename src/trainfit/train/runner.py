@@ -118,6 +118,18 @@ def world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def end_distributed() -> None:
+    """At the end of a successful run under a launcher: wait for every rank, then tear the process
+    group down. Left to the interpreter's exit, gloo's and NCCL's threads can be destroyed while
+    still joinable, and a rank that finished its work aborts ("terminate called without an active
+    exception") and fails the launch."""
+    dist = sys.modules.get("torch.distributed")  # never imported: never initialised
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def resolve_device(cfg: RunConfig) -> str:
     import torch
 
