@@ -5,15 +5,17 @@ Every configuration runs in a fresh subprocess (`--worker`), so one CUDA OOM, le
 taint the next. A worker builds the model from its transformers config with random weights on the
 device (catalog shapes: Llama, Qwen2, Gemma-2, Phi, GPT-2, Mixtral), wraps it (PEFT LoRA, QLoRA
 through bitsandbytes exactly as `trainfit train` loads it, DeepSpeed ZeRO-3 offload or FSDP2 CPU
-offload at world size 1), resets the peak statistics, runs warm-up steps (the first optimizer step
+offload at world size 1, FSDP2 full shard as rank 0 of 2-8 ranks emulated in the one process by
+torch's fake process group: every buffer FSDP allocates, no data moved), resets the peak statistics, runs warm-up steps (the first optimizer step
 allocates the states, so warm-up counts for memory) and timed steps (cuda.synchronize around each),
 and reports:
   * CUDA: torch.cuda.max_memory_allocated / max_memory_reserved, NVML used memory (this process's
     entry, sampled every 20 ms; the device-wide rise over the pre-start reading as a fallback where
     a container hides the pid), median step seconds;
   * CPU (`--device cpu`, tiny shrunk models; what the test suite runs): the live-tensor peak from
-    trainfit.train.tensor_counter in place of max_memory_allocated over the warm-up steps (at least
-    two), then the timed steps without the counter; no reserved / NVML figures.
+    trainfit.train.tensor_counter (FSDP2's DTensors and in-place storage resizes counted too) in
+    place of max_memory_allocated over the warm-up steps (at least two), then the timed steps
+    without the counter; no reserved / NVML figures.
 A real out-of-memory error is recorded as status "oom" and compared with the prediction's verdict.
 With --least-capacity (memory), each selected row that fits is run again under allocator caps
 (torch.cuda.set_per_process_memory_fraction; a live-tensor cap in CPU mode), bisecting for the least
@@ -70,6 +72,7 @@ class Case:
     vocab: int | None = None  # another vocabulary size on the catalog model's layers
     inject_oom: bool = False  # raise torch.OutOfMemoryError at the first step (tests the OOM path)
     memory_only: bool = False  # a row meant to find the OOM edge: the speed twin skips it
+    cpu_shape: tuple[int, int, int] | None = None  # CPU mode: (layers, hidden, vocab) of the shrunk copy
 
 
 _OPTIMIZERS_MODELLED = set(get_args(Optimizer))  # rows with an optimizer this TrainingSetup lacks are dropped
@@ -90,6 +93,11 @@ def _s(method: str = "full", **kw) -> TrainingSetup:
     if method == "qlora":
         kw.setdefault("quant", "nf4-dq")
     return TrainingSetup(method=method, **kw)
+
+
+def _sharded(num_gpus: int, method: str = "full", **kw) -> TrainingSetup:
+    """FSDP full shard over `num_gpus` ranks (trainfit's FSDP2: one gradient per parameter)."""
+    return _s(method, num_gpus=num_gpus, zero_stage=3, fsdp_strategy="full-shard", **kw)
 
 
 _SETUP_FIELDS = {f.name for f in dataclasses.fields(TrainingSetup)}
@@ -188,6 +196,20 @@ def cuda_grid() -> list[Case]:
         Case("llama-8b fsdp cpu-offload full b1 s1024 ckpt", "llama3.1-8b",
              _s(micro_batch=1, zero_stage=3, offload="optimizer+params", grad_checkpointing="full",
                 fsdp_strategy="full-shard"), engine="fsdp"),
+        # FSDP2 full shard at 2, 4 and 8 ranks: rank 0's memory, the other ranks emulated in the one
+        # process (_init_emulated_process_group). No step time: the collectives move nothing.
+        Case("llama-1b fsdp x4 full b4 s1024", base, _sharded(4), engine="fsdp", memory_only=True),
+        Case("llama-8b fsdp x8 full b1 s2048 ckpt", "llama3.1-8b",
+             _sharded(8, micro_batch=1, seq_len=2048, grad_checkpointing="full"), engine="fsdp", memory_only=True),
+        Case("llama-8b fsdp x2 full b1 s2048 ckpt", "llama3.1-8b",
+             _sharded(2, micro_batch=1, seq_len=2048, grad_checkpointing="full"), engine="fsdp", memory_only=True),
+        Case("llama-8b fsdp x4 lora all-linear b4 s2048 ckpt", "llama3.1-8b",
+             _sharded(4, "lora", micro_batch=4, seq_len=2048, lora=LORA_ALL, grad_checkpointing="full"),
+             engine="fsdp", memory_only=True),
+        # Llama 2 70B's layers (8 of 80): units whose gathered parameters and gradients outweigh the activations
+        Case("llama2-70b-8l fsdp x8 full b1 s4096 ckpt", "meta-llama/Llama-3.1-70B",
+             _sharded(8, micro_batch=1, seq_len=4096, grad_checkpointing="full"), engine="fsdp", layers=8,
+             vocab=32000, memory_only=True),
     ]
     return cases
 
@@ -200,6 +222,9 @@ def cpu_grid() -> list[Case]:
              _s("lora", precision="fp32", micro_batch=2, seq_len=64, device="cpu")),
         Case("gpt2 full fp32 ckpt b2 s64", "gpt2", _s(precision="fp32", micro_batch=2, seq_len=64, device="cpu",
                                                     grad_checkpointing="full")),
+        # FSDP2 full shard: rank 0 of 2, emulated in the one process (_init_emulated_process_group)
+        Case("llama fsdp x2 full fp32 b2 s64", "llama3.2-1b", _sharded(2, precision="fp32", micro_batch=2,
+                                                                     seq_len=64, device="cpu"), engine="fsdp"),
         Case("mixtral lora fp32 sgd b2 s64", "mixtral-8x7b",
              _lora_for("mixtral", _s("lora", precision="fp32", micro_batch=2, seq_len=64, device="cpu",
                                      optimizer="sgd"))),
@@ -207,7 +232,7 @@ def cpu_grid() -> list[Case]:
 
 
 QUICK = {"cuda": ("llama-1b full b2 s1024", "llama-1b lora b2 s1024", "llama-1b qlora b2 s1024",
-                  "llama-1b full sgd", "llama-1b fsdp cpu-offload full b4 s1024"),
+                  "llama-1b full sgd", "llama-1b fsdp cpu-offload full b4 s1024", "llama-1b fsdp x4 full b4 s1024"),
          "cpu": ("llama full fp32 b2 s64", "qwen2 lora fp32 b2 s64", "gpt2 full fp32 ckpt b2 s64")}
 
 
@@ -234,7 +259,9 @@ def case_spec(case: Case, device: str):
     if device == "cpu":
         from trainfit.train.hf_config import shrink
 
-        spec = shrink(spec, layers=2, hidden=64, heads=4, vocab=512, max_positions=256)
+        layers, hidden, vocab = case.cpu_shape or (2, 64, 512)
+        spec = shrink(spec, layers=layers, hidden=hidden, heads=4, vocab=vocab,
+                      max_positions=max(256, case.setup.seq_len))
     return spec
 
 
@@ -290,10 +317,15 @@ def predict(case: Case, device: str, hardware_spec: str) -> dict:
     from trainfit.core.speed import predict_step
 
     spec = case_spec(case, device)
+    setup = case.setup
+    if device == "cpu" and setup.num_gpus > 1:
+        # estimate_memory refuses sharding on a CPU (no NCCL); the tensors are a GPU's, and CPU mode
+        # compares the tensor peak alone
+        setup, hardware_spec = dataclasses.replace(setup, device="cuda"), FALLBACK_GPU
     hw = resolve_hardware(hardware_spec)
     out: dict = {"hardware": hardware_spec, "params_total": None}
     try:
-        mem = estimate_memory(spec, case.setup, hw)
+        mem = estimate_memory(spec, setup, hw)
         dev = mem.devices[0]
         out.update(params_total=mem.params_total, tensor_peak_bytes=dev.tensor_peak_bytes, total_bytes=dev.total_bytes,
                    capacity_bytes=dev.capacity_bytes, fits=dev.fits, reserved_peak_bytes=dev.reserved_peak_bytes,
@@ -303,10 +335,15 @@ def predict(case: Case, device: str, hardware_spec: str) -> dict:
                    least_pool_bytes=dev.least_pool_bytes if device == "cuda" else dev.tensor_peak_bytes,
                    # every term, so the CUDA constants can be refitted from the JSON alone
                    components={c.name: c.bytes for c in dev.components}, notes=list(mem.notes))
+        if setup.num_gpus > 1 and out["device_total_bytes"] is not None:
+            # emulated ranks run no NCCL: what nvidia-smi would show less NCCL's own buffers
+            nccl = out["components"].get("nccl_buffers", 0)
+            out["device_total_bytes"] -= nccl
+            out["notes"].append(f"device_total_bytes leaves out NCCL's buffers ({nccl} B): the ranks are emulated")
     except Exception as exc:  # a setup the model refuses is a finding, not a harness crash
         out["memory_error"] = f"{type(exc).__name__}: {exc}"
     try:
-        out["step_seconds"] = predict_step(spec, case.setup, hw).step_seconds
+        out["step_seconds"] = predict_step(spec, setup, hw).step_seconds
     except Exception as exc:
         out["speed_error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -399,7 +436,7 @@ def _skip_reason(case: Case, device: str) -> str | None:
         return "deepspeed is not installed (carry its wheel: bench/README.md)"
     if case.engine == "deepspeed" and device != "cuda":
         return "DeepSpeed ZeRO-3 offload needs CUDA"
-    if case.engine == "fsdp" and device != "cuda":
+    if case.engine == "fsdp" and device != "cuda" and s.offload != "none":
         return "FSDP CPU offload needs a CUDA device to offload from"
     return None
 
@@ -526,20 +563,47 @@ def _deepspeed_engine(model, setup: TrainingSetup):
     return engine
 
 
-def _fsdp_model(model, setup: TrainingSetup):
-    """FSDP2 (fully_shard) over each decoder layer and the root, parameters offloaded to the CPU
-    (the optimizer then steps on the CPU), bf16 compute with fp32 gradient reduction."""
-    import torch
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+def _decoder_layers(model) -> list:
+    """The decoder layers FSDP wraps one unit each: the model's _no_split_modules, as Accelerate's
+    TRANSFORMER_BASED_WRAP finds them (through a PEFT wrapper too)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
 
-    _init_single_process_group("nccl")
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+
+def _init_emulated_process_group(world_size: int) -> None:
+    """Rank 0 of `world_size` ranks, emulated in this one process: torch's fake process group
+    (torch.testing._internal.distributed.fake_pg, what torch's own FSDP memory tests use) accepts
+    every collective and moves no data. FSDP still allocates every buffer it would hand a real
+    collective (all-gather outputs, reduce-scatter inputs), so what rank 0 allocates is what it
+    would on a real world of that size, less NCCL's own buffers. The values are garbage; a dense
+    model's memory does not depend on them."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+
+
+def _fsdp_model(model, setup: TrainingSetup):
+    """FSDP2 (fully_shard) over each decoder layer and the root, bf16 compute and gradient
+    reduction. With offload "optimizer+params" the parameters live on the CPU (the optimizer then
+    steps there), at world size 1; with setup.num_gpus > 1 the shards are rank 0's of that many
+    ranks, emulated on this one device (_init_emulated_process_group)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if setup.num_gpus > 1:
+        _init_emulated_process_group(setup.num_gpus)
+    else:
+        _init_single_process_group("nccl")
+    # Accelerate's policy for mixed_precision bf16: gradients reduced in bf16 too (core/memory/fsdp.py)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
         if setup.precision.startswith("bf16") else MixedPrecisionPolicy()
-    inner = getattr(model, "model", None) or getattr(model, "transformer")  # Llama-style / GPT-2-style
-    layers = getattr(inner, "layers", None) or getattr(inner, "h")
-    for layer in layers:
-        fully_shard(layer, mp_policy=mp, offload_policy=CPUOffloadPolicy())
-    fully_shard(model, mp_policy=mp, offload_policy=CPUOffloadPolicy())
+    offload = CPUOffloadPolicy() if setup.offload == "optimizer+params" else OffloadPolicy()
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
     return model
 
 
@@ -547,9 +611,9 @@ def _capped_counter(cap_bytes: int):
     """The live-tensor counter with a limit: the CPU mode's stand-in for a card's capacity."""
     import torch
 
-    from trainfit.train.tensor_counter import TensorBytesCounter
+    from fsdp_no_sync_cpu import FsdpTensorCounter
 
-    class CappedCounter(TensorBytesCounter):
+    class CappedCounter(FsdpTensorCounter):
         def _add_storage(self, storage) -> None:
             super()._add_storage(storage)
             if self.current_bytes > cap_bytes:
@@ -587,7 +651,8 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path, 
             torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
         spec = case_spec(case, device)
         setup = case.setup
-        build_device = "cpu" if case.engine == "fsdp" else device  # FSDP moves/offloads it itself
+        offloaded = case.engine == "fsdp" and setup.offload != "none"
+        build_device = "cpu" if offloaded else device  # FSDP's CPU offload moves it itself
         model = _wrap(_hf_model(spec, setup, build_device, workdir), case, setup, device)
         engine = None
         if case.engine == "deepspeed":
@@ -602,7 +667,7 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path, 
             if getattr(setup, "optimizer_in_backward", False):
                 _optimizer_in_backward(params, setup, device)
             else:
-                opt = _optimizer(params, setup, device, fused=case.engine == "plain")
+                opt = _optimizer(params, setup, device, fused=not offloaded)
         # Activation offloading: saved tensors go to pinned host memory (TRL / torchtune's approach).
         saved = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=device == "cuda")) \
             if getattr(setup, "activation_offload", False) else contextlib.nullcontext
@@ -649,10 +714,14 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path, 
             state["process_max"] = state["device_max"] = None
             result["allocated_after_build_bytes"] = torch.cuda.memory_allocated()
         else:
-            from trainfit.train.tensor_counter import TensorBytesCounter
+            # trainfit's live-tensor counter, also counting DTensors by their local shard and FSDP2's
+            # in-place storage resizes (unshard / reshard), which no op reports
+            from fsdp_no_sync_cpu import FsdpTensorCounter, patched_fsdp_storage
 
-            counter = TensorBytesCounter() if cap_bytes is None else _capped_counter(cap_bytes)
-            existing = list(model.parameters()) + list(model.buffers()) + batches
+            counter = FsdpTensorCounter() if cap_bytes is None else _capped_counter(cap_bytes)
+            # an FSDP2 parameter is a DTensor: its storage is the local shard's
+            existing = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()] \
+                + list(model.buffers()) + batches
             counter.track_existing(existing)
             storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in existing}
             result["allocated_after_build_bytes"] = sum(storages.values())  # tied weights once
@@ -661,7 +730,7 @@ def run_worker(case: Case, device: str, warmup: int, steps: int, workdir: Path, 
             # The live-tensor counter is a Python dispatch hook on every op (10-100x slower steps), so
             # on the CPU it watches the warm-up steps only - at least two: from the second step on the
             # optimizer states are alive during backward - and the timed steps run without it.
-            with counter:
+            with counter, patched_fsdp_storage(counter):
                 for _ in range(max(2, warmup)):
                     phase = "warm-up"
                     step()

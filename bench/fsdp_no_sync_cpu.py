@@ -483,11 +483,12 @@ def conclusion(comparison: dict, measured: dict, predicted: dict) -> str:
                    for mode in MODES}
     bs, bn = at["sync"]["breakdown"], at["no_sync"]["breakdown"]
     return text + (
-        f"The step's peak, though, grows by only {_mib(d['measured_bytes'])} MiB, not the "
+        f"The step's peak, though, grows by {_mib(d['measured_bytes'])} MiB, against the "
         f"{_mib(d['predicted_bytes'])} MiB the model adds ({_pct(d['error_pct'])}). Above what each mode holds "
         f"between micro-batches the model puts {_mib(model_above['sync'])} MiB (sync, at its "
-        f"{predicted['sync']['peak_phase']}: gathered units, the unsharded gradients of the layer in backward and of "
-        f"the lm_head, which the root unit reduce-scatters last, and activations) and "
+        f"{predicted['sync']['peak_phase']}: gathered units, the unsharded gradients of the layer in backward, of the "
+        f"previous layer (its reduce-scatter input, which FSDP2 keeps until the next unit reduces) and of the "
+        f"lm_head, which the root unit reduce-scatters last, and activations) and "
         f"{_mib(model_above['no_sync'])} MiB (no_sync: gathered units, activations and logits, the gradients being "
         f"inside the accumulated whole); measured, it is {_mib(above['sync'])} MiB "
         f"and {_mib(above['no_sync'])} MiB. The sync peak is in the "
@@ -498,9 +499,8 @@ def conclusion(comparison: dict, measured: dict, predicted: dict) -> str:
         f"into it in place and reduce nothing, and the last one reduce-scatters it unit by unit, freeing each unit's "
         f"unsharded gradient as it goes; its peak ({at['no_sync']['phase']}) holds "
         f"{_mib(bn[BREAKDOWN[3]])} MiB of unsharded gradients and {_mib(bn[BREAKDOWN[5]])} MiB of communication "
-        f"buffers. So the whole-model term is right as what is held; the sync peak's reduce-scatter buffers "
-        f"({_mib(bs[BREAKDOWN[5]])} MiB), which the model does not count, are what makes the measured difference "
-        f"of the peaks smaller than the predicted one. Absolute "
+        f"buffers. So the whole-model term is right as what is held, and the difference of the peaks follows from "
+        f"what each peak holds beside it: the sync one's gradients being reduced and their buffers. Absolute "
         f"peaks: sync {_mib(ps['measured_bytes'])} MiB measured vs {_mib(ps['predicted_bytes'])} MiB predicted "
         f"({_pct(ps['error_pct'])}), no_sync {_mib(pn['measured_bytes'])} vs {_mib(pn['predicted_bytes'])} MiB "
         f"({_pct(pn['error_pct'])}{', on the safe side' if pn['error_pct'] and pn['error_pct'] > 0 else ''}). "

@@ -211,3 +211,16 @@ def test_a_failing_or_hung_worker_becomes_a_row(tmp_path):
     hung = harness.run_case_subprocess(harness.cpu_grid()[0], "cpu", 1, 1, tmp_path, timeout_seconds=0.5)
     assert hung["status"] == "timeout"
     assert list(tmp_path.glob("cuda-harness-*.json")) == []  # no result files left behind
+
+
+def test_fsdp_row_measures_rank_0_of_two_emulated_in_one_process(tmp_path):
+    """FSDP2 full shard at world size 2 in one process (torch's fake process group): rank 0 holds half
+    the parameters, and its live peak (DTensor shards and FSDP's storage resizes counted) is the
+    model's per-GPU tensor peak."""
+    assert _run("memory", tmp_path, "--only", "fsdp x2", "--warmup", "1", "--steps", "1") == 0
+    row = json.loads((tmp_path / "cuda_memory.json").read_text())["rows"][0]
+    assert row["config"] == "llama fsdp x2 full fp32 b2 s64" and row["measured"]["status"] == "ok"
+    shards = row["predicted"]["components"]["weights"]  # fp32 parameters / 2
+    assert shards <= row["measured"]["allocated_after_build_bytes"] < 1.05 * shards
+    assert abs(row["errors"]["tensor_peak_vs_allocated_pct"]) < 3
+    assert any("NCCL" in n for n in row["predicted"]["notes"])  # emulated ranks run no NCCL

@@ -172,8 +172,12 @@ def test_fsdp_mixed_units_keep_gradients_for_every_decoder_weight(llama):
     mixed = model_states(llama, st, dataclasses.replace(s, fsdp_mixed_units=True), params)
     assert apart.gradients == pytest.approx(params * 4 / 2)
     assert mixed.gradients == pytest.approx((st.total - root_params(st)) * 2 / 2)
-    # one decoder layer's unsharded gradient before its reduce-scatter, in the 16-bit compute dtype
-    assert mixed.gathered - apart.gathered == pytest.approx(st.per_layer * 2)
+    # in a layer's backward, unsharded gradients in the 16-bit compute dtype: FSDP2 the layer's and the
+    # previous one's reduce-scatter input, FSDP1 the layer's alone
+    assert mixed.gathered - apart.gathered == pytest.approx(2 * st.per_layer * 2)
+    flat = dataclasses.replace(s, fsdp_flat_params=True)
+    assert (model_states(llama, st, dataclasses.replace(flat, fsdp_mixed_units=True), params).gathered
+            - model_states(llama, st, flat, params).gathered) == pytest.approx(st.per_layer * 2)
 
 
 def test_peft_kbit_upcast_makes_the_rest_fp32_unless_sharded(llama):
@@ -210,13 +214,12 @@ def test_fsdp_no_sync_keeps_every_trained_unit_unsharded_between_micro_batches(l
                          grad_accum=4, grad_checkpointing="full")
     synced = _phases(estimate_memory(llama, full))
     no_sync = _phases(estimate_memory(llama, dataclasses.replace(full, fsdp_no_sync=True)))
-    # accumulation micro-steps: the whole model's bf16 gradient instead of a quarter of it; the one
-    # layer's unsharded gradient of a synced backward is then part of that whole (bench/fsdp_no_sync_cpu.py)
-    extra_gib = (2 * st.total - 2 * st.total / 4 - 2 * st.per_layer) / 2**30
+    # accumulation micro-steps: the whole model's bf16 gradient instead of a quarter of it
+    # (bench/fsdp_no_sync_cpu.py); no layer's gradient is being reduced in a forward
+    extra_gib = (2 * st.total - 2 * st.total / 4) / 2**30
     assert no_sync["forward"] == pytest.approx(synced["forward"] + extra_gib, abs=0.01)
-    # at the step both hold shards (the last micro-batch reduce-scatters); the FSDP floor's one-layer
-    # gradient term is the only difference
-    assert no_sync["optimizer step"] == pytest.approx(synced["optimizer step"] - 2 * st.per_layer / 2**30, abs=0.01)
+    # at the step both hold shards (the last micro-batch reduce-scatters) and nothing gathered
+    assert no_sync["optimizer step"] == pytest.approx(synced["optimizer step"], abs=0.01)
     # LoRA: adapters in their own units keep only themselves; inside the frozen layer's unit, every
     # decoder weight (LitGPT's Blocks)
     lora = dataclasses.replace(full, method="lora", lora=LoraSettings())

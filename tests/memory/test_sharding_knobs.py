@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from trainfit.core.memory import estimate_memory
+from trainfit.core.memory.fsdp import gathered_by_phase
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.model_catalog import get_model
@@ -49,8 +50,18 @@ def test_fsdp_full_shard_states_and_floor(llama):
     # fp32 flat parameters sharded are the master weights: 4 + 4 (grads) + 8 (Adam) = 16 B / 8 GPUs
     assert s.weights == pytest.approx(4 * p / 8) and s.gradients == pytest.approx(4 * p / 8)
     assert s.optimizer == pytest.approx(8 * p / 8) and s.master_weights == 0 and s.buckets == 0
-    # floor: root unit gathered (bf16) + current and prefetched layer + one layer's bf16 gradient
-    assert s.gathered == pytest.approx(2 * root + 2 * 2 * layer + 2 * layer)
+    # floor, in a layer's backward: root unit gathered (bf16) + current and prefetched layer + two layers'
+    # bf16 gradients (FSDP2 holds the previous layer's reduce-scatter input)
+    assert s.gathered == pytest.approx(2 * root + 2 * 2 * layer + 2 * 2 * layer)
+    setup = TrainingSetup(num_gpus=8, zero_stage=3, fsdp_strategy="full-shard")
+    phases = gathered_by_phase(st, setup)
+    assert phases["layer backward"] == s.gathered
+    assert phases["first layer backward"] == pytest.approx(2 * root + 3 * 2 * layer)  # none reduced before it
+    assert phases["loss backward"] == pytest.approx(2 * root + 2 * layer)  # the last layer, prefetched
+    assert phases["forward"] == pytest.approx(2 * root + 2 * 2 * layer)
+    assert phases["optimizer step"] == 0  # every unit resharded after backward
+    flat = gathered_by_phase(st, dataclasses.replace(setup, fsdp_flat_params=True))
+    assert flat["layer backward"] == pytest.approx(2 * root + 3 * 2 * layer)  # FSDP1: no buffer held
     # DeepSpeed ZeRO-3 on the same GPUs holds 16-bit weights + fp32 master separately
     z = _states(llama, num_gpus=8, zero_stage=3)
     assert z.master_weights == pytest.approx(4 * p / 8) and z.weights == pytest.approx(2 * p / 8)
@@ -68,7 +79,7 @@ def test_fsdp_floor_is_not_total_over_n(llama):
 def test_fsdp_shard_grad_op_keeps_every_parameter_gathered(llama):
     st = model_stats(llama)
     s = _states(llama, num_gpus=8, zero_stage=2, fsdp_strategy="shard-grad-op")
-    assert s.gathered == pytest.approx(2 * st.total + 2 * st.per_layer)
+    assert s.gathered == pytest.approx(2 * st.total + 2 * 2 * st.per_layer)
     assert s.weights == pytest.approx(4 * st.total / 8)
 
 
@@ -96,7 +107,8 @@ def test_fsdp_cpu_offload_on_one_gpu(llama):
     assert gpu["weights"] == 0 and "optimizer" not in gpu and "master_weights" not in gpu
     # parameters (fp32), their gradients (fp32) and both Adam moments on the host: 16 B/param
     assert cpu["offload"] == pytest.approx(16 * st.total, rel=1e-6)
-    assert gpu["fsdp_gathered"] == pytest.approx(2 * (st.embedding + st.lm_head) + 6 * st.per_layer, rel=1e-6)
+    # at its peak, a layer's backward: the root, two layers and two layers' gradients, all bf16
+    assert gpu["fsdp_gathered"] == pytest.approx(2 * (st.embedding + st.lm_head) + 8 * st.per_layer, rel=1e-6)
 
 
 # --- 2. ZeRO-3 on one GPU with offload (ZeRO-Infinity CPU) ---------------------------------------

@@ -21,13 +21,15 @@ from trainfit.core.memory.framework_effects import (BNB_QUANTS, cached_kv_bytes_
                                                     held_layer_input_grads, kbit_upcast_applies,
                                                     no_sync_gradient_bytes, previous_has_inputs, quantised_lm_head,
                                                     returned_logits_bytes, step_temporary_bytes)
-from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, flat_root_bytes, gathered_bytes, no_sync_applies
+from trainfit.core.memory.fsdp import (SHARDED_STRATEGIES, flat_root_bytes, gathered_by_phase, gathered_what,
+                                       no_sync_applies)
 from trainfit.core.memory.inference import inference_components
 from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, model_dropout, quant_formats, vision
 from trainfit.core.memory.model_knob_checks import check_model_knobs
-from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, phase_pool_bytes, required_bytes
+from trainfit.core.memory.overheads import (ACTIVATION_PHASES, STEP_PHASES, cpu_capacity, gpu_capacity, margins,
+                                           phase_pool_bytes, required_bytes)
 from trainfit.core.memory.paged_states import paged_note, paged_what
 from trainfit.core.memory.states import model_states, trained_param_bytes
 from trainfit.core.memory.stats import lora_stats, model_stats
@@ -243,7 +245,11 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     # FSDP1 at the embedding's backward: the lm_head's gradient, the embedding's and their
     # concatenation into the root's flat gradient, all at once (bench/fsdp_flat_root_cpu.py).
     root_cat = flat_root_bytes(st, setup, head_grad if not model.tie_embeddings else 0.0) if flat else 0.0
-    base = weights + ref + states.optimizer + states.master_weights + states.gathered + states.buckets
+    base = weights + ref + states.optimizer + states.master_weights + states.buckets
+    # What sharding holds gathered in each phase: FSDP's changes through the step (fsdp.gathered_by_phase);
+    # ZeRO-3's current and prefetched block are counted in every phase.
+    gathered = gathered_by_phase(st, setup) or dict.fromkeys(
+        ACTIVATION_PHASES + STEP_PHASES + ("first layer backward",), states.gathered)
     acts = saved_layers + final + cache
     # Reference forward (no_grad) of DPO: logits for all chosen+rejected tokens, one layer's temps.
     ref_fwd = 0.0
@@ -259,20 +265,33 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     kv_cache = cached_kv_bytes_per_token(model, setup, r if setup.quant in BNB_QUANTS else a) * tokens
     kv_kept = kv_cache if setup.output_kept else 0.0  # the kept output holds its cache too
     phases = {
-        "forward": base + g_acc + acts + loss_saved + loss_fwd + transient + dora_tmp + previous + kv_cache,
-        "loss backward": base + g_acc + acts + loss_saved + loss_bwd + transient + kept + kv_kept,
-        "optimizer step": base + states.gradients + step_tmp + kept + kv_kept,
+        "forward": acts + loss_saved + loss_fwd + transient + dora_tmp + previous + kv_cache + g_acc,
+        "loss backward": acts + loss_saved + loss_bwd + transient + kept + kv_kept + g_acc,
+        "optimizer step": states.gradients + step_tmp + kept + kv_kept,
         # The embedding backward (embedding_dense_backward) builds a dense vocab x hidden grad
         # while every other grad is alive; tied embeddings add it to the lm_head's grad in place
         # (measured on CPU: two such tensors for tied, one for untied).
-        "backward end": base + end_grads + emb_grad_tmp + root_cat + kept,
-        "layer backward": base + held_grads + saved_layers + input_grads + final + recompute + cache + kept,
-        "reference forward": base + g_acc + ref_fwd,
+        "backward end": end_grads + emb_grad_tmp + root_cat + kept,
+        "layer backward": held_grads + saved_layers + input_grads + final + recompute + cache + kept,
+        "reference forward": ref_fwd + g_acc,
     }
+    phases = {name: base + gathered[name] + more for name, more in phases.items()}
+    # FSDP2 holds two layers' unsharded gradients from the second layer's backward on
+    # (fsdp.gathered_by_phase), when one layer's saved tensors (or its checkpoint) are gone and its
+    # sharded gradient has arrived from the reduce-scatter.
+    one_layer_saved = saved_layers / n if n > 1 else 0.0
+    first_layer = phases["layer backward"] - gathered["layer backward"] + gathered["first layer backward"]
+    # (a new one: when micro-batches accumulate, it adds into the sharded gradients g_acc holds already)
+    one_layer_grad = states.gradients / n if gathered["layer backward"] and not g_acc else 0.0
+    later_layers = phases["layer backward"] - one_layer_saved + one_layer_grad
+    two_grads = later_layers > first_layer
+    phases["layer backward"] = max(first_layer, later_layers)
+    if not two_grads:
+        gathered["layer backward"], one_layer_saved, one_layer_grad = gathered["first layer backward"], 0.0, 0.0
     where_peak = max(phases, key=phases.get)
     notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
-    pool = phase_pool_bytes(phases, resident=base + g_acc)
+    pool = phase_pool_bytes(phases, resident=base + min(gathered.values()) + g_acc)
     comps = [
         C("weights", int(states.weights), _weights_what(setup, model, st), True),
     ]
@@ -288,8 +307,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         comps.append(C("master_weights", int(states.master_weights), "fp32 master copy (4 B/param, sharded by ZeRO)", True))
     if states.optimizer:
         comps.append(C("optimizer", int(states.optimizer), _opt_what(setup), True))
-    if states.gathered and setup.fsdp_strategy != "none":
-        comps.append(C("fsdp_gathered", int(states.gathered), gathered_bytes(st, setup)[1], True))
+    if gathered[where_peak] and setup.fsdp_strategy != "none":
+        comps.append(C("fsdp_gathered", int(gathered[where_peak]), gathered_what(st, setup, where_peak), True))
     elif states.gathered:
         comps.append(C("zero3_gathered", int(states.gathered), "ZeRO-3: current + prefetched decoder block, 16-bit", True))
     if states.buckets:
@@ -316,7 +335,8 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         return comps, pool
     if where_peak == "layer backward":
         held_what = f" + {n - 1} layer-input gradients held by FSDP's reshard hooks" if input_grads else ""
-        comps.append(C("activations", int(saved_layers + input_grads + final + recompute), ckpt_what + held_what,
+        comps.append(C("activations", int(saved_layers - one_layer_saved + input_grads + final + recompute),
+                       ckpt_what + held_what + (" (one layer's done: its backward ran)" if one_layer_saved else ""),
                        True))
         if cache:
             comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights", True))
@@ -325,6 +345,9 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                            "unit's reduce-scatter at the end of backward", True))
         elif not g_acc and head_grad:
             comps.append(C("gradients", int(head_grad), "lm_head gradient, alive before layers recompute", True))
+        if one_layer_grad:
+            comps.append(C("reduced_layer_gradient", int(one_layer_grad), "the sharded gradient of the layer whose "
+                           "backward ran first, back from its reduce-scatter", True))
         return comps, pool
     comps.append(C("activations", int(saved_layers + final), ckpt_what, True))
     if cache:

@@ -75,30 +75,79 @@ def unit_bytes(st: ModelStats, setup: TrainingSetup) -> float:
     return linear * stored_bytes_per_param(setup.quant) + (st.per_layer - linear) * c
 
 
-def gathered_bytes(st: ModelStats, setup: TrainingSetup) -> tuple[float, str]:
-    """(bytes, what) of the unsharded parameters and gradient FSDP holds on each GPU at its peak."""
-    # A frozen base under LoRA has no gradient to reduce, unless the adapters share its units
-    # (TrainingSetup.fsdp_mixed_units: FSDP keeps gradients for the whole unit).
+def _reduce_gradient_bytes(st: ModelStats, setup: TrainingSetup) -> float:
+    """One unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above).
+    A frozen base under LoRA has no gradient to reduce, unless the adapters share its units
+    (TrainingSetup.fsdp_mixed_units: FSDP keeps gradients for the whole unit). Under no_sync
+    accumulation it is part of the whole unsharded gradient counted with the gradients
+    (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)."""
     trains_base = not setup.trains_adapters or setup.fsdp_mixed_units
+    return unit_bytes(st, setup) if trains_base and not no_sync_applies(setup) else 0.0
+
+
+def gathered_by_phase(st: ModelStats, setup: TrainingSetup) -> dict[str, float] | None:
+    """What FSDP holds gathered (unsharded parameters and the gradient being reduced) in each phase
+    of the step (estimate.py's phases); None where it does not shard parameters.
+
+    Full shard: the forward holds the root and the current and next decoder layer; the loss's
+    backward the root and the last layer, whose all-gather is issued as backward begins (its
+    buffer is alive before its parameters are); a layer's backward the root, the current and
+    prefetched layer and the current layer's unsharded gradient; the embedding's backward, the
+    last, the root and the first layer's gradient on its way to the reduce-scatter. After backward
+    every unit is resharded, so the optimizer steps with nothing gathered. Measured with FSDP2 on
+    CPU at an emulated world size (bench/fsdp_phases_cpu.py: at the loss backward's peak the root's
+    parameters and one layer-sized all-gather buffer are alive, at a layer's backward two layers'
+    gradients)."""
+    if setup.fsdp_strategy not in SHARDED_STRATEGIES:
+        return None
     c = compute_bytes(setup)
-    layer = unit_bytes(st, setup) / c
-    # one unit's unsharded gradient before reduce-scatter (reduce dtype = compute dtype, see above);
-    # under no_sync accumulation it is part of the whole unsharded gradient counted with the
-    # gradients (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)
-    reduce_grad = layer * c if trains_base and not no_sync_applies(setup) else 0.0
-    strategy = setup.fsdp_strategy
-    if strategy == "full-shard":
-        root = root_params(st)
-        return (root * c + 2 * layer * c + reduce_grad,
-                f"FSDP full shard: root unit (embeddings, lm_head) + current and prefetched decoder layer "
-                f"gathered in {c}-byte compute dtype + one layer's unsharded gradient")
-    if strategy == "shard-grad-op":
-        return (st.total * c + reduce_grad,
-                f"FSDP SHARD_GRAD_OP: every parameter gathered in {c}-byte compute dtype from forward to "
-                f"backward + one layer's unsharded gradient")
-    if strategy == "no-shard" and setup.precision.endswith("-mixed"):
-        return st.total * c, f"FSDP NO_SHARD: {c}-byte compute copy of the flat parameters"
-    return 0.0, ""
+    layer = unit_bytes(st, setup)
+    reduce_grad = _reduce_gradient_bytes(st, setup)
+    # FSDP2 keeps the previous unit's reduce-scatter input (its whole gradient, flattened) alive
+    # until the next unit's reduce (FSDPCommContext.reduce_scatter_states, one buffer by default:
+    # set_reduce_scatter_max_input_buffers), so a layer's backward runs beside two layers'
+    # gradients from the second layer's backward on ("first layer backward": the first has none
+    # before it); FSDP1 frees its flat gradient once the reduce-scatter is issued.
+    held_grads = reduce_grad if setup.fsdp_flat_params else 2 * reduce_grad
+    if setup.fsdp_strategy == "full-shard":
+        root = root_params(st) * c
+        running = root + 2 * layer
+        return {"forward": running, "reference forward": running, "loss backward": root + layer,
+                "first layer backward": running + reduce_grad, "layer backward": running + held_grads,
+                "backward end": root + reduce_grad, "optimizer step": 0.0}
+    whole = st.total * c  # SHARD_GRAD_OP: gathered from forward to the end of backward
+    return {"forward": whole, "reference forward": whole, "loss backward": whole,
+            "first layer backward": whole + reduce_grad, "layer backward": whole + held_grads,
+            "backward end": whole + reduce_grad, "optimizer step": 0.0}
+
+
+def gathered_bytes(st: ModelStats, setup: TrainingSetup) -> float:
+    """The unsharded parameters and gradient FSDP holds on each GPU at its most (per phase:
+    gathered_by_phase)."""
+    if setup.fsdp_strategy in SHARDED_STRATEGIES:
+        return gathered_by_phase(st, setup)["layer backward"]
+    if setup.fsdp_strategy == "no-shard" and setup.precision.endswith("-mixed"):
+        return float(st.total * compute_bytes(setup))  # the compute copy of the flat parameters
+    return 0.0
+
+
+def gathered_what(st: ModelStats, setup: TrainingSetup, phase: str) -> str:
+    """What gathered_by_phase holds in `phase`, in words."""
+    c = compute_bytes(setup)
+    if setup.fsdp_strategy == "no-shard":
+        return f"FSDP NO_SHARD: {c}-byte compute copy of the flat parameters"
+    held = {"full-shard": {
+        "forward": "root unit (embeddings, lm_head) + current and next decoder layer",
+        "reference forward": "root unit (embeddings, lm_head) + current and next decoder layer",
+        "loss backward": "root unit (embeddings, lm_head) + the last decoder layer, prefetched for backward",
+        "layer backward": "root unit (embeddings, lm_head) + current and prefetched decoder layer + the "
+                          "unsharded gradient of one layer (FSDP1) or two (FSDP2: the previous one's reduce-scatter "
+                          "input)",
+        "backward end": "root unit (embeddings, lm_head) + one layer's unsharded gradient"},
+        "shard-grad-op": dict.fromkeys(("forward", "reference forward", "loss backward"),
+                                       "SHARD_GRAD_OP: every parameter, from forward to backward"),
+    }[setup.fsdp_strategy].get(phase, "SHARD_GRAD_OP: every parameter + the unsharded gradients being reduced")
+    return f"FSDP {held}, parameters in the {c}-byte compute dtype"
 
 
 def fsdp_shards(setup: TrainingSetup) -> int:

@@ -233,7 +233,7 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
         # every decoder weight, in the flat parameter's dtype; the root unit (embeddings, lm_head)
         # holds no adapter and keeps none.
         grads = (st.total - root_params(st)) * (w / st.total if st.total else 0.0) / n
-    gathered, _ = gathered_bytes(st, setup)
+    gathered = gathered_bytes(st, setup)
     # A quantised weight's scales (bitsandbytes' QuantState absmax, LLM.int8's SCB, GPTQ/AWQ scale
     # buffers) are neither parameters nor sharded buffers: every rank keeps all of them (fsdp_qlora
     # train.py: "FSDP only syncs parameters and buffers, so the quant_state isn't copied").
