@@ -276,18 +276,27 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         "reference forward": ref_fwd + g_acc,
     }
     phases = {name: base + gathered[name] + more for name, more in phases.items()}
-    # FSDP2 holds two layers' unsharded gradients from the second layer's backward on
-    # (fsdp.gathered_by_phase), when one layer's saved tensors (or its checkpoint) are gone and its
-    # sharded gradient has arrived from the reduce-scatter.
-    one_layer_saved = saved_layers / n if n > 1 else 0.0
+    # The backward runs the layers last to first: before the k-th, k-1 layers' saved tensors (or
+    # checkpoints) are gone and their gradients have arrived (sharded under ZeRO / FSDP; FSDP2 then
+    # also holds a second layer's unsharded gradient, fsdp.gathered_by_phase). The phase is linear
+    # in k from the second layer on, so it is at its most at the first, second or last layer: the
+    # last where a layer's gradient outweighs what it saved, as in a checkpointed full fine-tune
+    # (measured on CPU: bench/fsdp_phases_cpu.py, tests/memory/test_layer_backward.py).
+    layer_grad = 0.0 if g_acc or setup.optimizer_in_backward or not n else (
+        states.gradients * (st.per_layer / st.total if full and st.total else 1.0 / n))
     first_layer = phases["layer backward"] - gathered["layer backward"] + gathered["first layer backward"]
-    # (a new one: when micro-batches accumulate, it adds into the sharded gradients g_acc holds already)
-    one_layer_grad = states.gradients / n if gathered["layer backward"] and not g_acc else 0.0
-    later_layers = phases["layer backward"] - one_layer_saved + one_layer_grad
-    two_grads = later_layers > first_layer
-    phases["layer backward"] = max(first_layer, later_layers)
-    if not two_grads:
-        gathered["layer backward"], one_layer_saved, one_layer_grad = gathered["first layer backward"], 0.0, 0.0
+
+    def layer_backward(k: int) -> float:
+        if k == 1:
+            return first_layer
+        return (first_layer - gathered["first layer backward"] + gathered["layer backward"]
+                - (k - 1) * saved_layers / n + (k - 1) * layer_grad)
+
+    k_peak = max(sorted({1, 2, n} if n > 1 else {1}), key=layer_backward)
+    phases["layer backward"] = layer_backward(k_peak)
+    done_layers = k_peak - 1  # layers whose backward ran before the phase's peak
+    if not done_layers:
+        gathered["layer backward"] = gathered["first layer backward"]
     where_peak = max(phases, key=phases.get)
     notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
@@ -335,9 +344,10 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         return comps, pool
     if where_peak == "layer backward":
         held_what = f" + {n - 1} layer-input gradients held by FSDP's reshard hooks" if input_grads else ""
-        comps.append(C("activations", int(saved_layers - one_layer_saved + input_grads + final + recompute),
-                       ckpt_what + held_what + (" (one layer's done: its backward ran)" if one_layer_saved else ""),
-                       True))
+        left = saved_layers * (n - done_layers) / n
+        comps.append(C("activations", int(left + input_grads + final + recompute),
+                       ckpt_what + held_what + (f"; {done_layers} layer(s) done (their backward ran)" if done_layers
+                                                else ""), True))
         if cache:
             comps.append(C("autocast_weight_cache", int(cache), "autocast's 16-bit copies of trained weights", True))
         if head_apart and g_acc:
@@ -345,9 +355,11 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                            "unit's reduce-scatter at the end of backward", True))
         elif not g_acc and head_grad:
             comps.append(C("gradients", int(head_grad), "lm_head gradient, alive before layers recompute", True))
-        if one_layer_grad:
-            comps.append(C("reduced_layer_gradient", int(one_layer_grad), "the sharded gradient of the layer whose "
-                           "backward ran first, back from its reduce-scatter", True))
+        if done_layers and layer_grad:
+            comps.append(C("finished_layer_gradients", int(done_layers * layer_grad),
+                           f"gradients of the {done_layers} layer(s) whose backward ran first"
+                           + (" (sharded, back from their reduce-scatter)" if setup.shard_group > 1 and
+                              setup.zero_stage >= 2 else ""), True))
         return comps, pool
     comps.append(C("activations", int(saved_layers + final), ckpt_what, True))
     if cache:
