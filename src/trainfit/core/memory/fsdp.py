@@ -92,7 +92,7 @@ def gathered_by_phase(st: ModelStats, setup: TrainingSetup) -> dict[str, float] 
     Full shard: the forward holds the root and the current and next decoder layer; the loss's
     backward the root and the last layer, whose all-gather is issued as backward begins (its
     buffer is alive before its parameters are); a layer's backward the root, the current and
-    prefetched layer and the current layer's unsharded gradient; the embedding's backward, the
+    prefetched layer and the unsharded gradients being reduced (below); the embedding's backward, the
     last, the root and the first layer's gradient on its way to the reduce-scatter. After backward
     every unit is resharded, so the optimizer steps with nothing gathered. Measured with FSDP2 on
     CPU at an emulated world size (bench/fsdp_phases_cpu.py: at the loss backward's peak the root's
