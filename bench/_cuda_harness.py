@@ -6,8 +6,9 @@ taint the next. A worker builds the model from its transformers config with rand
 device (catalog shapes: Llama, Qwen2, Gemma-2, Phi, GPT-2, Mixtral), wraps it (PEFT LoRA, QLoRA
 through bitsandbytes exactly as `trainfit train` loads it, DeepSpeed ZeRO-3 offload or FSDP2 CPU
 offload at world size 1, FSDP2 full shard as rank 0 of 2-8 ranks emulated in the one process by
-torch's fake process group: every buffer FSDP allocates, no data moved), resets the peak statistics, runs warm-up steps (the first optimizer step
-allocates the states, so warm-up counts for memory) and timed steps (cuda.synchronize around each),
+torch's fake process group: every buffer FSDP allocates, no data moved), resets the peak
+statistics, runs warm-up steps (the first optimizer step allocates the states, so warm-up counts
+for memory) and timed steps (cuda.synchronize around each),
 and reports:
   * CUDA: torch.cuda.max_memory_allocated / max_memory_reserved, NVML used memory (this process's
     entry, sampled every 20 ms; the device-wide rise over the pre-start reading as a fallback where

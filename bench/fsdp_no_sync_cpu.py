@@ -57,6 +57,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory.estimate import peak_phase  # noqa: E402
 from trainfit.core.memory.framework_effects import no_sync_gradient_bytes  # noqa: E402
 from trainfit.core.memory.fsdp import compute_bytes, no_sync_applies, root_params  # noqa: E402
 from trainfit.core.memory.states import model_states  # noqa: E402
@@ -115,8 +116,7 @@ def predict(spec: ModelSpec, no_sync: bool, **setup_kw: Any) -> dict:
     st = model_stats(spec)
     states = model_states(spec, st, setup, 0)
     between = no_sync_gradient_bytes(st, setup, states.trainable) if no_sync_applies(setup) else states.gradients
-    phase = next((n.split(";")[0].removeprefix("tensor peak at the ") for n in est.notes
-                  if n.startswith("tensor peak at the")), None)
+    phase = peak_phase(est.notes)
     return dict(setup=dataclasses.asdict(setup), params=st.total, tensor_peak_bytes=dev.tensor_peak_bytes,
                 peak_phase=phase, sharded_gradient_bytes=float(states.gradients),
                 no_sync_gradient_bytes=float(no_sync_gradient_bytes(st, setup, states.trainable)),

@@ -29,6 +29,8 @@ from pathlib import Path
 import _cuda_harness as harness
 from _results import write_results
 
+from trainfit.core.memory.estimate import peak_phase
+
 COMMAND = ".venv/bin/python bench/fsdp_phases_cpu.py"
 LORA = harness.LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 
@@ -59,8 +61,7 @@ def cases() -> list[harness.Case]:
 def measure(case: harness.Case, workdir: Path) -> dict:
     measured = harness.run_case_subprocess(case, "cpu", 1, 1, workdir)
     predicted = harness.predict(case, "cpu", "cpu")
-    phase = next((n.split(";")[0].removeprefix("tensor peak at the ") for n in predicted.get("notes", [])
-                  if n.startswith("tensor peak at the")), None)
+    phase = peak_phase(predicted.get("notes", []))
     row = {"config": case.name, "world": case.setup.num_gpus, "method": case.setup.method,
            "status": measured["status"], "measured_bytes": measured.get("max_memory_allocated_bytes"),
            "predicted_bytes": predicted.get("tensor_peak_bytes"), "predicted_phase": phase,

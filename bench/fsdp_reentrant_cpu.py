@@ -54,6 +54,7 @@ from _results import write_results  # noqa: E402
 from fsdp_no_sync_cpu import FsdpTensorCounter, _free_port  # noqa: E402
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory.estimate import peak_phase  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
 from trainfit.core.model_spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
@@ -99,8 +100,7 @@ def make_setup(placement: str) -> TrainingSetup:
 
 def predict(layers: int, placement: str) -> dict:
     est = estimate_memory(tiny_spec(layers), make_setup(placement))
-    phase = next((n.split(";")[0].removeprefix("tensor peak at the ") for n in est.notes
-                  if n.startswith("tensor peak at the")), None)
+    phase = peak_phase(est.notes)
     return dict(tensor_peak_bytes=float(est.devices[0].tensor_peak_bytes), peak_phase=phase)
 
 

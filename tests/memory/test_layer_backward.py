@@ -9,35 +9,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from fsdp_no_sync_cpu import FsdpTensorCounter  # noqa: E402  (bench/: the counter with a callback at each peak)
+
 from trainfit.core.memory import estimate_memory  # noqa: E402
+from trainfit.core.memory.estimate import peak_phase  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.setup import TrainingSetup  # noqa: E402
 from trainfit.train.hf_config import build_hf_config, shrink  # noqa: E402
-from trainfit.train.tensor_counter import TensorBytesCounter  # noqa: E402
 
 LAYERS = 4
 
 
-class _GradsAtPeak(TensorBytesCounter):
-    """The live-tensor counter, noting the gradient bytes alive at each new high-water mark."""
-
-    def __init__(self, model) -> None:
-        super().__init__()
-        self.model, self.grads_at_peak = model, 0
-
-    def _add_storage(self, storage) -> None:
-        before = self.peak_bytes
-        super()._add_storage(storage)
-        if self.peak_bytes > before:
-            self.grads_at_peak = sum(p.grad.untyped_storage().nbytes() for p in self.model.parameters()
-                                     if p.grad is not None)
-
-
 def _components(spec, setup):
     est = estimate_memory(spec, setup)
-    note = next(n for n in est.notes if n.startswith("tensor peak at the"))
-    return est.devices[0], {c.name: c.bytes for c in est.devices[0].components}, note
+    return est.devices[0], {c.name: c.bytes for c in est.devices[0].components}, peak_phase(est.notes)
 
 
 def test_checkpointed_full_fine_tune_peaks_in_the_last_layers_backward():
@@ -47,8 +33,8 @@ def test_checkpointed_full_fine_tune_peaks_in_the_last_layers_backward():
     setup = TrainingSetup(method="full", precision="fp32", micro_batch=4, seq_len=256, device="cpu",
                           grad_checkpointing="full", attention="sdpa")
     st = model_stats(spec)
-    dev, comps, note = _components(spec, setup)
-    assert note.startswith("tensor peak at the layer backward")
+    dev, comps, phase = _components(spec, setup)
+    assert phase == "layer backward"
     # every layer but the last one's gradient (fp32), beside the lm_head's
     assert comps["finished_layer_gradients"] == pytest.approx((LAYERS - 1) * 4 * st.per_layer)
 
@@ -60,7 +46,10 @@ def test_checkpointed_full_fine_tune_peaks_in_the_last_layers_backward():
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     ids = torch.randint(0, spec.vocab_size, (setup.micro_batch, setup.seq_len))
-    counter = _GradsAtPeak(model)
+    counter = FsdpTensorCounter()
+    # the gradient bytes alive at each new high-water mark
+    counter.on_peak = lambda live: sum(p.grad.untyped_storage().nbytes() for p in model.parameters()
+                                       if p.grad is not None)
     counter.track_existing(list(model.parameters()) + [ids])
     with counter:
         for _ in range(2):
@@ -68,8 +57,8 @@ def test_checkpointed_full_fine_tune_peaks_in_the_last_layers_backward():
             opt.step()
             opt.zero_grad(set_to_none=True)
     # measured: the peak holds the finished layers' gradients (and part of the last layer's)
-    assert comps["finished_layer_gradients"] <= counter.grads_at_peak
-    assert counter.grads_at_peak < comps["finished_layer_gradients"] + comps["gradients"] + 4 * st.per_layer
+    assert comps["finished_layer_gradients"] <= counter.peak_info
+    assert counter.peak_info < comps["finished_layer_gradients"] + comps["gradients"] + 4 * st.per_layer
     # before, the phase was taken at the first layer: 15 % under; the last layer's backward
     # transients (its activations' gradients) are what remains
     assert -0.12 < dev.tensor_peak_bytes / counter.peak_bytes - 1 < 0

@@ -155,6 +155,14 @@ def _with_lora(setup: TrainingSetup, lora: LoraSettings) -> TrainingSetup:
     return dataclasses.replace(setup, lora=lora)
 
 
+PEAK_NOTE = "tensor peak at the "  # the note that names the phase of the tensor peak
+
+
+def peak_phase(notes: list[str]) -> str | None:
+    """The phase the estimate puts the tensor peak in (its note), None for estimates without phases."""
+    return next((n.split(";")[0].removeprefix(PEAK_NOTE) for n in notes if n.startswith(PEAK_NOTE)), None)
+
+
 def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, where, notes: list[str],
                          host_comps: list[MemoryComponent]) -> tuple[list[MemoryComponent], float]:
     full = where is None
@@ -298,7 +306,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     if not done_layers:
         gathered["layer backward"] = gathered["first layer backward"]
     where_peak = max(phases, key=phases.get)
-    notes.append(f"tensor peak at the {where_peak}; phases (GiB): "
+    notes.append(f"{PEAK_NOTE}{where_peak}; phases (GiB): "
                  + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in phases.items()))
     pool = phase_pool_bytes(phases, resident=base + min(gathered.values()) + g_acc)
     comps = [
