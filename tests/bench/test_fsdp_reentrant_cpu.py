@@ -71,9 +71,9 @@ def test_markdown_lists_every_run():
 @pytest.mark.slow
 def test_reentrant_checkpoint_around_frozen_units_holds_a_hidden_state_per_layer():
     """Two gloo ranks: the reentrant checkpoint around the FSDP units holds about one hidden state per
-    layer more than the checkpoint inside them."""
+    layer but the first more than the checkpoint inside them (two launches at the smaller depth; the
+    benchmark measures both depths and the growth per layer)."""
     h = bench.hidden_state_bytes()
-    lo, hi = bench.LAYERS
-    peaks = {(n, p): bench.measure(n, p)["peak_bytes"] for n in (lo, hi) for p in ("inside", "around")}
-    growth = ((peaks[(hi, "around")] - peaks[(lo, "around")]) - (peaks[(hi, "inside")] - peaks[(lo, "inside")]))
-    assert 0.5 * (hi - lo) * h < growth < 1.5 * (hi - lo) * h
+    layers = min(bench.LAYERS)
+    held = bench.measure(layers, "around")["peak_bytes"] - bench.measure(layers, "inside")["peak_bytes"]
+    assert 0.5 * (layers - 1) * h < held < 1.5 * (layers - 1) * h
