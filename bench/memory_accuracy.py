@@ -57,6 +57,8 @@ ARCHS: dict[str, ModelSpec] = {
     "phi": _spec("phi", num_kv_heads=8, activation="gelu_new", gated_mlp=False, intermediate_size=1024,
                  norm="layernorm", qkv_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=True),
     "gemma2": _spec("gemma2", activation="gelu_tanh", tie_embeddings=True, head_dim=32, sliding_window=4096),
+    # head_dim 64 with 4 heads: q is wider than the hidden size, as in Qwen3 (head_dim 128)
+    "qwen3": _spec("qwen3", num_heads=4, num_kv_heads=2, head_dim=64, vocab_size=16384, tie_embeddings=True),
     "mixtral": _spec("mixtral", num_experts=4, experts_per_token=2, moe_intermediate_size=256,
                      intermediate_size=256),
 }
@@ -102,6 +104,9 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("qwen2 full bf16-autocast", "qwen2", _s(precision="bf16-mixed")),
     ("qwen2 lora ckpt", "qwen2", _s("lora", grad_checkpointing="full", micro_batch=4)),
     ("qwen2 inference eager", "qwen2", _s("inference", generate_tokens=32, attention="eager")),
+    ("qwen3 full fp32", "qwen3", _s()),
+    ("qwen3 full bf16-autocast", "qwen3", _s(precision="bf16-mixed")),
+    ("qwen3 lora all-linear ckpt", "qwen3", _s("lora", lora=ALL_LINEAR, grad_checkpointing="full", micro_batch=4)),
     ("mistral full fp32", "mistral", _s()),
     ("mistral full eager bf16", "mistral", _s(attention="eager", precision="bf16")),
     ("mistral lora all-linear", "mistral", _s("lora", lora=ALL_LINEAR)),

@@ -28,6 +28,14 @@ _TINY: dict[str, dict[str, Any]] = {
                     vocab_size=512, max_position_embeddings=258),
     "granite": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                     intermediate_size=160, vocab_size=512, max_position_embeddings=256),
+    # head_dim stays explicit (64 with 4 heads: queries wider than the hidden size, as in Qwen3)
+    "qwen3_moe": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=2,
+                      intermediate_size=320, moe_intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+                      vocab_size=512, max_position_embeddings=256),
+    "olmo2": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                  intermediate_size=320, vocab_size=512, max_position_embeddings=256),
+    "smollm3": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+                    intermediate_size=320, vocab_size=512, max_position_embeddings=256),
 }
 
 

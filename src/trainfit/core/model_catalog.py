@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.core.serde import SerdeError, from_jsonable
 from trainfit.errors import BadInputError, close_matches
 
@@ -88,7 +88,7 @@ def _validate(s: ModelSpec) -> None:
         raise ValueError(f"key 'num_kv_heads': {s.num_kv_heads} does not divide num_heads {s.num_heads}")
     if s.num_experts and not 0 < s.experts_per_token <= s.num_experts:
         raise ValueError(f"key 'experts_per_token': must be 1..num_experts ({s.num_experts})")
-    if bool(s.num_experts) != (s.architecture in ("mixtral", "qwen2_moe")):
+    if bool(s.num_experts) != (s.architecture in MOE):
         raise ValueError(f"key 'num_experts': {s.architecture} {'needs' if not s.num_experts else 'has no'} experts")
     if (s.vision is not None) != (s.architecture == "qwen2_vl"):
         raise ValueError("key 'vision': only qwen2_vl entries have (and need) a vision tower")

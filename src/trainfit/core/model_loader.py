@@ -97,7 +97,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     text = _Cfg(data["text_config"], f"{origin} text_config") if model_type == "qwen2_vl" and isinstance(
         data.get("text_config"), dict) else cfg
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _common_fields(text, model_type)
-    if model_type in ("mixtral", "qwen2_moe"):
+    if model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
         fields.update(_moe_fields(cfg, model_type))
     tie_cfg = cfg if cfg.get("tie_word_embeddings") is not None else text
     fields["tie_embeddings"] = tie_cfg.bool("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False))
@@ -175,7 +175,7 @@ def _common_fields(cfg: _Cfg, model_type: str) -> dict[str, Any]:
     if model_type == "phi" and cfg.get("qk_layernorm"):
         raise BadInputError(f"{cfg.origin}: key 'qk_layernorm': phi with q/k LayerNorm is not supported")
     sliding = cfg.get("sliding_window")
-    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen2_vl") and not cfg.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_vl") and not cfg.get("use_sliding_window", False):
         sliding = None  # Qwen configs carry a window but use it only with use_sliding_window
     return dict(
         vocab_size=cfg.int("vocab_size"), hidden_size=hidden, num_layers=cfg.int("num_hidden_layers"),
@@ -208,7 +208,7 @@ def _bias_fields(cfg: _Cfg, model_type: str) -> dict[str, bool]:
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=True, lm_head_bias=False)
     if model_type in ("qwen2", "qwen2_moe", "qwen2_vl"):  # q/k/v biases are hard-wired
         return dict(qkv_bias=True, o_bias=False, mlp_bias=False, lm_head_bias=False)
-    if model_type in ("llama", "granite", "qwen3", "gemma", "gemma2"):
+    if model_type in ("llama", "granite", "qwen3", "qwen3_moe", "gemma", "gemma2", "smollm3", "olmo2"):
         bias = cfg.bool("attention_bias", False)
         mlp = cfg.bool("mlp_bias", False) if model_type in ("llama", "granite") else False
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=mlp, lm_head_bias=False)
@@ -221,13 +221,15 @@ def _moe_fields(cfg: _Cfg, model_type: str) -> dict[str, Any]:
         return dict(num_experts=experts, experts_per_token=cfg.int("num_experts_per_tok"),
                     moe_intermediate_size=cfg.int("intermediate_size"))
     if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
-        raise BadInputError(f"{cfg.origin}: keys 'decoder_sparse_step'/'mlp_only_layers': qwen2_moe with dense "
+        raise BadInputError(f"{cfg.origin}: keys 'decoder_sparse_step'/'mlp_only_layers': {model_type} with dense "
                             "layers between the MoE layers is not supported")
     moe, shared = cfg.int("moe_intermediate_size"), cfg.get("shared_expert_intermediate_size", 0)
     if shared % moe:
         raise BadInputError(f"{cfg.origin}: key 'shared_expert_intermediate_size' ({shared}) must be a multiple "
                             f"of moe_intermediate_size ({moe})")
-    return dict(num_experts=cfg.int("num_experts"), experts_per_token=cfg.int("num_experts_per_tok"),
+    # Qwen3-MoE's hub configs say num_experts; transformers 5 writes it back as num_local_experts
+    experts_key = "num_local_experts" if cfg.get("num_experts") is None and cfg.get("num_local_experts") else "num_experts"
+    return dict(num_experts=cfg.int(experts_key), experts_per_token=cfg.int("num_experts_per_tok"),
                 moe_intermediate_size=moe, shared_experts=shared // moe)
 
 

@@ -54,6 +54,7 @@ from trainfit.core.memory import model_dropout
 from trainfit.core.memory.states import trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.params import QK_NORM_ARCHITECTURES
 from trainfit.core.setup import TrainingSetup
 
 
@@ -246,6 +247,11 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         if model_dropout.sdpa_math_fallback(spec, setup, attention_kind(spec, setup)):
             core += model_dropout.math_core_extra_bytes(w.q, w.kv, w.heads, a)
     total += core + inner(w.q, lw.get("attn_out", 0))
+    if arch in QK_NORM_ARCHITECTURES:
+        # Per-head RMSNorm of the queries and keys before the rotary embedding (Qwen3): each keeps
+        # its fp32 input (a copy of a 16-bit projection output), its rsqrt per head and, when its
+        # weight trains, the normalised output it multiplies (measured on CPU: Qwen3 -16.8 % -> exact).
+        total += (4 + (a if full else 0)) * (w.q + w.kv) + 4 * (w.heads + spec.num_kv_heads)
     if litgpt and lw.get("attn_out", 0) and not dropout:
         # LitGPT's y.transpose(1, 2).reshape(...) copies the attention output; the adapter keeps it.
         total += a * w.q
