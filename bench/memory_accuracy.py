@@ -59,6 +59,7 @@ ARCHS: dict[str, ModelSpec] = {
     "gemma2": _spec("gemma2", activation="gelu_tanh", tie_embeddings=True, head_dim=32, sliding_window=4096),
     # head_dim 64 with 4 heads: q is wider than the hidden size, as in Qwen3 (head_dim 128)
     "qwen3": _spec("qwen3", num_heads=4, num_kv_heads=2, head_dim=64, vocab_size=16384, tie_embeddings=True),
+    "phi3": _spec("phi3"),  # fused qkv_proj / gate_up_proj; grouped keys as in Phi-4 and Phi-3-medium
     "mixtral": _spec("mixtral", num_experts=4, experts_per_token=2, moe_intermediate_size=256,
                      intermediate_size=256),
 }
@@ -122,6 +123,8 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("phi lora q,v bf16 resid-dropout", "phi-dropout", _s("lora", precision="bf16")),
     ("phi lora q,v bf16", "phi", _s("lora", precision="bf16")),
     ("phi lora all-linear dropout", "phi", _s("lora", lora=DROP_ALL)),
+    ("phi3 full fp32", "phi3", _s()),
+    ("phi3 lora all-linear bf16", "phi3", _s("lora", precision="bf16", lora=ALL_LINEAR)),
     ("gemma2 full fp32 eager", "gemma2", _s(attention="eager")),
     ("gemma2 lora eager bf16", "gemma2", _s("lora", attention="eager", precision="bf16")),
     ("mixtral full fp32", "mixtral", _s()),

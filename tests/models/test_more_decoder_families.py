@@ -1,7 +1,7 @@
-"""Qwen3-MoE, OLMo 2 and SmolLM3 (and Qwen3's query/key norms): parameter counts from the shipped
-config.json fixtures equal transformers' meta-device build and the published totals, and the
-activation model matches the live-tensor counter on tiny models of each family (two real training
-steps on CPU, bench/memory_accuracy.py's harness)."""
+"""Qwen3-MoE, OLMo 2 and SmolLM3 (and Qwen3's query/key norms, Phi-3's fused q/k/v): parameter
+counts from the shipped config.json fixtures equal transformers' meta-device build and the published
+totals, and the activation model matches the live-tensor counter on tiny models of each family (two
+real training steps on CPU, bench/memory_accuracy.py's harness)."""
 
 import dataclasses
 import importlib.util
@@ -60,7 +60,14 @@ QWEN3 = dict(model_type="qwen3", hidden_size=128, num_attention_heads=4, num_key
              num_hidden_layers=2, intermediate_size=320, vocab_size=1024, max_position_embeddings=512,
              tie_word_embeddings=True, attention_dropout=0.0)
 
+PHI3 = dict(model_type="phi3", hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+            intermediate_size=320, vocab_size=1024, max_position_embeddings=512, pad_token_id=0, bos_token_id=0,
+            eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
+
 CASES = [
+    # Phi-3's v is a view of its fused q/k/v output, and its o_proj reads a copy: -6.1 % before
+    ("phi3", PHI3, dict()),
+    ("phi3", PHI3, dict(method="lora", lora=ALL_LINEAR)),
     # Qwen3 normalises each head's queries and keys: -16.8 % before the norms were counted
     ("qwen3", QWEN3, dict()),
     ("qwen3", QWEN3, dict(precision="bf16-mixed")),

@@ -240,10 +240,17 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # LitGPT repeat_interleaves them to every query head the same way.
         kv_saved = w.q if arch == "falcon" or litgpt else w.kv
         core = a * (2 * w.q + 2 * kv_saved) + 4 * w.heads
-        if w.kv == w.q and (litgpt or arch == "gpt_neox"):
-            # LitGPT and GPT-NeoX split one q+k+v output; without key groups to repeat, the saved
-            # v is a view of it and keeps all of it (q and k are rotated into new tensors).
+        if (w.kv == w.q and (litgpt or arch == "gpt_neox")) or arch == "phi3":
+            # LitGPT, GPT-NeoX and Phi-3 split one q+k+v output; without key groups to repeat (or with
+            # SDPA's own grouped-query path, which transformers uses for Phi-3), the saved v is a view
+            # of it and keeps all of it (q and k are rotated into new tensors).
             core += a * (w.q + w.kv)
+        if arch == "phi3" and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast)):
+            # and its o_proj reads a contiguous copy of the attention output, where Llama's reads a
+            # view of the output the attention saves (saved-tensor graph of one layer on CPU, fp32
+            # and bf16; the meta trace at flash-attention's layout): kept when o_proj's weight trains
+            # or its adapter reads it as it is (no dropout, no fp32 cast)
+            core += a * w.q
         if model_dropout.sdpa_math_fallback(spec, setup, attention_kind(spec, setup)):
             core += model_dropout.math_core_extra_bytes(w.q, w.kv, w.heads, a)
     total += core + inner(w.q, lw.get("attn_out", 0))
@@ -272,8 +279,9 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     gelu_new = spec.activation == "gelu_new" and not litgpt
     # The down projection's input is kept when its weight trains, or for an adapter that reads it
     # itself; without autocast an adapter's dropout keeps its own output instead (inner() below).
-    # Under autocast it is kept either way (measured on CPU, PEFT all-linear with dropout).
-    down_in = full or (lw.get("mlp_out", 0) and (not dropout or mixed))
+    # Under autocast it is kept either way (measured on CPU, PEFT all-linear with dropout). An fp32
+    # adapter on a 16-bit base reads its own fp32 copy (adapter_cast, counted by inner()) instead.
+    down_in = full or (lw.get("mlp_out", 0) and (not dropout or mixed) and not adapter_cast)
     if spec.gated_mlp and gelu_new:
         # mT5 / T5 v1.1 gated-gelu: NewGELUActivation is composed of tensor ops that keep its
         # input, tanh output, 0.5*x and 1+tanh; then gelu(gate), up and their product.
