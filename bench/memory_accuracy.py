@@ -129,6 +129,8 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("gemma2 lora eager bf16", "gemma2", _s("lora", attention="eager", precision="bf16")),
     ("mixtral full fp32", "mixtral", _s()),
     ("mixtral lora q,v", "mixtral", _s("lora")),
+    ("mixtral full bf16-autocast", "mixtral", _s(precision="bf16-mixed")),
+    ("mixtral lora all-linear", "mixtral", _s("lora", lora=ALL_LINEAR)),
     ("mixtral inference", "mixtral", _s("inference", generate_tokens=32)),
 ]
 

@@ -1,7 +1,8 @@
-"""Qwen3-MoE, OLMo 2 and SmolLM3 (and Qwen3's query/key norms, Phi-3's fused q/k/v): parameter
-counts from the shipped config.json fixtures equal transformers' meta-device build and the published
-totals, and the activation model matches the live-tensor counter on tiny models of each family (two
-real training steps on CPU, bench/memory_accuracy.py's harness)."""
+"""Qwen3-MoE, OLMo 2 and SmolLM3 (and Qwen3's query/key norms, Phi-3's fused q/k/v, fused MoE experts
+under autocast and LoRA): parameter counts from the shipped config.json fixtures equal transformers'
+meta-device build and the published totals, LoRA counts equal PEFT's, and the activation model
+matches the live-tensor counter on tiny models of each family (two real training steps on CPU,
+bench/memory_accuracy.py's harness)."""
 
 import dataclasses
 import importlib.util
@@ -64,7 +65,22 @@ PHI3 = dict(model_type="phi3", hidden_size=128, num_attention_heads=4, num_key_v
             intermediate_size=320, vocab_size=1024, max_position_embeddings=512, pad_token_id=0, bos_token_id=0,
             eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
 
+MIXTRAL = dict(model_type="mixtral", hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+               intermediate_size=320, num_local_experts=4, num_experts_per_tok=2, vocab_size=1024,
+               max_position_embeddings=512, attention_dropout=0.0)
+QWEN2_MOE = dict(model_type="qwen2_moe", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 num_hidden_layers=2, intermediate_size=320, num_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=96, shared_expert_intermediate_size=192, vocab_size=1024,
+                 max_position_embeddings=512, attention_dropout=0.0)
+
 CASES = [
+    # transformers 5 runs fused experts as one grouped matmul that autocast does not cast: fp32 expert
+    # tensors and no 16-bit weight copy (Mixtral -10.5 %, Qwen2-MoE -9.6 % before)
+    ("mixtral", MIXTRAL, dict(precision="bf16-mixed")),
+    ("qwen2_moe", QWEN2_MOE, dict(precision="bf16-mixed")),
+    # PEFT's all-linear adapts the experts as parameters; each layer keeps W + BA (-12.7 % before)
+    ("mixtral", MIXTRAL, dict(method="lora", lora=ALL_LINEAR)),
+    ("qwen3_moe", None, dict(method="lora", lora=ALL_LINEAR)),
     # Phi-3's v is a view of its fused q/k/v output, and its o_proj reads a copy: -6.1 % before
     ("phi3", PHI3, dict()),
     ("phi3", PHI3, dict(method="lora", lora=ALL_LINEAR)),
@@ -85,3 +101,23 @@ def test_live_peak_matches_estimate(family, cfg, setup_kw):
     cfg = cfg if cfg is not None else shrunk(fixture, vocab_size=1024)
     measured, predicted = _measure(cfg, setup_kw)
     assert predicted == pytest.approx(measured, rel=0.03)
+
+
+@pytest.mark.parametrize("family, cfg", [("mixtral", MIXTRAL), ("qwen2_moe", QWEN2_MOE), ("qwen3_moe", None)])
+def test_all_linear_lora_count_equals_peft(family, cfg):
+    """PEFT maps all-linear onto Mixtral's and Qwen3-MoE's fused experts (the gate/up pair at twice the
+    rank), not onto Qwen2-MoE's, whose gate/up/down_proj are its shared expert."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from trainfit.core.memory.stats import lora_stats
+
+    from .family_fixtures import build
+
+    cfg = cfg if cfg is not None else shrunk("qwen3-30b-a3b", vocab_size=1024)
+    model = get_peft_model(build({**cfg, "use_cache": False}, device="meta"),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    peft_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    count, where = lora_stats(spec_from_config(cfg, origin=family), "all-linear", 8)
+    assert count == peft_count
+    assert where["experts"] == (0 if family == "qwen2_moe" else 2)

@@ -45,6 +45,12 @@ BUILDABLE_ARCHITECTURES = LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox")
 # transformers_weight_conversion.py (_MOE_TARGET_MODULE_MAPPING, _MOE_FUSED_TARGETS).
 MIXTRAL_V4_NAMES = {"gate": "mlp.gate", "w1": "mlp.experts.gate_up_proj", "w3": "mlp.experts.gate_up_proj",
                     "w2": "mlp.experts.down_proj"}
+# PEFT (>= 0.21) maps the transformers-4 expert names of Qwen3-MoE the same way (its conversion table
+# files qwen3_moe under qwen2_moe, whose v4 names are the router "gate" and the experts' gate_proj /
+# up_proj / down_proj; Qwen2-MoE itself is not remapped: its gate/up/down_proj are the shared expert's).
+QWEN3_MOE_V4_NAMES = {"gate": "mlp.gate", "gate_proj": "mlp.experts.gate_up_proj",
+                      "up_proj": "mlp.experts.gate_up_proj", "down_proj": "mlp.experts.down_proj"}
+MOE_V4_NAMES = {"mixtral": (MIXTRAL_V4_NAMES, ("w1", "w3")), "qwen3_moe": (QWEN3_MOE_V4_NAMES, ("gate_proj", "up_proj"))}
 
 # Qwen2-VL patch embedding is a Conv3d over (3 channels x 2 frames x patch x patch), no bias.
 # Source: transformers/models/qwen2_vl/modeling_qwen2_vl.py (PatchEmbed), config temporal_patch_size=2.
@@ -66,7 +72,7 @@ class LinearLayer:
     # "expert": a slice of a fused 3D expert parameter (transformers >= 5 stores MoE experts as
     # experts.gate_up_proj / experts.down_proj tensors); "router": the MoE router weight (a plain
     # parameter, not an nn.Linear, in transformers >= 5). PEFT reaches both via target_parameters,
-    # and for Mixtral also via the transformers-4 module names (see MIXTRAL_V4_NAMES).
+    # and for Mixtral and Qwen3-MoE also via the transformers-4 module names (see MOE_V4_NAMES).
     kind: LayerKind = "linear"
 
     @property
@@ -464,18 +470,18 @@ def lora_targets(spec: ModelSpec, target_modules: list[str] | str,
 
     "all-linear" follows PEFT: every nn.Linear / Conv1D module, vision tower included, except
     the output layer (lm_head); fused MoE experts are parameters, not modules, so they are only
-    included for Mixtral, where PEFT maps the transformers-4 names onto them.
+    included for Mixtral and Qwen3-MoE, where PEFT maps the transformers-4 names onto them.
     """
-    return [layer for layer, _ in _lora_plan(spec, target_modules, target_parameters)]
+    return [layer for layer, _ in lora_plan(spec, target_modules, target_parameters)]
 
 
-def _lora_plan(spec: ModelSpec, target_modules: list[str] | str,
+def lora_plan(spec: ModelSpec, target_modules: list[str] | str,
                target_parameters: list[str] | None) -> list[tuple[LinearLayer, int]]:
     """(layer, rank multiplier) pairs; the multiplier is 2 where PEFT fuses two targets."""
     layers = linear_layers(spec)
     modules = [x for x in layers if x.kind in ("linear", "lm_head")]
     params = [x for x in layers if x.kind in ("expert", "router")]
-    v4 = spec.architecture == "mixtral"
+    v4_names, fused_pair = MOE_V4_NAMES.get(spec.architecture, ({}, ()))
     target_modules = canonical_targets(target_modules)
     if target_modules == list(LLAMA_ATTENTION) and not all(any(x.name == n for x in modules) for n in LLAMA_ATTENTION):
         # LoraSettings' default (q, k, v, o) means "the attention projections": on a model that
@@ -483,18 +489,18 @@ def _lora_plan(spec: ModelSpec, target_modules: list[str] | str,
         # its own, as PEFT's per-architecture defaults do.
         target_modules = attention_module_names(spec)
     if target_modules == "all-linear":
-        keys = [x.name for x in modules if x.kind != "lm_head"] + (list(MIXTRAL_V4_NAMES) if v4 else [])
+        keys = [x.name for x in modules if x.kind != "lm_head"] + list(v4_names)
         target_modules = list(dict.fromkeys(keys))
     plan: list[tuple[LinearLayer, int]] = []
     unknown = []
-    v4_keys = [k for k in target_modules if v4 and k in MIXTRAL_V4_NAMES]
-    if v4_keys and ("w1" in v4_keys) != ("w3" in v4_keys):
-        raise BadInputError("lora target_modules: Mixtral's w1 and w3 are fused into experts.gate_up_proj; "
-                            "target both or neither")
+    v4_keys = [k for k in target_modules if k in v4_names]
+    if v4_keys and (fused_pair[0] in v4_keys) != (fused_pair[1] in v4_keys):
+        raise BadInputError(f"lora target_modules: {spec.architecture}'s {fused_pair[0]} and {fused_pair[1]} are fused "
+                            "into experts.gate_up_proj; target both or neither")
     for key in target_modules:
         if key in v4_keys:
-            layer = next(x for x in params if x.path == MIXTRAL_V4_NAMES[key])
-            mult = 2 if key in ("w1", "w3") else 1
+            layer = next(x for x in params if x.path == v4_names[key])
+            mult = 2 if key in fused_pair else 1  # PEFT doubles the rank of the fused pair
             if all(p is not layer for p, _ in plan):
                 plan.append((layer, mult))
             continue
@@ -564,8 +570,7 @@ def module_names(spec: ModelSpec) -> list[str]:
     for layer in linear_layers(spec):
         if layer.kind in ("linear", "lm_head") and layer.name not in seen:
             seen.append(layer.name)
-    if spec.architecture == "mixtral":
-        seen += list(MIXTRAL_V4_NAMES)
+    seen += [k for k in MOE_V4_NAMES.get(spec.architecture, ({}, ()))[0] if k not in seen]
     return seen
 
 
@@ -579,4 +584,4 @@ def lora_params(spec: ModelSpec, target_modules: list[str] | str, rank: int,
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise BadInputError(f"lora rank must be a positive integer, got {rank!r}")
     return sum(x.count * rank * mult * (x.in_features + x.out_features)
-               for x, mult in _lora_plan(spec, target_modules, target_parameters))
+               for x, mult in lora_plan(spec, target_modules, target_parameters))

@@ -61,15 +61,15 @@ def _text_kwargs(spec: ModelSpec) -> dict[str, Any]:
         kw["hidden_activation"] = act
     else:
         kw["hidden_act"] = act
-    if arch in ("llama", "qwen3", "gemma", "gemma2"):
+    if arch in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "smollm3", "olmo2"):
         kw["attention_bias"] = spec.qkv_bias
     if arch == "llama":
         kw["mlp_bias"] = spec.mlp_bias
     if arch == "gpt_neox":
         kw["attention_bias"] = spec.qkv_bias
-    if arch in ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "phi3", "qwen2_vl", "qwen2_moe"):
+    if arch in ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "phi3", "qwen2_vl", "qwen2_moe", "qwen3_moe"):
         kw["sliding_window"] = spec.sliding_window
-        if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen2_vl"):
+        if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_vl"):
             kw["use_sliding_window"] = spec.sliding_window is not None
     if arch == "gemma2":
         kw["query_pre_attn_scalar"] = spec.head_dim
@@ -82,6 +82,10 @@ def _text_kwargs(spec: ModelSpec) -> dict[str, Any]:
         kw.update(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
                   moe_intermediate_size=spec.moe_intermediate_size or spec.intermediate_size,
                   shared_expert_intermediate_size=spec.shared_experts * (spec.moe_intermediate_size or 0),
+                  decoder_sparse_step=1, mlp_only_layers=[])
+    if arch == "qwen3_moe":
+        kw.update(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                  moe_intermediate_size=spec.moe_intermediate_size or spec.intermediate_size,
                   decoder_sparse_step=1, mlp_only_layers=[])
     if arch == "gpt2":
         kw = dict(vocab_size=spec.vocab_size, n_positions=spec.max_position_embeddings, n_embd=spec.hidden_size,

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from trainfit.core.memory.framework_effects import (
     fp32_stream_over_16bit_weights,
     fp32_stream_under_autocast,
+    kbit_upcast_applies,
     keeps_quantised_inputs,
     legacy_loss_in_16bit,
     legacy_loss_under_autocast,
@@ -150,6 +151,48 @@ def attention_kv_len(spec: ModelSpec, seq_len: int) -> int:
     return seq_len
 
 
+def routed_width(spec: ModelSpec) -> int:
+    """The MoE inner width a token passes through in its routed experts (top-k x expert width)."""
+    return spec.experts_per_token * (spec.moe_intermediate_size or spec.intermediate_size)
+
+
+def expert_weight_bytes(setup: TrainingSetup) -> int:
+    """Bytes per element of fused MoE experts' tensors. transformers >= 5 runs a layer's routed experts
+    as one grouped matmul over 3-D parameters (integrations/moe.py), casting the tokens to the weights'
+    dtype: autocast does not cast grouped_mm, so under mixed precision the experts run in the fp32
+    master weights' dtype (measured on CPU: every saved expert tensor fp32 under bf16 autocast)."""
+    p = setup.precision
+    if p == "fp32" or kbit_upcast_applies(setup) or (setup.quant == "none" and p in ("bf16-mixed", "fp16-mixed")):
+        return 4
+    return 2
+
+
+def fused_experts_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, *, experts_train: bool) -> float:
+    """Saved per token and layer by the fused experts' grouped matmuls (saved-tensor graph on CPU): the
+    gate/up output (kept whole by its two halves), the activation's output, the weighted expert output
+    per routed copy; when the expert weights take a gradient (full training, or LoRA on the experts)
+    also the gathered tokens and the product the down projection reads; and the router's probabilities."""
+    eb = expert_weight_bytes(setup)
+    f, k, h = routed_width(spec), spec.experts_per_token, spec.hidden_size
+    return (4 if experts_train else 3) * eb * f + (2 if experts_train else 1) * k * eb * h + 4 * spec.num_experts
+
+
+def adapted_expert_weight_bytes(spec: ModelSpec, setup: TrainingSetup) -> float:
+    """Per layer, with LoRA on fused experts: PEFT's ParamWrapper adds B @ A to the 3-D weights at
+    every forward, and the grouped matmul keeps that full-size sum for its backward (gate/up and
+    down of every expert; measured on CPU, Mixtral all-linear: the missing 2 MiB per layer)."""
+    fe = spec.moe_intermediate_size or spec.intermediate_size
+    return spec.num_experts * 3 * fe * spec.hidden_size * expert_weight_bytes(setup)
+
+
+def mlp_norm_readers(spec: ModelSpec, st: ModelStats, setup: TrainingSetup) -> int:
+    """Modules reading the MLP norm's output. With fused experts only the router (and a shared expert's
+    gate, up and gating linears) read it as nn.Linear; the experts read a gathered copy."""
+    if spec.num_experts and setup.experts_fused:
+        return 1 + (3 if spec.shared_experts else 0)
+    return st.mlp_inputs
+
+
 def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
                           lora_where: dict[str, int] | None) -> tuple[float, float]:
     """(saved bytes per token for one decoder layer, of which the attention core).
@@ -228,7 +271,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # all three, as LitGPT's config hub sets them together.
         total += a * (w.q + w.kv)
     if not shared:
-        total += inputs(st.mlp_inputs, lw.get("mlp_in", 0))
+        total += inputs(mlp_norm_readers(spec, st, setup), lw.get("mlp_in", 0))
 
     # Attention core.
     rep = w.q if w.kv != w.q else w.kv
@@ -282,22 +325,31 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     # Under autocast it is kept either way (measured on CPU, PEFT all-linear with dropout). An fp32
     # adapter on a 16-bit base reads its own fp32 copy (adapter_cast, counted by inner()) instead.
     down_in = full or (lw.get("mlp_out", 0) and (not dropout or mixed) and not adapter_cast)
+    fused_moe = bool(spec.num_experts) and setup.experts_fused
+    f = w.f - routed_width(spec) if fused_moe else w.f  # what runs through nn.Linear modules
     if spec.gated_mlp and gelu_new:
         # mT5 / T5 v1.1 gated-gelu: NewGELUActivation is composed of tensor ops that keep its
         # input, tanh output, 0.5*x and 1+tanh; then gelu(gate), up and their product.
-        mlp = (7 if down_in else 6) * a * w.f
+        mlp = (7 if down_in else 6) * a * f
     elif spec.gated_mlp:
-        mlp = (4 if down_in else 3) * a * w.f
+        mlp = (4 if down_in else 3) * a * f
     elif gelu_new:
-        mlp = (5 if down_in else 4) * a * w.f
+        mlp = (5 if down_in else 4) * a * f
     elif spec.activation == "relu":
-        mlp = a * w.f  # relu's backward reads its output, which is also the down projection's input
+        mlp = a * f  # relu's backward reads its output, which is also the down projection's input
     else:
-        mlp = (2 if down_in else 1) * a * w.f
-    if spec.num_experts:
+        mlp = (2 if down_in else 1) * a * f
+    if fused_moe:
+        mlp += fused_experts_bytes_per_token(spec, setup, experts_train=full or bool(lw.get("experts", 0)))
+        if spec.shared_experts:
+            mlp += a * w.h  # the shared expert's output, kept by the product with its sigmoid gate
+        if lw.get("experts", 0) and not full:
+            tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
+            total += adapted_expert_weight_bytes(spec, setup) / tokens
+    elif spec.num_experts:
         # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
         mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
-    total += mlp + inner(w.f, lw.get("mlp_out", 0))
+    total += mlp + inner(f, lw.get("mlp_out", 0))
     total += model_dropout.block_bytes_per_token(spec, setup, w.f, a, bool(down_in))
     if not full:
         total += quantised_inputs_per_token(spec, st, setup)

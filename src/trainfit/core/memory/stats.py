@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import count_params, linear_layers, lora_position, lora_targets, norm_readers
+from trainfit.core.params import count_params, linear_layers, lora_plan, lora_position, norm_readers
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ def _compute(spec: ModelSpec) -> ModelStats:
 
 
 def lora_stats(spec: ModelSpec, targets: list[str] | str, rank: int) -> tuple[int, dict[str, int]]:
-    """(trainable LoRA params, adapted modules per block by position: attn_in, mlp_in, attn_out, mlp_out).
+    """(trainable LoRA params, adapted modules per block by position: attn_in, mlp_in, attn_out, mlp_out;
+    "experts": adapted fused MoE expert parameters, which PEFT wraps as parameters, not as linears).
 
     The positions tell the activation model which saved inputs LoRA adds (see activations.py).
     Raises BadInputError for a module the model does not have (from trainfit.core.params).
@@ -104,11 +105,12 @@ def lora_stats(spec: ModelSpec, targets: list[str] | str, rank: int) -> tuple[in
     hit = _LORA_CACHE.get(key)
     if hit is not None:
         return hit
-    chosen = [x for x in lora_targets(spec, targets) if not x.vision]
-    params = sum(x.count * rank * (x.in_features + x.out_features) for x in chosen)
-    where = {"attn_in": 0, "mlp_in": 0, "attn_out": 0, "mlp_out": 0, "lm_head": 0}
-    for x in chosen:
-        where[lora_position(x)] += 1
+    chosen = [(x, mult) for x, mult in lora_plan(spec, targets, None) if not x.vision]
+    # mult: PEFT doubles the rank of two transformers-4 experts fused into one parameter (gate_up)
+    params = sum(x.count * rank * mult * (x.in_features + x.out_features) for x, mult in chosen)
+    where = {"attn_in": 0, "mlp_in": 0, "attn_out": 0, "mlp_out": 0, "lm_head": 0, "experts": 0}
+    for x, _ in chosen:
+        where["experts" if x.kind == "expert" else lora_position(x)] += 1
     if len(_LORA_CACHE) > 1024:
         _LORA_CACHE.clear()
     _LORA_CACHE[key] = (params, where)
