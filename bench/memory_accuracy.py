@@ -96,6 +96,7 @@ CASES: list[tuple[str, str, TrainingSetup]] = [
     ("llama lora q,v", "llama", _s("lora")),
     ("llama lora all-linear bf16", "llama", _s("lora", precision="bf16", lora=ALL_LINEAR)),
     ("llama lora dropout autocast", "llama", _s("lora", precision="bf16-mixed", lora=DROP)),
+    ("llama lora all-linear autocast", "llama", _s("lora", precision="bf16-mixed", lora=ALL_LINEAR)),
     ("llama lora all-linear dropout", "llama", _s("lora", lora=DROP_ALL)),
     ("llama dpo lora-base", "llama", _s("dpo", lora=LoraSettings(rank=8, dropout=0.0), dpo_reference="lora-base",
                                           micro_batch=1)),

@@ -34,6 +34,8 @@ _TINY: dict[str, dict[str, Any]] = {
                       vocab_size=512, max_position_embeddings=256),
     "olmo2": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                   intermediate_size=320, vocab_size=512, max_position_embeddings=256),
+    "gemma3_text": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=2,
+                        intermediate_size=320, vocab_size=512, max_position_embeddings=256, sliding_window=512),
     "smollm3": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
                     intermediate_size=320, vocab_size=512, max_position_embeddings=256),
 }

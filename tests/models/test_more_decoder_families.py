@@ -22,9 +22,10 @@ from trainfit.core.setup import LoraSettings  # noqa: E402
 from .family_fixtures import config, shrunk  # noqa: E402
 
 _HERE = Path(__file__).resolve().parent
-FIXTURES = ("qwen3-30b-a3b", "olmo-2-1124-7b", "smollm3-3b")
-# Totals the model cards state: Qwen3-30B-A3B "30.5B in total", OLMo 2 7B "7.3B", SmolLM3 "3B" (3.08B).
-PUBLISHED_BILLIONS = {"qwen3-30b-a3b": 30.5, "olmo-2-1124-7b": 7.3, "smollm3-3b": 3.08}
+FIXTURES = ("qwen3-30b-a3b", "olmo-2-1124-7b", "smollm3-3b", "gemma-3-1b-it")
+# Totals the model cards state: Qwen3-30B-A3B "30.5B in total", OLMo 2 7B "7.3B", SmolLM3 "3B" (3.08B),
+# Gemma 3 1B.
+PUBLISHED_BILLIONS = {"qwen3-30b-a3b": 30.5, "olmo-2-1124-7b": 7.3, "smollm3-3b": 3.08, "gemma-3-1b-it": 1.0}
 ALL_LINEAR = LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules="all-linear")  # type: ignore[arg-type]
 
 
@@ -65,6 +66,8 @@ PHI3 = dict(model_type="phi3", hidden_size=128, num_attention_heads=4, num_key_v
             intermediate_size=320, vocab_size=1024, max_position_embeddings=512, pad_token_id=0, bos_token_id=0,
             eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
 
+LLAMA = dict(model_type="llama", hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+             intermediate_size=320, vocab_size=1024, max_position_embeddings=512, attention_dropout=0.0)
 MIXTRAL = dict(model_type="mixtral", hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                intermediate_size=320, num_local_experts=4, num_experts_per_tok=2, vocab_size=1024,
                max_position_embeddings=512, attention_dropout=0.0)
@@ -91,13 +94,19 @@ CASES = [
     ("olmo2", None, dict(precision="bf16-mixed")),
     ("olmo2", None, dict(method="lora", lora=ALL_LINEAR)),
     ("smollm3", None, dict()),
+    # Gemma 3: four norms a block and per-head q/k norms, y * (1 + weight) keeping y only when it trains
+    ("gemma3_text", None, dict()),
+    ("gemma3_text", None, dict(method="lora", lora=ALL_LINEAR, precision="bf16-mixed")),
+    # a frozen fp32 base under autocast keeps a 16-bit copy of every weight its matmuls read
+    ("llama", LLAMA, dict(method="lora", lora=ALL_LINEAR, precision="bf16-mixed")),
 ]
 
 
 @pytest.mark.parametrize("family, cfg, setup_kw", CASES,
                          ids=[f"{f}-{s.get('method', 'full')}-{s.get('precision', 'fp32')}" for f, _, s in CASES])
 def test_live_peak_matches_estimate(family, cfg, setup_kw):
-    fixture = {"qwen3_moe": "qwen3-30b-a3b", "olmo2": "olmo-2-1124-7b", "smollm3": "smollm3-3b"}.get(family)
+    fixture = {"qwen3_moe": "qwen3-30b-a3b", "olmo2": "olmo-2-1124-7b", "smollm3": "smollm3-3b",
+               "gemma3_text": "gemma-3-1b-it"}.get(family)
     cfg = cfg if cfg is not None else shrunk(fixture, vocab_size=1024)
     measured, predicted = _measure(cfg, setup_kw)
     assert predicted == pytest.approx(measured, rel=0.03)

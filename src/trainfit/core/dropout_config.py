@@ -22,7 +22,8 @@ _LLAMA_LIKE = (None, ("attention_dropout", 0.0), None)
 # model_type -> (hidden, attention, embedding): (config key, default) or None where the model has none.
 DROPOUT_KEYS: dict[str, tuple[tuple[str, float] | None, ...]] = {
     **{arch: _LLAMA_LIKE for arch in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen2_vl",
-                                      "qwen3", "qwen3_moe", "gemma", "gemma2", "granite", "smollm3", "olmo2")},
+                                      "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "granite", "smollm3",
+                                      "olmo2")},
     "gpt2": (("resid_pdrop", 0.1), ("attn_pdrop", 0.1), ("embd_pdrop", 0.1)),
     "gpt_bigcode": (("resid_pdrop", 0.1), ("attn_pdrop", 0.1), ("embd_pdrop", 0.1)),
     "phi": (("resid_pdrop", 0.0), ("attention_dropout", 0.0), ("embd_pdrop", 0.0)),

@@ -22,7 +22,7 @@ from trainfit.errors import BadInputError
 from trainfit.validate import parse_json, read_text_file
 
 # Per model_type: config defaults transformers applies when a key is absent.
-_TIE_DEFAULT = {"gemma": True, "gemma2": True, "gpt2": True}
+_TIE_DEFAULT = {"gemma": True, "gemma2": True, "gemma3_text": True, "gpt2": True}
 _ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
          "gelu_new": "gelu_new", "relu": "relu"}
 _ST_DTYPES: dict[str, StoredDtype] = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8",
@@ -171,7 +171,8 @@ def _common_fields(cfg: _Cfg, model_type: str) -> dict[str, Any]:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     kv = cfg.int("num_key_value_heads", heads)
     gated = model_type not in ("phi", "gpt_neox")
-    act_key = "hidden_activation" if model_type in ("gemma", "gemma2") and cfg.get("hidden_activation") else "hidden_act"
+    act_key = ("hidden_activation" if model_type in ("gemma", "gemma2", "gemma3_text") and cfg.get("hidden_activation")
+               else "hidden_act")
     if model_type == "phi" and cfg.get("qk_layernorm"):
         raise BadInputError(f"{cfg.origin}: key 'qk_layernorm': phi with q/k LayerNorm is not supported")
     sliding = cfg.get("sliding_window")
@@ -208,7 +209,7 @@ def _bias_fields(cfg: _Cfg, model_type: str) -> dict[str, bool]:
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=True, lm_head_bias=False)
     if model_type in ("qwen2", "qwen2_moe", "qwen2_vl"):  # q/k/v biases are hard-wired
         return dict(qkv_bias=True, o_bias=False, mlp_bias=False, lm_head_bias=False)
-    if model_type in ("llama", "granite", "qwen3", "qwen3_moe", "gemma", "gemma2", "smollm3", "olmo2"):
+    if model_type in ("llama", "granite", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "smollm3", "olmo2"):
         bias = cfg.bool("attention_bias", False)
         mlp = cfg.bool("mlp_bias", False) if model_type in ("llama", "granite") else False
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=mlp, lm_head_bias=False)

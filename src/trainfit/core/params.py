@@ -22,11 +22,12 @@ LayerKind = Literal["linear", "lm_head", "expert", "router"]
 # Architectures whose block is Llama-shaped: q/k/v/o projections + gated MLP + RMSNorm.
 # Granite (IBM Granite 3.x, PowerLM) adds scalar multipliers on the embeddings, residual branches,
 # attention scores and logits: no parameters, nothing saved for backward.
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "granite", "smollm3", "olmo2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "granite", "smollm3", "olmo2",
+              "gemma3_text")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 # RMSNorm of queries and keys in every attention block: per head (Qwen3: q_norm / k_norm of head_dim
 # each) or over the whole projection (OLMo 2: q_norm of heads x head_dim, k_norm of kv heads x head_dim).
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "gemma3_text")
 # Decoder-only families with a fused query_key_value / c_attn projection and a plain (or, for
 # Qwen v1, gated) MLP: their layouts are below, written from transformers' modeling_<arch>.py
 # (Qwen v1: the published remote-code modeling_qwen.py, never run here).
@@ -185,8 +186,8 @@ def _block(spec: ModelSpec) -> _Block:
         ]
         # q_norm / k_norm: per head (Qwen3) or over the whole projection (OLMo 2).
         extra = (q_out + kv_out if arch == "olmo2" else 2 * d) if arch in QK_NORM_ARCHITECTURES else 0
-        # Gemma-2 adds pre/post feed-forward norms around the MLP: four per block.
-        norms = norm1 * (4 if arch == "gemma2" else 2)
+        # Gemma-2 and Gemma 3 add pre/post feed-forward norms around the MLP: four per block.
+        norms = norm1 * (4 if arch in ("gemma2", "gemma3_text") else 2)
         mlp: list[LinearLayer] = []
         experts: list[LinearLayer] = []
         router = 0

@@ -57,11 +57,11 @@ def _text_kwargs(spec: ModelSpec) -> dict[str, Any]:
     if arch not in _HEAD_DIM_DERIVED:
         kw["head_dim"] = spec.head_dim
     act = _ACT[spec.activation]
-    if arch in ("gemma", "gemma2"):
+    if arch in ("gemma", "gemma2", "gemma3_text"):
         kw["hidden_activation"] = act
     else:
         kw["hidden_act"] = act
-    if arch in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "smollm3", "olmo2"):
+    if arch in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "smollm3", "olmo2"):
         kw["attention_bias"] = spec.qkv_bias
     if arch == "llama":
         kw["mlp_bias"] = spec.mlp_bias

@@ -96,8 +96,12 @@ def previous_step_bytes(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, c
     return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
 
 
+# RMSNorm as y * (1 + weight) computed in fp32 (Gemma's)
+GEMMA_NORM = ("gemma", "gemma2", "gemma3_text")
+
+
 def norms_per_block(spec: ModelSpec) -> int:
-    return spec.block_norms or {"gemma2": 4, "phi": 1}.get(spec.architecture, 2)
+    return spec.block_norms or {"gemma2": 4, "gemma3_text": 4, "phi": 1}.get(spec.architecture, 2)
 
 
 def one_shared_norm(spec: ModelSpec) -> bool:
@@ -185,6 +189,24 @@ def adapted_expert_weight_bytes(spec: ModelSpec, setup: TrainingSetup) -> float:
     return spec.num_experts * 3 * fe * spec.hidden_size * expert_weight_bytes(setup)
 
 
+def frozen_weight_casts_per_layer(spec: ModelSpec, st: ModelStats, setup: TrainingSetup) -> float:
+    """Per layer, autocast's 16-bit copies of a frozen fp32 base's weights. Autocast caches the cast of
+    a weight only when it requires a gradient, so each frozen linear casts its weight afresh and the
+    matmul keeps that copy for its input's gradient until the layer's backward (saved-tensor graph on
+    CPU: Llama LoRA all-linear under bf16 autocast, 2 B per frozen linear weight). Fused experts are
+    not cast (expert_weight_bytes); FSDP and DeepSpeed hand the layers 16-bit weights (no autocast)."""
+    if not frozen_fp32_under_autocast(setup):
+        return 0.0
+    frozen = st.linear - (st.experts if setup.experts_fused else 0)
+    return 2.0 * frozen / spec.num_layers
+
+
+def frozen_fp32_under_autocast(setup: TrainingSetup) -> bool:
+    """A frozen fp32 base run under autocast, whose weights autocast casts per use without caching."""
+    fp32_base = setup.quant == "none" and setup.precision in ("bf16-mixed", "fp16-mixed")
+    return fp32_base and setup.zero_stage == 0 and setup.fsdp_strategy == "none"
+
+
 def mlp_norm_readers(spec: ModelSpec, st: ModelStats, setup: TrainingSetup) -> int:
     """Modules reading the MLP norm's output. With fused experts only the router (and a shared expert's
     gate, up and gating linears) read it as nn.Linear; the experts read a gathered copy."""
@@ -219,6 +241,8 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         saved = 4 * w.h + 4  # fp32 input (a copy when the stream is 16-bit) and rsqrt
         if arch in ("gemma", "gemma2") and not litgpt:
             saved += 4 * w.h  # y * (1 + weight) in fp32 keeps y whatever trains (LitGPT's norm does not)
+        elif arch == "gemma3_text" and full:
+            saved += 4 * w.h  # Gemma 3's keeps the fp32 y only for its weight's gradient (measured on CPU)
         elif full:
             saved += r * w.h
         return saved
@@ -232,7 +256,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
             return 0.0
         out = adapted * rank * (2 if mixed or litgpt else 4)  # A output, kept for dB
         if dropout:
-            per = mask * w.h + r * w.h + (2 * w.h if mixed else adapter_cast * w.h)
+            per = mask * w.h + (2 * w.h if mixed else r * w.h + adapter_cast * w.h)
             return out + (adapted if sites is None else sites) * per
         if mixed:
             return out + adapted * 2 * w.h
@@ -288,7 +312,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
             # SDPA's own grouped-query path, which transformers uses for Phi-3), the saved v is a view
             # of it and keeps all of it (q and k are rotated into new tensors).
             core += a * (w.q + w.kv)
-        if arch == "phi3" and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast)):
+        if arch == "phi3" and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast and not mixed)):
             # and its o_proj reads a contiguous copy of the attention output, where Llama's reads a
             # view of the output the attention saves (saved-tensor graph of one layer on CPU, fp32
             # and bf16; the meta trace at flash-attention's layout): kept when o_proj's weight trains
@@ -297,11 +321,18 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         if model_dropout.sdpa_math_fallback(spec, setup, attention_kind(spec, setup)):
             core += model_dropout.math_core_extra_bytes(w.q, w.kv, w.heads, a)
     total += core + inner(w.q, lw.get("attn_out", 0))
+    if mixed and not dropout and lw.get("attn_out", 0) and not litgpt:
+        # PEFT casts an adapter's input to its fp32 weights' dtype and autocast casts it back for the
+        # matmul, which keeps that 16-bit copy: the attention output is otherwise saved only as the
+        # attention's own output (measured on CPU, Llama LoRA all-linear under bf16 autocast)
+        total += 2 * w.q * lw.get("attn_out", 0)
     if arch in QK_NORM_ARCHITECTURES:
         # Per-head RMSNorm of the queries and keys before the rotary embedding (Qwen3): each keeps
         # its fp32 input (a copy of a 16-bit projection output), its rsqrt per head and, when its
         # weight trains, the normalised output it multiplies (measured on CPU: Qwen3 -16.8 % -> exact).
-        total += (4 + (a if full else 0)) * (w.q + w.kv) + 4 * (w.heads + spec.num_kv_heads)
+        # Gemma 3's y * (1 + weight) keeps the fp32 y when the weight trains.
+        kept = (4 if arch in GEMMA_NORM else a) if full else 0
+        total += (4 + kept) * (w.q + w.kv) + 4 * (w.heads + spec.num_kv_heads)
     if litgpt and lw.get("attn_out", 0) and not dropout:
         # LitGPT's y.transpose(1, 2).reshape(...) copies the attention output; the adapter keeps it.
         total += a * w.q
@@ -353,6 +384,8 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     total += model_dropout.block_bytes_per_token(spec, setup, w.f, a, bool(down_in))
     if not full:
         total += quantised_inputs_per_token(spec, st, setup)
+        tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
+        total += frozen_weight_casts_per_layer(spec, st, setup) / tokens
     if setup.dora and not full:
         # DoRA keeps each adapted module's base and LoRA outputs, and with dropout the weight copy
         # F.linear multiplied (a per-layer amount, spread over the layer's tokens): core/memory/dora.py.
@@ -389,6 +422,10 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
         saved += 2 * h if mixed else r * h  # lm_head input
     elif keeps_quantised_inputs(setup) and quantised_lm_head(spec, setup):
         saved += a * h  # a quantised lm_head's matmul keeps its input like the layers' (framework_effects.py)
+    if not full and frozen_fp32_under_autocast(setup):
+        # the frozen fp32 lm_head's 16-bit copy, kept for its input's gradient (frozen_weight_casts_per_layer)
+        tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
+        saved += 2.0 * spec.vocab_size * h / tokens
     arch = spec.architecture
     if arch == "falcon" and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
         # The ALiBi bias goes to SDPA as one fp32 (batch, heads, s, s) mask shared by all layers.
