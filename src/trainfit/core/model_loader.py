@@ -17,7 +17,7 @@ from typing import Any
 from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
 from trainfit.core.model_loader_families import FAMILY_FIELDS
 from trainfit.core.dropout_config import dropout_fields
-from trainfit.core.params import SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.errors import BadInputError
 from trainfit.validate import parse_json, read_text_file
 
@@ -97,7 +97,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     text = _Cfg(data["text_config"], f"{origin} text_config") if model_type == "qwen2_vl" and isinstance(
         data.get("text_config"), dict) else cfg
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _common_fields(text, model_type)
-    if model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
+    if model_type in MOE:
         fields.update(_moe_fields(cfg, model_type))
     tie_cfg = cfg if cfg.get("tie_word_embeddings") is not None else text
     fields["tie_embeddings"] = tie_cfg.bool("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False))

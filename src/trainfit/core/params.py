@@ -477,7 +477,7 @@ def lora_targets(spec: ModelSpec, target_modules: list[str] | str,
 
 
 def lora_plan(spec: ModelSpec, target_modules: list[str] | str,
-               target_parameters: list[str] | None) -> list[tuple[LinearLayer, int]]:
+              target_parameters: list[str] | None) -> list[tuple[LinearLayer, int]]:
     """(layer, rank multiplier) pairs; the multiplier is 2 where PEFT fuses two targets."""
     layers = linear_layers(spec)
     modules = [x for x in layers if x.kind in ("linear", "lm_head")]
@@ -584,5 +584,10 @@ def lora_params(spec: ModelSpec, target_modules: list[str] | str, rank: int,
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise BadInputError(f"lora rank must be a positive integer, got {rank!r}")
-    return sum(x.count * rank * mult * (x.in_features + x.out_features)
-               for x, mult in lora_plan(spec, target_modules, target_parameters))
+    return sum(adapter_params(x, rank, mult) for x, mult in lora_plan(spec, target_modules, target_parameters))
+
+
+def adapter_params(layer: LinearLayer, rank: int, mult: int = 1) -> int:
+    """LoRA parameters on one target over the model: A (r x in) and B (out x r) per instance, the rank
+    times `mult` where PEFT fuses two targets (lora_plan)."""
+    return layer.count * rank * mult * (layer.in_features + layer.out_features)

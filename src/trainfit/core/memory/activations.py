@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from trainfit.core.memory.framework_effects import (
     fp32_stream_over_16bit_weights,
     fp32_stream_under_autocast,
-    kbit_upcast_applies,
     keeps_quantised_inputs,
     legacy_loss_in_16bit,
     legacy_loss_under_autocast,
@@ -52,7 +51,7 @@ from trainfit.core.memory.framework_effects import (
     returned_logits_bytes,
 )
 from trainfit.core.memory import model_dropout
-from trainfit.core.memory.states import trained_param_bytes
+from trainfit.core.memory.states import base_weight_bytes, trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import QK_NORM_ARCHITECTURES
@@ -160,15 +159,17 @@ def routed_width(spec: ModelSpec) -> int:
     return spec.experts_per_token * (spec.moe_intermediate_size or spec.intermediate_size)
 
 
+def step_tokens(setup: TrainingSetup) -> int:
+    """Tokens a micro-step runs through each layer (DPO: chosen and rejected)."""
+    return setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
+
+
 def expert_weight_bytes(setup: TrainingSetup) -> int:
     """Bytes per element of fused MoE experts' tensors. transformers >= 5 runs a layer's routed experts
     as one grouped matmul over 3-D parameters (integrations/moe.py), casting the tokens to the weights'
     dtype: autocast does not cast grouped_mm, so under mixed precision the experts run in the fp32
     master weights' dtype (measured on CPU: every saved expert tensor fp32 under bf16 autocast)."""
-    p = setup.precision
-    if p == "fp32" or kbit_upcast_applies(setup) or (setup.quant == "none" and p in ("bf16-mixed", "fp16-mixed")):
-        return 4
-    return 2
+    return base_weight_bytes(setup)
 
 
 def fused_experts_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, *, experts_train: bool) -> float:
@@ -204,7 +205,14 @@ def frozen_weight_casts_per_layer(spec: ModelSpec, st: ModelStats, setup: Traini
 def frozen_fp32_under_autocast(setup: TrainingSetup) -> bool:
     """A frozen fp32 base run under autocast, whose weights autocast casts per use without caching."""
     fp32_base = setup.quant == "none" and setup.precision in ("bf16-mixed", "fp16-mixed")
-    return fp32_base and setup.zero_stage == 0 and setup.fsdp_strategy == "none"
+    return fp32_base and engine_runs_autocast(setup)
+
+
+def engine_runs_autocast(setup: TrainingSetup) -> bool:
+    """Whether the layers run under autocast with the model's own weights. FSDP's mixed precision
+    gathers 16-bit parameters and DeepSpeed's bf16/fp16 modes cast the module itself and run no
+    autocast (Accelerate leaves native_amp off for DeepSpeed: accelerate/accelerator.py, v1.15.0)."""
+    return setup.zero_stage == 0 and setup.fsdp_strategy == "none"
 
 
 def mlp_norm_readers(spec: ModelSpec, st: ModelStats, setup: TrainingSetup) -> int:
@@ -275,6 +283,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         return out + adapted * adapter_cast * width
 
     lw = lora_where or {}
+    per_layer = 0.0  # kept per layer whatever the tokens (weight copies), added per token at the end
     n_norms = norms_per_block(spec)
     total = n_norms * norm()
     if spec.parallel_attention and n_norms == 2 and spec.norm == "layernorm":
@@ -375,8 +384,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         if spec.shared_experts:
             mlp += a * w.h  # the shared expert's output, kept by the product with its sigmoid gate
         if lw.get("experts", 0) and not full:
-            tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
-            total += adapted_expert_weight_bytes(spec, setup) / tokens
+            per_layer += adapted_expert_weight_bytes(spec, setup)
     elif spec.num_experts:
         # Routed tokens are gathered per expert (a copy of h) and the expert output is weighted.
         mlp += spec.experts_per_token * 2 * a * w.h + 4 * spec.num_experts
@@ -384,16 +392,16 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     total += model_dropout.block_bytes_per_token(spec, setup, w.f, a, bool(down_in))
     if not full:
         total += quantised_inputs_per_token(spec, st, setup)
-        tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
-        total += frozen_weight_casts_per_layer(spec, st, setup) / tokens
+        per_layer += frozen_weight_casts_per_layer(spec, st, setup)
     if setup.dora and not full:
         # DoRA keeps each adapted module's base and LoRA outputs, and with dropout the weight copy
-        # F.linear multiplied (a per-layer amount, spread over the layer's tokens): core/memory/dora.py.
+        # F.linear multiplied (a per-layer amount): core/memory/dora.py.
         from trainfit.core.memory import dora
 
-        tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
-        total += dora.saved_bytes_per_token(spec, setup) + dora.saved_weight_bytes_per_layer(spec, setup) / tokens
-    return total, core
+        total += dora.saved_bytes_per_token(spec, setup)
+        per_layer += dora.saved_weight_bytes_per_layer(spec, setup)
+    # Weight-sized tensors a layer keeps, spread over the layer's tokens like the rest.
+    return total + per_layer / step_tokens(setup), core
 
 
 def eager_scores_bytes(spec: ModelSpec, setup: TrainingSetup, tokens: int, seq_len: int) -> float:
@@ -424,8 +432,7 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
         saved += a * h  # a quantised lm_head's matmul keeps its input like the layers' (framework_effects.py)
     if not full and frozen_fp32_under_autocast(setup):
         # the frozen fp32 lm_head's 16-bit copy, kept for its input's gradient (frozen_weight_casts_per_layer)
-        tokens = setup.micro_batch * (2 if setup.method == "dpo" else 1) * setup.seq_len
-        saved += 2.0 * spec.vocab_size * h / tokens
+        saved += 2.0 * spec.vocab_size * h / step_tokens(setup)
     arch = spec.architecture
     if arch == "falcon" and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
         # The ALiBi bias goes to SDPA as one fp32 (batch, heads, s, s) mask shared by all layers.

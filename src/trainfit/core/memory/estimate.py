@@ -214,18 +214,14 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     else:
         lt = loss_kernels.loss_terms(model, setup, tokens, head_trains=full)
         loss_saved, loss_fwd, loss_bwd, loss_what = lt.saved, lt.forward, lt.backward, lt.what
-    # autocast caches the 16-bit copy of every trained weight that a matmul reads. Under ZeRO-3 /
-    # FSDP full shard the engine's mixed precision gathers 16-bit parameters a layer at a time
-    # (counted in the gather buffer), so no whole-model cache exists on any GPU.
-    # FSDP's mixed precision gathers 16-bit parameters (counted in its gather floor), and DeepSpeed's
-    # bf16/fp16 modes cast the module itself to 16 bits (its fp32 master is separate) and run no
-    # autocast (Accelerate leaves native_amp off for DeepSpeed: accelerate/accelerator.py, v1.15.0):
-    # no cast to cache under either engine.
+    # autocast caches the 16-bit copy of every trained weight that a matmul reads; under FSDP and
+    # DeepSpeed no autocast casts the model's own weights (act.engine_runs_autocast), so there is no
+    # cache (FSDP's 16-bit gathered layers are counted in its gather floor).
     # Fused MoE experts run as a grouped matmul autocast does not cast (activations.expert_weight_bytes):
     # no 16-bit copy of them exists (measured on CPU: Mixtral under bf16 autocast +4.5 % -> exact).
     uncast = st.experts if setup.experts_fused else 0
     cache = 2.0 * (st.linear - uncast + (st.lm_head or st.embedding)) if (
-        mixed and full and setup.zero_stage == 0 and setup.fsdp_strategy == "none") else 0.0
+        mixed and full and act.engine_runs_autocast(setup)) else 0.0
     # Frozen quantised / 16-bit base: one weight de-quantised (or cast) at a time.
     transient = states.dequant_transient
     # DoRA's weight-norm temporaries exist only inside a layer's forward, one layer at a time.

@@ -85,16 +85,24 @@ def adafactor_bytes(spec: ModelSpec, st: ModelStats, trainable: int, rank: int |
     return 4 * (n * per_layer + emb * (1 if spec.tie_embeddings else 2) + st.norms)
 
 
+def base_weight_bytes(setup: TrainingSetup) -> int:
+    """Bytes per base-model weight that is not quantised, in training: fp32 masters under mixed
+    precision; under a quantised base, fp32 where PEFT's k-bit preparation casts the rest
+    (framework_effects.py), else 16-bit."""
+    p = setup.precision
+    if setup.quant == "none":
+        return 4 if p in ("fp32", "bf16-mixed", "fp16-mixed") else 2
+    return 4 if p == "fp32" or kbit_upcast_applies(setup) else 2
+
+
 def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = None) -> tuple[float, float, float]:
     """(weights, quantisation overhead, largest de-quantised weight) of the base model."""
     p = setup.precision
-    dense = 4 if p in ("fp32", "bf16-mixed", "fp16-mixed") and setup.quant == "none" else 2
+    dense = base_weight_bytes(setup)
     if setup.method == "inference" and p.endswith("-mixed"):
         dense = 2  # inference loads the checkpoint in the 16-bit dtype
     if setup.quant == "none":
         return st.total * dense, 0.0, 0.0
-    if p == "fp32" or kbit_upcast_applies(setup):
-        dense = 4  # PEFT's k-bit preparation casts the non-quantised weights to fp32 (framework_effects.py)
     head = quantised_lm_head(spec, setup) if spec else 0  # Lightning's plugin quantises the lm_head too
     # MoE experts: quantised per expert (transformers 4's nn.Linear each), or left 16-bit with the
     # rest when transformers >= 5 fuses them (quant_formats.experts_left_dense).

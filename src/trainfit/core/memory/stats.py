@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import count_params, linear_layers, lora_plan, lora_position, norm_readers
+from trainfit.core.params import adapter_params, count_params, linear_layers, lora_plan, lora_position, norm_readers
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,7 @@ def lora_stats(spec: ModelSpec, targets: list[str] | str, rank: int) -> tuple[in
     if hit is not None:
         return hit
     chosen = [(x, mult) for x, mult in lora_plan(spec, targets, None) if not x.vision]
-    # mult: PEFT doubles the rank of two transformers-4 experts fused into one parameter (gate_up)
-    params = sum(x.count * rank * mult * (x.in_features + x.out_features) for x, mult in chosen)
+    params = sum(adapter_params(x, rank, mult) for x, mult in chosen)
     where = {"attn_in": 0, "mlp_in": 0, "attn_out": 0, "mlp_out": 0, "lm_head": 0, "experts": 0}
     for x, _ in chosen:
         where["experts" if x.kind == "expert" else lora_position(x)] += 1
