@@ -71,6 +71,10 @@ class PlanRequest:
     # The dataset as trainfit.dataset_size measured it (--data / --dataset): the data I/O plan,
     # and the workload when neither --examples nor --dataset-tokens is given.
     dataset: DatasetInfo | None = None
+    # Vision-language models: image side in pixels (0: the model's default) and images per example;
+    # their tokens are added to each sequence (core.memory's image model), as `estimate` counts them.
+    image_size: int = 0
+    images_per_example: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,20 @@ def check_request(req: PlanRequest) -> None:
         problems.append(f"--vocab must be in [2, 10000000], got {req.vocab_size}")
     if problems:
         raise BadInputError("; ".join(problems))
+    _check_image_knobs(req)
+
+
+def _check_image_knobs(req: PlanRequest) -> None:
+    """--image-size / --images-per-example against the model, with estimate's checks (a refused knob
+    is bad input, not a setting that "does not fit")."""
+    if not (req.image_size or req.images_per_example):
+        return
+    if req.model is None:
+        raise BadInputError("--image-size / --images-per-example: pretraining from scratch plans a text model; "
+                            "give a vision-language model (e.g. qwen2-vl-2b)")
+    from trainfit.core.memory.model_knob_checks import check_model_knobs
+
+    check_model_knobs(req.model, TrainingSetup(image_size=req.image_size, images_per_example=req.images_per_example))
 
 
 class MemoryUnknownError(UnavailableError):
@@ -217,6 +235,14 @@ def _seq_lens(req: PlanRequest, t: ModeTargets, model: ModelSpec) -> list[int]:
     return fitting or [model.max_position_embeddings]
 
 
+def _base(req: PlanRequest, variant: str, rules: DeviceRules, seq: int, lora: LoraSettings) -> TrainingSetup:
+    """The variant's base setup with the request's image knobs (vision-language models)."""
+    base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
+    if req.image_size or req.images_per_example:
+        base = dataclasses.replace(base, image_size=req.image_size, images_per_example=req.images_per_example)
+    return base
+
+
 def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec, global_batch: int) -> list[Tier]:
     lora = req.lora or space.default_lora(model)
     tiers = []
@@ -225,13 +251,13 @@ def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpe
             continue
         seqs = _seq_lens(req, t, model)
         for seq in seqs:
-            base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
+            base = _base(req, variant, rules, seq, lora)
             tag = f" at {seq} tokens" if len(seqs) > 1 else ""
             tiers.append(_tier(f"{variants.LABELS[variant]}{tag}", base, rules, t, global_batch, offload=False))
         full_weights = base.lora is None and base.method not in ("inference",)
         if t.offload and full_weights and rules.device in ("cuda", "rocm"):
             for seq in seqs:
-                base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
+                base = _base(req, variant, rules, seq, lora)
                 tag = f" at {seq} tokens" if len(seqs) > 1 else ""
                 tiers.append(_tier(f"{variants.LABELS[variant]} with CPU offload{tag}", base, rules, t, global_batch,
                                    offload=True))
