@@ -50,3 +50,51 @@ def test_plan_refuses_bad_image_flags_like_estimate(capsys, argv, needle):
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+# -- item 3: --examples is N rows of a length distribution, not N x seq_len ----------------------
+def test_examples_are_sized_by_a_typical_length_not_the_sequence_length(capsys):
+    """10,000 chat examples are ~7.8M tokens (the typical SFT length, cited in typical_lengths.yaml),
+    in every mode: not 10,000 x 1024 in one mode and 10,000 x 2048 in the next. Only what a mode's
+    shorter sequence cuts off differs, and the plan says how much."""
+    from trainfit.core.plan.lengths import typical_lengths
+
+    mean = typical_lengths()["sft"].mean_tokens
+    code, doc = _plan_json(capsys, "Qwen/Qwen2.5-1.5B-Instruct", "--method", "lora", "--hardware", "a10g",
+                           "--examples", "10000")
+    assert code == 0
+    shares = {}
+    for m in doc["modes"]:
+        sized, run = m["data_lengths"], m["run"]
+        assert sized["rows"] == 10000 and sized["seq_len"] == m["setup"]["seq_len"]
+        assert sized["epoch_tokens"] <= 10000 * mean * 1.01  # never N x seq_len (10.2M / 20.5M / 41M)
+        assert run["tokens"] == pytest.approx(sized["epoch_tokens"], rel=0.03)  # packed: within the last step
+        assert any(r.startswith("data: 10,000 examples") and "truncates" in r for r in m["reasons"])
+        shares[m["setup"]["seq_len"]] = sized["truncated_share"]
+    # a longer sequence truncates fewer examples
+    ordered = [shares[k] for k in sorted(shares)]
+    assert ordered == sorted(ordered, reverse=True) and ordered[0] > 0
+
+
+def test_dpo_pairs_count_two_sequences_at_the_pairs_length(capsys):
+    code, doc = _plan_json(capsys, "qwen2.5-0.5b", "--method", "dpo", "--hardware", "a100-80gb", "--examples",
+                           "1000", "--mode", "balanced")
+    m = doc["modes"][0]
+    s, sized = m["setup"], m["data_lengths"]
+    assert code == 0 and sized["rows"] == 1000
+    # two sequences per pair, each about half the pair's ~800 tokens: ~800K, not 1000 x 2 x 2048
+    assert 600_000 < m["run"]["tokens"] == sized["epoch_tokens"] < 1000 * 2 * s["seq_len"] / 2
+
+
+def test_data_sample_lengths_say_which_share_is_truncated(tmp_path, capsys):
+    """--data: the sampled row lengths (100 short rows, 10 of ~2,000 tokens) give the truncated share."""
+    rows = [{"text": "word " * 80}] * 100 + [{"text": "x" * 8000}] * 10
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    code, doc = _plan_json(capsys, "qwen2.5-0.5b", "--method", "lora", "--hardware", "a100-80gb", "--data",
+                           str(data), "--seq-len", "1024", "--mode", "balanced")
+    sized = doc["modes"][0]["data_lengths"]
+    assert code == 0 and sized["rows"] == 110
+    assert sized["truncated_share"] == pytest.approx(10 / 110)
+    assert sized["epoch_tokens"] == 100 * 100 + 10 * 1024
+    assert "sampled" in sized["how"]

@@ -20,7 +20,7 @@ from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.plan import data_io, space, variants
+from trainfit.core.plan import data_io, lengths, space, variants
 from trainfit.core.plan.data_io import DataPlan, DatasetInfo
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
@@ -109,6 +109,8 @@ class ModePlan:
     pretrain: dict | None = None  # params, tokens, tokens_per_param when the planner chose a size
     candidates_evaluated: int = 0
     data_io: DataPlan | None = None  # stream / cache / workers / input bottleneck / token budget (core.plan.data_io)
+    # The examples' lengths at this mode's sequence length: tokens per epoch, share truncated (core.plan.lengths)
+    data_lengths: lengths.DataLengths | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,8 @@ def plan(req: PlanRequest) -> Plan:
     if req.method == "qlora" and not rules.quantization:
         raise UnavailableError(f"--method qlora: {rules.reasons['quantization']}",
                                hint="plan --method lora (or auto) on this hardware")
+    # --examples N is N rows of a length distribution (the data's, else the task's typical one)
+    req = dataclasses.replace(req, dataset=lengths.with_lengths(req.dataset, req.method, req.examples))
     modes = []
     for name in req.modes:
         t = targets(name, memory_share=req.memory_share, tokens_per_param=req.tokens_per_param,
@@ -330,12 +334,17 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
 
 # ---------------------------------------------------------------------------------------------
 # one mode for a given model
-def _workload(req: PlanRequest, tokens: int | None = None) -> Workload | None:
+def _workload(req: PlanRequest, s: TrainingSetup, tokens: int | None = None) -> Workload | None:
+    """The run's data: the pretraining budget, --dataset-tokens, else the rows at their lengths
+    (packed SFT trains their tokens; unpacked, one row per sequence), else --examples."""
     if tokens is not None:
         return Workload(dataset_tokens=tokens, epochs=1.0)
-    if req.dataset_tokens or req.examples:
-        return Workload(examples=req.examples, dataset_tokens=req.dataset_tokens, epochs=req.epochs)
-    return None
+    if req.dataset_tokens:
+        return Workload(dataset_tokens=req.dataset_tokens, epochs=req.epochs)
+    from_data = data_io.dataset_workload(req.dataset, s, req.epochs)
+    if from_data is not None:
+        return from_data
+    return Workload(examples=req.examples, epochs=req.epochs) if req.examples else None
 
 
 def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec,
@@ -360,7 +369,8 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                         reasons, warnings, t, model, pretrain, result.evaluated)
     best = result.best
     s = best.setup
-    workload = _workload(req, pretrain_tokens) or data_io.dataset_workload(req.dataset, s, req.epochs)
+    workload = _workload(req, s, pretrain_tokens)
+    sized = lengths.data_lengths(req.dataset, s) if pretrain_tokens is None else None
     run_pred = predict_run(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
                            step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
@@ -369,7 +379,10 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
     rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
     tokens = None
-    if speed.total_steps is not None:
+    packed = s.method == "pretrain" or (data_plan is not None and data_plan.packing)
+    if speed.total_steps is not None and sized is not None and not packed:
+        tokens = int(sized.epoch_tokens * req.epochs)  # the data's own tokens, not the padded sequences
+    elif speed.total_steps is not None:  # packed: full sequences of data (to within the last step)
         tokens = int(speed.total_steps * s.global_batch * s.seq_len * (2 if s.method == "dpo" else 1))
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
     spot_reasons: list[str] = []
@@ -379,10 +392,34 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
+    reasons += _length_reasons(sized, s, data_plan.packing if data_plan is not None else None)
+    warnings += _truncation_warnings(sized, s)
     warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan)
+                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan, sized)
+
+
+# A sequence length that cuts off more than this share of the examples gets a warning.
+TRUNCATION_WARNING_SHARE = 0.25
+
+
+def _length_reasons(sized: lengths.DataLengths | None, s: TrainingSetup, packed: bool | None) -> list[str]:
+    if sized is None:
+        return []
+    unit = "pairs" if s.method == "dpo" else "documents" if s.method == "pretrain" else "examples"
+    rows = ("packed into full sequences" if packed or s.method == "pretrain"
+            else f"not packed: each sequence is padded up to {s.seq_len} tokens in the step time")
+    return [f"data: {sized.rows:,} {unit} x {sized.mean_row_tokens:,.0f} tokens on average = "
+            f"{_count(sized.epoch_tokens)} tokens per epoch as trained, {rows}; "
+            f"{lengths.truncation_text(sized, s.method)} ({sized.how})"]
+
+
+def _truncation_warnings(sized: lengths.DataLengths | None, s: TrainingSetup) -> list[str]:
+    if sized is None or sized.truncated_share < TRUNCATION_WARNING_SHARE:
+        return []
+    return [f"{lengths.truncation_text(sized, s.method)}: a longer --seq-len (more memory) or shorter examples "
+            "keep them whole"]
 
 
 def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, result: SearchResult) -> list[str]:
