@@ -98,3 +98,48 @@ def test_data_sample_lengths_say_which_share_is_truncated(tmp_path, capsys):
     assert sized["truncated_share"] == pytest.approx(10 / 110)
     assert sized["epoch_tokens"] == 100 * 100 + 10 * 1024
     assert "sampled" in sized["how"]
+
+
+# -- item 2: shorter sequences before "nothing fits" --------------------------------------------
+def test_dpo_8b_on_a_12gb_card_finds_a_shorter_sequence(capsys):
+    """Llama-3-8B DPO on an RTX 3060 (12 GB): none of the modes' own sequence lengths fits, 1024 does
+    (QLoRA, ~84 % of extreme's budget); the plan says why and what 1024 tokens truncate."""
+    code, doc = _plan_json(capsys, "meta-llama/Meta-Llama-3-8B-Instruct", "--method", "dpo", "--hardware",
+                           "rtx-3060", "--examples", "1000")
+    assert code == 0
+    extreme = next(m for m in doc["modes"] if m["mode"] == "extreme")
+    assert extreme["fits"] and extreme["setup"]["seq_len"] == 1024 and extreme["setup"]["quant"] != "none"
+    assert any(r.startswith("seq 1024: none of extreme's 4096 / 2048 tokens fits") and "truncates" in r
+               for r in extreme["reasons"])
+    assert extreme["data_lengths"]["truncated_share"] > 0
+
+
+def test_a_given_seq_len_is_kept_and_the_advice_names_one_that_fits(capsys):
+    code, doc = _plan_json(capsys, "meta-llama/Meta-Llama-3-8B-Instruct", "--method", "dpo", "--hardware",
+                           "rtx-3060", "--examples", "1000", "--seq-len", "2048")
+    assert code == 3 and not any(m["fits"] for m in doc["modes"])
+    extreme = next(m for m in doc["modes"] if m["mode"] == "extreme")
+    assert any(w.startswith("--seq-len 1024 fits") and "truncates" in w for w in extreme["warnings"])
+
+
+def test_qlora_8b_on_an_8gb_card_fits_at_the_guides_setting(capsys):
+    """Seed 002's 'Llama 3 8B QLoRA from 8 GB': extreme finds it at 512 tokens with adapters on the
+    attention projections (all-linear adapters do not fit 95 % of an RTX 3070)."""
+    code, doc = _plan_json(capsys, "meta-llama/Meta-Llama-3-8B", "--method", "qlora", "--hardware", "rtx-3070")
+    assert code == 0
+    extreme = next(m for m in doc["modes"] if m["mode"] == "extreme")
+    assert extreme["fits"] and extreme["setup"]["seq_len"] == 512
+    assert extreme["setup"]["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert extreme["memory_used_bytes"] <= extreme["memory_budget_bytes"]
+    balanced = next(m for m in doc["modes"] if m["mode"] == "balanced")
+    assert not balanced["fits"] and any(w.startswith("also tried, and none fits: sequences down to 512")
+                                        for w in balanced["warnings"])
+
+
+def test_a_mode_that_fits_keeps_its_own_sequence_lengths(capsys):
+    code, doc = _plan_json(capsys, "qwen2.5-0.5b", "--method", "lora", "--hardware", "a100-80gb")
+    assert code == 0
+    for m in doc["modes"]:
+        assert m["setup"]["seq_len"] in m["targets"]["seq_lens"]
+        assert m["setup"]["lora"]["target_modules"] != ["q_proj", "k_proj", "v_proj", "o_proj"]
+        assert not any(r.startswith("seq ") for r in m["reasons"])

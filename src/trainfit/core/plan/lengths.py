@@ -138,7 +138,7 @@ def length_source(info: DatasetInfo, method: str) -> str:
         return (f"{info.name}: {info.tokens / info.rows:,.0f} tokens per row from its size, log-normal spread "
                 f"(sigma {typical.sigma:g}) assumed")
     return (f"typical {typical.description}: {typical.mean_tokens:,.0f} tokens per row, {typical.dataset}'s size "
-            f"per row ({typical.source}), log-normal spread (sigma {typical.sigma:g}) assumed; --data measures yours")
+            f"per row (data/typical_lengths.yaml), log-normal spread assumed; --data measures yours")
 
 
 def sequence_lengths(info: DatasetInfo, method: str) -> list[float]:
@@ -175,3 +175,18 @@ def truncation_text(d: DataLengths, method: str) -> str:
         return f"seq {d.seq_len} truncates none of the {what}"
     share = "<1%" if d.truncated_share < 0.005 else f"{d.truncated_share:.0%}"
     return f"seq {d.seq_len} truncates {share} of the {what} (their ends are not trained)"
+
+
+def truncation_at(info: DatasetInfo | None, method: str, seq_len: int) -> str:
+    """What `seq_len` cuts off of the data (its sample, else the task's typical lengths)."""
+    task = task_for(method)
+    if task is None:
+        return ""
+    if info is None or not info.row_tokens_sample:
+        typical = typical_lengths()[task]
+        info = DatasetInfo("tokens", "typical", rows=1, row_tokens_sample=lognormal_sample(typical.mean_tokens,
+                                                                                           typical.sigma))
+    sized = data_lengths(info, TrainingSetup(method=method if method != "auto" else "full", seq_len=seq_len))
+    if sized is None:
+        return ""
+    return truncation_text(sized, method) + ("" if info.name != "typical" else " at typical lengths")

@@ -24,7 +24,7 @@ from trainfit.core.plan import data_io, lengths, space, variants
 from trainfit.core.plan.data_io import DataPlan, DatasetInfo
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
-from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
+from trainfit.core.plan.modes import DEFAULTS, MODES, SEQ_FLOOR, ModeTargets, shorter_seq_lens, targets
 from trainfit.core.plan import multinode
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
@@ -248,23 +248,43 @@ def _base(req: PlanRequest, variant: str, rules: DeviceRules, seq: int, lora: Lo
 
 
 def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec, global_batch: int) -> list[Tier]:
+    """The mode's sequence lengths for every method variant (the user's method first), then, when the
+    user gave no --seq-len, shorter sequences down to SEQ_FLOOR: a shorter context is given up only
+    after every method has failed at the mode's own lengths."""
     lora = req.lora or space.default_lora(model)
+    chain = [v for v in variants.chain(req.method)
+             if not (variants.needs_bitsandbytes(v) and not rules.quantization)]
+    seqs = _seq_lens(req, t, model)
     tiers = []
-    for variant in variants.chain(req.method):
-        if variants.needs_bitsandbytes(variant) and not rules.quantization:
-            continue
-        seqs = _seq_lens(req, t, model)
-        for seq in seqs:
-            base = _base(req, variant, rules, seq, lora)
-            tag = f" at {seq} tokens" if len(seqs) > 1 else ""
-            tiers.append(_tier(f"{variants.LABELS[variant]}{tag}", base, rules, t, global_batch, offload=False))
-        full_weights = base.lora is None and base.method not in ("inference",)
-        if t.offload and full_weights and rules.device in ("cuda", "rocm"):
-            for seq in seqs:
-                base = _base(req, variant, rules, seq, lora)
-                tag = f" at {seq} tokens" if len(seqs) > 1 else ""
-                tiers.append(_tier(f"{variants.LABELS[variant]} with CPU offload{tag}", base, rules, t, global_batch,
-                                   offload=True))
+    for variant in chain:
+        tiers += _variant_tiers(req, t, rules, global_batch, variant, seqs, lora,
+                                tag=lambda seq: f" at {seq} tokens" if len(seqs) > 1 else "")
+    shorter = shorter_seq_lens(seqs, model.max_position_embeddings) if req.seq_len is None else []
+    for seq in shorter:
+        for variant in chain:
+            tiers += _variant_tiers(req, t, rules, global_batch, variant, [seq], lora,
+                                    tag=lambda seq: f" at {seq} tokens (below {t.mode}'s {min(seqs)})")
+    # Last: adapters on the attention projections only (fewer adapter states and activations), for
+    # the default all-linear LoRA; a user's own --lora targets are kept.
+    attention = space.attention_lora(model) if req.lora is None else None
+    if attention is not None and attention != lora:
+        for variant in [v for v in chain if variants.uses_adapters(v)]:
+            tiers += _variant_tiers(req, t, rules, global_batch, variant, [*seqs, *shorter], attention,
+                                    tag=lambda seq: f" on attention only at {seq} tokens")
+    return tiers
+
+
+def _variant_tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, global_batch: int, variant: str,
+                   seqs: list[int], lora: LoraSettings, tag) -> list[Tier]:
+    """One variant at these sequence lengths: on the devices alone, then with CPU offload (full weights)."""
+    label = variants.LABELS[variant]
+    tiers = [_tier(f"{label}{tag(seq)}", _base(req, variant, rules, seq, lora), rules, t, global_batch,
+                   offload=False) for seq in seqs]
+    probe = _base(req, variant, rules, seqs[0], lora)
+    full_weights = probe.lora is None and probe.method not in ("inference",)
+    if t.offload and full_weights and rules.device in ("cuda", "rocm"):
+        tiers += [_tier(f"{label} with CPU offload{tag(seq)}", _base(req, variant, rules, seq, lora), rules, t,
+                        global_batch, offload=True) for seq in seqs]
     return tiers
 
 
@@ -365,6 +385,8 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         if math.isfinite(need):
             warnings.append(f"the closest setting needs {need:.2f}x this mode's memory budget: use a larger "
                             "GPU (trainfit cloud), more GPUs, or a smaller model")
+        if req.method != "inference":
+            warnings += _shorter_seq_advice(req, t, rules, model)
         return ModePlan(t.mode, False, model.id, None, None, None, budget.limit(cap), None, None, None, None,
                         reasons, warnings, t, model, pretrain, result.evaluated)
     best = result.best
@@ -392,7 +414,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
-    reasons += _length_reasons(sized, s, data_plan.packing if data_plan is not None else None)
+    reasons += _shorter_seq_reasons(req, t, model, s) + _length_reasons(sized, s, data_plan.packing if data_plan else None)
     warnings += _truncation_warnings(sized, s)
     warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
@@ -402,6 +424,33 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
 
 # A sequence length that cuts off more than this share of the examples gets a warning.
 TRUNCATION_WARNING_SHARE = 0.25
+
+
+def _shorter_seq_reasons(req: PlanRequest, t: ModeTargets, model: ModelSpec, s: TrainingSetup) -> list[str]:
+    """Why the sequence is shorter than the mode's own, and what that cuts off."""
+    own = _seq_lens(req, t, model)
+    if req.seq_len is not None or s.seq_len >= min(own):
+        return []
+    return [f"seq {s.seq_len}: none of {t.mode}'s {' / '.join(map(str, own))} tokens fits, so shorter sequences "
+            f"down to {SEQ_FLOOR} were tried; {lengths.truncation_at(req.dataset, s.method, s.seq_len)}"]
+
+
+def _shorter_seq_advice(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec) -> list[str]:
+    """Nothing fits: the longest shorter --seq-len that would (a user's --seq-len is kept, not
+    overridden), or that even the floor does not."""
+    if req.seq_len is None:
+        tried = ([f"sequences down to {SEQ_FLOOR} tokens"]
+                 if shorter_seq_lens(_seq_lens(req, t, model), model.max_position_embeddings) else [])
+        if req.lora is None and space.attention_lora(model) is not None and \
+                any(variants.uses_adapters(v) for v in variants.chain(req.method)):
+            tried.append("LoRA on the attention projections only")
+        return [f"also tried, and none fits: {' and '.join(tried)}"] if tried else []
+    for seq in shorter_seq_lens([req.seq_len], model.max_position_embeddings):
+        result = _search_model(dataclasses.replace(req, seq_len=seq), t, rules, model)
+        if result.best is not None:
+            return [f"--seq-len {seq} fits ({result.tier} at {result.best.need_ratio:.0%} of this mode's budget); "
+                    f"{lengths.truncation_at(req.dataset, result.best.setup.method, seq)}"]
+    return [f"a shorter --seq-len does not fit either (tried down to {SEQ_FLOOR})"] if req.seq_len > SEQ_FLOOR else []
 
 
 def _length_reasons(sized: lengths.DataLengths | None, s: TrainingSetup, packed: bool | None) -> list[str]:
