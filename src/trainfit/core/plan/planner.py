@@ -458,7 +458,8 @@ def _length_reasons(sized: lengths.DataLengths | None, s: TrainingSetup, packed:
         return []
     unit = "pairs" if s.method == "dpo" else "documents" if s.method == "pretrain" else "examples"
     rows = ("packed into full sequences" if packed or s.method == "pretrain"
-            else f"not packed: each sequence is padded up to {s.seq_len} tokens in the step time")
+            else f"not packed: steps are timed at the full {s.seq_len} tokens per sequence (an upper bound: the "
+                 "collator pads to the longest row of each micro-batch)")
     return [f"data: {sized.rows:,} {unit} x {sized.mean_row_tokens:,.0f} tokens on average = "
             f"{_count(sized.epoch_tokens)} tokens per epoch as trained, {rows}; "
             f"{lengths.truncation_text(sized, s.method)} ({sized.how})"]
