@@ -143,3 +143,28 @@ def test_a_mode_that_fits_keeps_its_own_sequence_lengths(capsys):
         assert m["setup"]["seq_len"] in m["targets"]["seq_lens"]
         assert m["setup"]["lora"]["target_modules"] != ["q_proj", "k_proj", "v_proj", "o_proj"]
         assert not any(r.startswith("seq ") for r in m["reasons"])
+
+
+def test_typical_lengths_are_cited_and_a_bad_catalog_is_refused():
+    from trainfit.core.plan.lengths import LengthCatalogError, parse_lengths, typical_lengths
+
+    table = typical_lengths()
+    assert set(table) == {"sft", "dpo", "pretrain"}
+    assert all("http" in t.source and 100 < t.mean_tokens < 5000 for t in table.values())
+    with pytest.raises(LengthCatalogError):
+        parse_lengths("tasks:\n  - task: sft\n    rows: 0\n")
+
+
+def test_hub_sizes_give_the_mean_and_the_sample_follows_it():
+    """--dataset: the Hub's bytes per row set the mean (the spread is the task's assumed one)."""
+    from trainfit.core.plan.data_io import DatasetInfo
+    from trainfit.core.plan.lengths import data_lengths, with_lengths
+    from trainfit.core.setup import TrainingSetup
+
+    info = with_lengths(DatasetInfo("hub", "owner/set", rows=1000, tokens=500_000), "lora", None)
+    sample = info.row_tokens_sample
+    assert sum(sample) / len(sample) == pytest.approx(500, rel=0.05) and info.tokens == 500_000
+    long_seq = data_lengths(info, TrainingSetup(method="lora", seq_len=8192))
+    short_seq = data_lengths(info, TrainingSetup(method="lora", seq_len=256))
+    assert long_seq.truncated_share < 0.01 < short_seq.truncated_share
+    assert short_seq.epoch_tokens < long_seq.epoch_tokens <= 500_000 * 1.05
