@@ -131,6 +131,9 @@ def test_qlora_8b_on_an_8gb_card_fits_at_the_guides_setting(capsys):
     assert extreme["fits"] and extreme["setup"]["seq_len"] == 512
     assert extreme["setup"]["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert extreme["memory_used_bytes"] <= extreme["memory_budget_bytes"]
+    # no data size given: what 512 tokens cut off is said at the typical chat lengths
+    assert any(r.startswith("seq 512: none of extreme's 4096 / 2048 tokens fits") and "truncates" in r
+               and "at typical lengths" in r for r in extreme["reasons"])
     balanced = next(m for m in doc["modes"] if m["mode"] == "balanced")
     assert not balanced["fits"] and any(w.startswith("also tried, and none fits: sequences down to 512")
                                         for w in balanced["warnings"])

@@ -414,7 +414,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
-    reasons += _shorter_seq_reasons(req, t, model, s) + _length_reasons(sized, s, data_plan.packing if data_plan else None)
+    reasons += _shorter_seq_reasons(req, t, model, s, sized) + _length_reasons(sized, s, data_plan.packing if data_plan else None)
     warnings += _truncation_warnings(sized, s)
     warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
@@ -426,13 +426,17 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
 TRUNCATION_WARNING_SHARE = 0.25
 
 
-def _shorter_seq_reasons(req: PlanRequest, t: ModeTargets, model: ModelSpec, s: TrainingSetup) -> list[str]:
-    """Why the sequence is shorter than the mode's own, and what that cuts off."""
+def _shorter_seq_reasons(req: PlanRequest, t: ModeTargets, model: ModelSpec, s: TrainingSetup,
+                         sized: lengths.DataLengths | None) -> list[str]:
+    """Why the sequence is shorter than the mode's own, and (without a data size, whose line says it)
+    what that cuts off at typical lengths."""
     own = _seq_lens(req, t, model)
     if req.seq_len is not None or s.seq_len >= min(own):
         return []
+    cut = "what it truncates: see data" if sized is not None else lengths.truncation_at(req.dataset, s.method,
+                                                                                           s.seq_len)
     return [f"seq {s.seq_len}: none of {t.mode}'s {' / '.join(map(str, own))} tokens fits, so shorter sequences "
-            f"down to {SEQ_FLOOR} were tried; {lengths.truncation_at(req.dataset, s.method, s.seq_len)}"]
+            f"down to {SEQ_FLOOR} were tried; {cut}"]
 
 
 def _shorter_seq_advice(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec) -> list[str]:
