@@ -80,7 +80,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         if plan_args.out:
             command = cmd_plan.command_line(_reproduce(plan_args))
             files = cmd_plan.write_exports(result, req, Path(plan_args.out), force=plan_args.force, data=None,
-                                           command=command)
+                                           command=command, flag="--generate-configs")
         doc["plan"] = cmd_plan.plan_document(result, files)
         doc["_plan"], doc["_files"] = result, files
     return doc
