@@ -233,7 +233,13 @@ def _publish_into(out_dir: Path, folders: dict[str, dict[str, str]], flag: str) 
             shutil.rmtree(staging, ignore_errors=True)
             raise _written_anyway(exc, out_dir) from None
         if staging is not None:
-            _roll_back(out_dir, staging, moves)
+            try:
+                _roll_back(out_dir, staging, moves)
+            except OSError as undo:  # the journal stays: the next run into out_dir finishes the roll-back
+                from trainfit.errors import UnavailableError
+
+                raise UnavailableError(f"{flag}: writing {out_dir} failed ({exc}) and so did undoing it ({undo}); "
+                                       f"run the same command again to restore {out_dir}") from None
             shutil.rmtree(staging, ignore_errors=True)
         raise _nothing_written(exc, out_dir, flag) from None
     shutil.rmtree(staging, ignore_errors=True)
