@@ -207,6 +207,10 @@ def test_two_runs_at_once_never_mix_or_overwrite(tmp_path, force, existing):
     assert not leftovers(tmp_path / "out")
     if existing:
         assert (out / "notes.txt").read_text() == "the user's\n"
+    later = subprocess.run([sys.executable, "-m", "trainfit", *PLAN, "--out", str(out)], env=env(),
+                           capture_output=True, text=True, timeout=120)  # one after the other: --force needed
+    assert later.returncode == 2 and "file(s) exist" in later.stderr and "--force" in later.stderr
+    assert f"seq_len: {winner_seq}" in (out / "balanced" / "run.yaml").read_text()
 
 
 # -- interrupted and killed at random moments --------------------------------------------------
@@ -246,7 +250,9 @@ def _kill_trials(tmp_path: Path, trials: int, seed: int, capsys) -> None:
         shutil.rmtree(out, ignore_errors=True)
         if previous is not None:
             shutil.copytree(base / start, out)
-        sig = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+        # each signal in the first three trials, then a seeded mix
+        sig = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)[trial] if trial < 3 else \
+            rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
         proc = launch(PLAN + ["--out", str(out), "--seq-len", "512", "--force"], **{publish.PAUSE_ENV: str(pause)})
         anywhere = sig == signal.SIGKILL and rng.random() < 0.3
         if anywhere:  # from start-up on
@@ -288,3 +294,47 @@ def test_killed_at_random_moments_three_times(tmp_path, capsys):
 @pytest.mark.slow
 def test_killed_at_random_moments_twenty_times(tmp_path, capsys):
     _kill_trials(tmp_path, 20, seed=3520, capsys=capsys)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_before_the_moves_rolls_back_with_a_message(tmp_path, capsys, sig):
+    out = tmp_path / "out"
+    assert run_main(PLAN + ["--out", str(out), "--seq-len", "256"], capsys)[0] == 0
+    before = snapshot(out)
+    proc = launch(PLAN + ["--out", str(out), "--seq-len", "512", "--force"], **{publish.PAUSE_ENV: "3"})
+    deadline = time.monotonic() + 60
+    while not list(out.glob(f"{publish.STAGING_PREFIX}*/{publish.JOURNAL}")) and time.monotonic() < deadline:
+        time.sleep(0.005)  # the journal is written, the pause before the first move has begun
+    proc.send_signal(sig)
+    code, err = proc.wait(timeout=60), proc.stderr.read()
+    name = signal.Signals(sig).name
+    assert code == 128 + sig, err
+    assert err.strip() == f"trainfit: interrupted by {name}; nothing was written to {out} (rolled back)"
+    assert snapshot(out) == before and not leftovers(tmp_path)
+
+
+def test_the_next_run_removes_what_older_versions_left(tmp_path, capsys):
+    """Older versions staged each mode's files in a hidden folder inside it; a kill left it."""
+    out = tmp_path / "out"
+    (out / "balanced" / ".trainfit-export-k2j4_x9a").mkdir(parents=True)
+    (out / "balanced" / ".trainfit-export-k2j4_x9a" / "run.yaml").write_text("half\n")
+    code, err = run_main(PLAN + ["--out", str(out)], capsys)
+    assert code == 0, err
+    assert not leftovers(tmp_path) and sorted(os.listdir(out)) == list(sorted(MODES))
+
+
+def test_sigterm_outside_the_write_is_a_message_and_exit_143(tmp_path, capsys, monkeypatch):
+    """Any command but train / verify (which checkpoint on signals themselves)."""
+    from trainfit.cli import cmd_plan
+
+    def terminated_while_planning(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        return 0
+
+    monkeypatch.setattr(cmd_plan, "run", terminated_while_planning)
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    code, err = run_main(PLAN, capsys)
+    assert code == 143 and err.strip() == "trainfit: interrupted by SIGTERM" and time.monotonic() - started < 4
+    assert signal.getsignal(signal.SIGTERM) == before  # main put the previous handler back
