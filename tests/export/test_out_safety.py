@@ -105,7 +105,8 @@ def test_a_linked_file_is_replaced_as_a_link_never_followed(tmp_path, capsys, da
     assert sorted(os.listdir(out)) == ["balanced"]
     code, err = run_main(PLAN + ["--out", str(out), "--force"], capsys)
     assert code == 0, err
-    assert not (out / "balanced" / "run.yaml").is_symlink() and "trainfit run config" in (out / "balanced" / "run.yaml").read_text()
+    written = out / "balanced" / "run.yaml"
+    assert not written.is_symlink() and "trainfit run config" in written.read_text()
     assert (victim.read_text() == "keep me\n") if not dangling else not victim.exists()
 
 

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainfit.errors import BadInputError, Interrupted, TrainfitError
+from trainfit.errors import BadInputError, Interrupted, TrainfitError, UnavailableError
 
 STAGING_PREFIX = ".trainfit-export-"
 JOURNAL = "journal.json"
@@ -106,6 +106,18 @@ def _link_problem(path: Path, flag: str) -> str:
             f"directories under {flag}, never through a link")
 
 
+def _folder_problem(out_dir: Path, folder: str, flag: str) -> str | None:
+    """Why folder (relative to out_dir) cannot be written into: a link or a file on its way."""
+    path = out_dir
+    for part in Path(folder).parts if folder else ():
+        path = path / part
+        if path.is_symlink():
+            return _link_problem(path, flag)
+        if path.exists() and not path.is_dir():
+            return f"{flag}: {path} is a file where a directory goes"
+    return None
+
+
 def _check_targets(out_dir: Path, folders: dict[str, dict[str, str]], force: bool, flag: str) -> None:
     """Every reason not to write, found before anything is written (raises BadInputError)."""
     if out_dir.is_symlink() and not out_dir.exists():
@@ -115,22 +127,12 @@ def _check_targets(out_dir: Path, folders: dict[str, dict[str, str]], force: boo
     problems: list[str] = []
     clashes: list[str] = []
     for folder, files in folders.items():
-        path = out_dir
-        blocked = False
-        for part in Path(folder).parts if folder else ():
-            path = path / part
-            if path.is_symlink():
-                problems.append(_link_problem(path, flag))
-                blocked = True
-            elif path.exists() and not path.is_dir():
-                problems.append(f"{flag}: {path} is a file where a directory goes")
-                blocked = True
-            if blocked:
-                break
-        if blocked:
+        problem = _folder_problem(out_dir, folder, flag)
+        if problem:
+            problems.append(problem)
             continue
         for name in files:
-            target = path / name
+            target = out_dir / folder / name
             if target.is_symlink():
                 clashes.append(f"{target} (a symbolic link)")  # replaced as a link under force, never followed
             elif target.is_dir():
@@ -236,8 +238,6 @@ def _publish_into(out_dir: Path, folders: dict[str, dict[str, str]], flag: str) 
             try:
                 _roll_back(out_dir, staging, moves)
             except OSError as undo:  # the journal stays: the next run into out_dir finishes the roll-back
-                from trainfit.errors import UnavailableError
-
                 raise UnavailableError(f"{flag}: writing {out_dir} failed ({exc}) and so did undoing it ({undo}); "
                                        f"run the same command again to restore {out_dir}") from None
             shutil.rmtree(staging, ignore_errors=True)
