@@ -339,3 +339,44 @@ def test_sigterm_outside_the_write_is_a_message_and_exit_143(tmp_path, capsys, m
     code, err = run_main(PLAN, capsys)
     assert code == 143 and err.strip() == "trainfit: interrupted by SIGTERM" and time.monotonic() - started < 4
     assert signal.getsignal(signal.SIGTERM) == before  # main put the previous handler back
+
+
+# -- a really full disk (a tiny tmpfs in a user namespace, where the kernel allows one) -----------
+_FULL_DISK = r"""
+import hashlib, json, os, subprocess, sys
+disk = sys.argv[1]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
+out = os.path.join(disk, "out")
+plan = [sys.executable, "-m", "trainfit", "plan", "shape:125m", "--hardware", "cpu", "--out", out]
+
+def tree():
+    return sorted((os.path.relpath(os.path.join(d, f), disk), hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest())
+                  for d, _, fs in os.walk(disk) for f in fs) + sorted(os.path.relpath(d, disk) for d, _, _ in os.walk(disk))
+
+result = {}
+first = subprocess.run(plan + ["--seq-len", "256"], capture_output=True, text=True)
+result["first"] = first.returncode
+before = tree()
+used_kib = int(subprocess.run(["df", "-k", "--output=used", disk], capture_output=True, text=True).stdout.split()[-1])
+subprocess.run(["mount", "-o", f"remount,size={used_kib + 12}k", disk], check=True)  # room for about 3 files
+second = subprocess.run(plan + ["--seq-len", "512", "--force"], capture_output=True, text=True)
+result.update(code=second.returncode, err=second.stderr, unchanged=tree() == before)
+fresh = subprocess.run(plan[:-1] + [os.path.join(disk, "fresh")], capture_output=True, text=True)
+result.update(fresh_code=fresh.returncode, fresh_err=fresh.stderr, fresh_unchanged=tree() == before)
+print(json.dumps(result))
+"""
+
+
+def test_a_really_full_disk_rolls_every_mode_back(tmp_path):
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no user namespace to mount a tiny tmpfs in (the monkeypatched full disk above still runs)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", _FULL_DISK, str(disk)], env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = __import__("json").loads(proc.stdout)
+    assert r["first"] == 0
+    assert r["code"] == 4 and "No space left on device" in r["err"] and "nothing was written" in r["err"], r
+    assert r["unchanged"], r
+    assert r["fresh_code"] == 4 and "nothing was written" in r["fresh_err"] and r["fresh_unchanged"], r
