@@ -82,6 +82,22 @@ def test_a_linked_mode_folder_is_refused_even_with_force(planted, capsys, comman
     assert snapshot(elsewhere) == outside and snapshot(out) == before
 
 
+@pytest.mark.parametrize("command", ["plan", "analyze"])
+def test_a_linked_mode_folder_is_refused_before_any_work(planted, capsys, monkeypatch, command):
+    from trainfit.core.plan import planner
+    from trainfit.hardware import profiler
+
+    def no_work(*a, **kw):
+        raise AssertionError("planned or profiled before refusing the output folder")
+
+    monkeypatch.setattr(planner, "plan", no_work)
+    monkeypatch.setattr(profiler, "build_profile", no_work)
+    out, _ = planted
+    argv = PLAN + ["--out", str(out)] if command == "plan" else ["analyze", "--generate-configs", str(out)]
+    code, err = run_main(argv, capsys)
+    assert code == 2 and "is a symbolic link" in err
+
+
 def test_a_link_deeper_in_a_pipeline_folder_is_refused(tmp_path, capsys):
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     (out / "balanced").mkdir(parents=True)

@@ -106,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
         from trainfit.validate import output_dir
 
         output_dir(args.generate_configs, "--generate-configs")
+        from trainfit.core.plan.modes import MODES
+        from trainfit.export.publish import check_folders
+
+        check_folders(args.generate_configs, list(MODES), "--generate-configs")
     result = analyze(args)
     plan_result, files = result.pop("_plan", None), result.pop("_files", {})
     if args.json:

@@ -109,6 +109,9 @@ def build_request(args: argparse.Namespace, hardware=None):
         from trainfit.validate import output_dir
 
         output_dir(args.out, "--out")
+        from trainfit.export.publish import check_folders
+
+        check_folders(args.out, list(modes), "--out")  # a link planted at OUT/<mode>: refused before planning
     _data(args.data)  # bad data paths fail before any planning
     dataset = dataset_info(args)
     model = resolve_model(args.model) if args.model else None

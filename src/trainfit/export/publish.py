@@ -118,6 +118,15 @@ def _folder_problem(out_dir: Path, folder: str, flag: str) -> str | None:
     return None
 
 
+def check_folders(out_dir: str | os.PathLike, folders: list[str], flag: str = "--out") -> None:
+    """The early form of the checks, for a command to run before any work: BadInputError when a
+    link or a file stands where one of the folders goes (write_tree checks again, and the files)."""
+    for folder in folders:
+        problem = _folder_problem(Path(out_dir), folder, flag)
+        if problem:
+            raise BadInputError(f"{problem}; nothing was written", hint=f"remove it, or choose another {flag}")
+
+
 def _check_targets(out_dir: Path, folders: dict[str, dict[str, str]], force: bool, flag: str) -> None:
     """Every reason not to write, found before anything is written (raises BadInputError)."""
     if out_dir.is_symlink() and not out_dir.exists():
