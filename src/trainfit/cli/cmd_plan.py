@@ -115,6 +115,9 @@ def build_request(args: argparse.Namespace, hardware=None):
         from trainfit.validate import output_dir
 
         output_dir(args.out, "--out")
+        from trainfit.export.publish import check_folders
+
+        check_folders(args.out, list(modes), "--out")  # a link planted at OUT/<mode>: refused before planning
     _data(args.data)  # bad data paths fail before any planning
     dataset = dataset_info(args)
     model = resolve_model(args.model) if args.model else None
@@ -196,30 +199,23 @@ def invoked(args: argparse.Namespace) -> str:
     return command_line(argv[argv.index("plan") + 1:])
 
 
-def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str) -> dict[str, list[str]]:
-    """Render every mode's files first (all validated), then write them; returns mode -> paths."""
-    from trainfit.export.bundle import write_files
+def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str,
+                  flag: str = "--out") -> dict[str, list[str]]:
+    """Render every mode's files first (all validated), then publish them all in one step
+    (trainfit.export.publish.write_tree); returns mode -> paths."""
     from trainfit.export.plan_files import plan_files
+    from trainfit.export.publish import write_tree
 
     if plan.method == "inference":
-        raise BadInputError("--out: an inference plan has no training files to write", hint="drop --out")
+        raise BadInputError(f"{flag}: an inference plan has no training files to write", hint=f"drop {flag}")
     rendered = {}
     for mp in plan.modes:
         if mp.fits:
             rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode)
-    written: dict[str, list[str]] = {}
     if not rendered:
-        return written
-    # One check over every target before any write: nothing is half-written across modes either.
-    if not force:
-        clashes = [str(out_dir / mode / name) for mode, files in rendered.items() for name in files
-                   if (out_dir / mode / name).exists()]
-        if clashes:
-            raise BadInputError(f"--out: {len(clashes)} file(s) exist, e.g. {clashes[0]}; nothing was written",
-                                hint="pass --force to overwrite them, or choose another --out")
-    for mode, files in rendered.items():
-        written[mode] = [str(p) for p in write_files(out_dir / mode, files, force=force)]
-    return written
+        return {}
+    written = write_tree(out_dir, rendered, force=force, flag=flag)
+    return {mode: [str(p) for p in paths] for mode, paths in written.items()}
 
 
 def run(args: argparse.Namespace) -> int:
