@@ -258,14 +258,10 @@ def _pick_disk(hw: HardwareProfile, need_bytes: int | None) -> tuple[StorageInfo
 
 
 def _host_ram_need(ctx: ModeContext, hw: HardwareProfile) -> int:
-    """RAM the training process itself holds next to a RAM cache."""
-    s, mem = ctx.setup, ctx.memory
-    if s.device == "cpu" or any(g.unified_memory for g in hw.gpus):
-        return mem.devices[0].total_bytes  # the model's memory is this RAM
-    offload = sum(d.total_bytes for d in mem.devices if d.device == "cpu")
-    # from_pretrained materialises a 16-bit state dict on the CPU in every process while loading.
-    loading = 2 * mem.params_total * max(1, s.num_gpus // max(1, getattr(hw, "node_count", 1)))
-    return offload + loading
+    """RAM the training process itself holds next to a RAM cache (core.plan.host_ram)."""
+    from trainfit.core.plan.host_ram import host_ram_need_bytes
+
+    return host_ram_need_bytes(ctx.memory, ctx.setup, hw)
 
 
 def _workers(ctx: ModeContext, hw: HardwareProfile, streamed: bool, slow: bool) -> tuple[int, int | None, str]:

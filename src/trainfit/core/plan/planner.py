@@ -339,6 +339,8 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                            step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
                                                     run_pred.power, best.memory, pretrain_tokens)
+    asked_hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
+    speed, power = _what_runs(speed, power, data_plan)
     used = max(d.needed_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
     rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
@@ -353,10 +355,27 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
-    warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
+    warnings += _warnings(req, t, rules, s, speed, power, asked_hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
                     speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan)
+
+
+def _what_runs(speed: SpeedEstimate, power: PowerEstimate, data_plan: DataPlan | None
+               ) -> tuple[SpeedEstimate, PowerEstimate]:
+    """The run the files will run: when the mode's hours or the --budget dollars cut the data (the
+    data plan's token budget, the exported max_steps), its steps, run time and energy are the cut
+    run's, so the headline, the cost and the files tell one story."""
+    b = data_plan.budget if data_plan is not None else None
+    if b is None or not b.capped_by or not b.steps or not speed.total_steps or b.steps >= speed.total_steps:
+        return speed, power
+    share = b.steps / speed.total_steps
+    speed = dataclasses.replace(speed, total_steps=b.steps, total_seconds=b.steps * speed.step_seconds)
+    power = dataclasses.replace(
+        power, run_seconds=None if power.run_seconds is None else power.run_seconds * share,
+        energy_kwh=None if power.energy_kwh is None else power.energy_kwh * share,
+        electricity_cost=None if power.electricity_cost is None else power.electricity_cost * share)
+    return speed, power
 
 
 def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, result: SearchResult) -> list[str]:
@@ -455,8 +474,8 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
     out = []
     if hours is not None and hours > t.hours_max:
         frac = t.hours_max / hours
-        out.append(f"run time {hours:.1f} h is over this mode's {t.hours_max:g} h: at "
-                   f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of the data fits the time")
+        out.append(f"the data asked for takes {hours:.1f} h, over this mode's {t.hours_max:g} h: at "
+                   f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of it fits the time")
     if rental is not None and req.budget_usd is not None and rental > req.budget_usd:
         out.append(f"cost ${rental:.2f} is over the ${req.budget_usd:g} budget: it buys "
                    f"{req.budget_usd / rental:.0%} of this run (fewer examples or epochs, or a cheaper machine: "
@@ -474,6 +493,7 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
                    "memory spike can OOM. Watch temperatures and throttling (trainfit profile) on long runs")
         if power.gpu_count:
             out.append(f"sustained ~{power.total_watts:.0f} W for the whole run: check PSU headroom and cooling")
+    out += _host_ram_warnings(req, t, s, best)
     pressed = next((d for d in best.memory.devices if d.fits_under_pressure), None)
     if pressed is not None:
         out.append(under_pressure_text(pressed))
@@ -482,6 +502,22 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
     if req.hardware.power.on_ac is False:
         out.append("on battery: plug in before training")
     return out
+
+
+def _host_ram_warnings(req: PlanRequest, t: ModeTargets, s: TrainingSetup, best: Candidate) -> list[str]:
+    """The host's RAM (this machine's, the catalog machine's, or the rented flavor's): the search
+    refuses a setting over it; one within it but over this mode's share of it is worth a word."""
+    from trainfit.core.plan.host_ram import host_ram_need_bytes, ram_is_the_device
+
+    usable = req.hardware.memory.usable_bytes
+    if ram_is_the_device(s, req.hardware) or not usable:
+        return []
+    need = host_ram_need_bytes(best.memory, s, req.hardware)
+    if need <= t.memory_share * usable:
+        return []
+    return [f"host RAM: the training process(es) hold {_gib(need)} of the host's {_gib(usable)} usable "
+            f"({need / usable:.0%}), over {t.mode}'s {t.memory_share:.0%}: little is left for the data cache "
+            "and other programs"]
 
 
 # ---------------------------------------------------------------------------------------------
