@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
+from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
     LoraSettings, LossKernel, ModelCode, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
@@ -21,7 +21,8 @@ GIB = 1 << 30
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
                    "('shape:125m'); omit with --params or --layers/--hidden/--heads")
-    p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default="full")
+    p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default=DEFAULT_METHOD,
+                   help=f"default {DEFAULT_METHOD} (as plan and cloud; sft = full)")
     p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default=None,
                    help="default: bf16 (fp16 without bf16 support) mixed precision for full training; the "
                    "frozen base in pure 16-bit for LoRA/QLoRA/inference on GPUs; fp32 or bf16-mixed on CPU")
@@ -34,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=arg("lora_alpha"), default=None, help="LoRA alpha (default 2 x rank)")
     p.add_argument("--lora-dropout", type=arg("lora_dropout"), default=None,
                    help="LoRA dropout (default 0.05)")
-    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default q,k,v,o)")
+    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default: every linear layer "
+                   "of the blocks, not lm_head, as plan and cloud)")
     p.add_argument("--quant", choices=typing.get_args(Quant), default=None)
     p.add_argument("--zero", type=arg("zero_stage"), default=None,
                    help="DeepSpeed ZeRO stage 0-3 (default 0; with --fsdp its equivalent stage)")
@@ -152,9 +154,14 @@ def _model(args: argparse.Namespace):
                         "or --layers/--hidden/--heads")
 
 
-def _lora(args: argparse.Namespace) -> LoraSettings:
+def _lora(args: argparse.Namespace, spec=None) -> LoraSettings:
+    """The LoRA flags over the one default (core.plan.space.default_lora: rank 16 on every linear
+    layer of the blocks), the adapters plan and cloud plan."""
+    from trainfit.core.plan.space import default_lora
+
     rank = 16 if args.lora_r is None else args.lora_r
-    targets: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    targets: list[str] | str = (default_lora(spec).target_modules if spec is not None
+                                else ["q_proj", "k_proj", "v_proj", "o_proj"])
     if args.lora_targets:
         t = args.lora_targets.strip()
         targets = "all-linear" if t == "all-linear" else [x.strip() for x in t.split(",") if x.strip()]
@@ -166,7 +173,7 @@ def _lora(args: argparse.Namespace) -> LoraSettings:
                         target_modules=targets)  # type: ignore[arg-type]
 
 
-def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
+def build_setup(args: argparse.Namespace, hardware, spec=None) -> TrainingSetup:
     """The command's flags as an intent; core.plan.intent fills in the rest for the hardware."""
     from trainfit.core.plan.intent import resolve_setup
 
@@ -177,7 +184,7 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
     elif wants_lora and method in ("full", "pretrain", "inference"):
         raise BadInputError(f"--lora-r/--lora-alpha/--lora-dropout/--lora-targets apply to LoRA training, "
                             f"not --method {args.method}", hint="use --method lora, qlora or dpo, or drop them")
-    lora = _lora(args) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
+    lora = _lora(args, spec) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
     gpus = args.gpus
     on_gpus = hardware is not None and hardware.gpu_count > 0 and args.device != "cpu"
     if gpus is not None and on_gpus and gpus > hardware.gpu_count:
@@ -269,6 +276,20 @@ def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
 
     Keyword flags are the command's long options with underscores (micro_batch=4, method="lora").
     """
+    return _estimate(_twin_args(model, hardware, flags))
+
+
+def estimate_run(model: str | None = None, *, hardware: str | None = None, **flags):
+    """Python twin of the whole command: (MemoryEstimate, the setup asked, the nearest fitting setup
+    or None, the RunPrediction printed: speed, power, run time of what would run)."""
+    args = _twin_args(model, hardware, flags)
+    spec, hw, setup = _inputs(args)
+    result, suggestion = _memory(args, spec, hw, setup)
+    runs = suggestion if suggestion is not None else setup
+    return result, setup, suggestion, _run_prediction(args, spec, hw, runs) if hw is not None else None
+
+
+def _twin_args(model: str | None, hardware: str | None, flags: dict) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([] if model is None else [model])
@@ -277,13 +298,13 @@ def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
             raise BadInputError(f"estimate(): unknown option {key!r}")
         setattr(args, key, value)
     args.hardware = hardware
-    return _estimate(args)
+    return args
 
 
 def _inputs(args: argparse.Namespace):
     spec = _model(args)
     hw = load_hardware(args.hardware)
-    return spec, hw, build_setup(args, hw)
+    return spec, hw, build_setup(args, hw, spec)
 
 
 def _estimate(args: argparse.Namespace):
@@ -381,16 +402,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         _render(result, setup, changes, suggestion is not None)
         if run_pred is not None:
-            _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "")
+            _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
+                        inference=setup.method == "inference")
     return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
 
 
-def _render_run(pred, of: str = "") -> None:
+def _render_run(pred, of: str = "", *, inference: bool = False) -> None:
     from trainfit.cli.output import console
 
     out = console()
     sp, pw = pred.speed, pred.power
-    out.print(f"speed{' of ' + of if of else ''} ({sp.device}): {sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
+    from trainfit.core.durations import duration_text
+
+    per = "per batch" if inference else "per optimizer step"
+    out.print(f"speed{' of ' + of if of else ''} ({sp.device}): {duration_text(sp.step_seconds)} {per}, {sp.tokens_per_second:,.0f} tokens/s, "
               f"{sp.samples_per_second:.3g} samples/s; bottleneck: {sp.bottleneck}; MFU {sp.mfu:.0%}")
     draw = f"power: about {pw.total_watts:.0f} W"
     if pw.gpu_count:
@@ -399,7 +424,7 @@ def _render_run(pred, of: str = "") -> None:
         draw += f" (CPU package {pw.cpu_watts:.0f} W)"
     out.print(draw + "; rest of the system not counted")
     if sp.total_seconds is not None:
-        out.print(f"run: {sp.total_steps:,} steps, {sp.total_seconds / 3600:.2f} h, {pw.energy_kwh:.2f} kWh, "
+        out.print(f"run: {sp.total_steps:,} steps, {duration_text(sp.total_seconds)}, {pw.energy_kwh:.2f} kWh, "
                   f"electricity {pw.electricity_cost:.2f} at {pw.price_per_kwh:.2f}/kWh")
     else:
         out.print("run time and energy: give --dataset-tokens N or --examples N")
@@ -453,8 +478,8 @@ def _verdict_line(dev) -> str:
     cap = f"{dev.capacity_bytes / GIB:.2f} GiB on {dev.device}"
     if dev.fits_under_pressure:
         return f"[yellow]fits under memory pressure[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}; {under_pressure_text(dev)}"
-    if dev.fits:
-        return f"[green]fits[/]: {dev.total_bytes / GIB:.2f} of {cap}"
+    if dev.fits:  # the need the verdict compared, as plan and cloud show it
+        return f"[green]fits[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}"
     return f"[red]does not fit[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}"
 
 

@@ -26,6 +26,7 @@ from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, sea
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
 from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
 from trainfit.core.plan import multinode
+from trainfit.core.durations import hours_text
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
@@ -381,7 +382,7 @@ def _what_runs(speed: SpeedEstimate, power: PowerEstimate, data_plan: DataPlan |
 def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, result: SearchResult) -> list[str]:
     """Why QLoRA saves little on an MoE model here: transformers >= 5 fuses the experts into 3-D
     parameters, which bitsandbytes leaves 16-bit (core.memory.quant_formats.experts_left_dense)."""
-    if not model.num_experts or not rules.quantization or req.method not in ("auto", "qlora"):
+    if not model.num_experts or not rules.quantization or req.method not in ("auto", "full", "qlora"):
         return []
     st = model_stats(model)
     probe = result.best.setup if result.best is not None else TrainingSetup(method="qlora", quant="nf4-dq")
@@ -418,8 +419,9 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
            else f"fp32: the speed model finds 16-bit no faster here ({rules.label})"]
     method_label = result.tier or s.method
     if result.rejected:
-        out.append(f"{method_label}: tried first, within {_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} "
-                   "usable): " + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
+        out.append(f"{method_label}: chosen because what is tried before it does not fit within {_gib(limit)} "
+                   f"({t.memory_share:.0%} of {_cap_gib(cap)} usable): "
+                   + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
     else:
         out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].needed_bytes)} of this mode's "
                    f"{_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} usable)")
@@ -435,9 +437,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         if not without:
             out.append("gradient checkpointing: no setting without it fits")
         else:
-            w = without[0]
-            out.append(f"gradient checkpointing: it allows micro-batch {s.micro_batch}, predicted faster than "
-                       f"the best setting without it (micro-batch {w.setup.micro_batch})")
+            out.append(_checkpointing_reason(best, without[0]))
     if s.zero_stage or s.offload != "none":
         plain = dataclasses.replace(s, zero_stage=0, offload="none")
         try:
@@ -459,7 +459,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     if rules.device == "cpu":
         out.append(rules.reasons["threads"])
     elif s.num_gpus > 1:
-        out.append(rules.reasons["sharding"])
+        out.append(_sharding_reason(rules, s))
         out.extend(multinode.sharding_reasons(model, s, req.hardware, limit, _speed_fn(req, rules),
                                               step_time_factor=req.step_time_factor))
     if req.usd_per_hour is not None:
@@ -468,13 +468,41 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     return out
 
 
+def _checkpointing_reason(best: Candidate, without: Candidate) -> str:
+    """Why gradient checkpointing is on when a setting without it fits too: what it buys, in the
+    figures the ranking compared (never "allows micro-batch 1 ... (micro-batch 1)")."""
+    from trainfit.core.durations import duration_text
+
+    s, w = best.setup, without.setup
+    mine = best.speed.step_seconds if best.speed else math.nan
+    theirs = without.speed.step_seconds if without.speed else math.nan
+    steps = f"{duration_text(mine)} per step against {duration_text(theirs)}"
+    if s.micro_batch > w.micro_batch:
+        gain = ("predicted faster" if mine <= theirs else
+                "kept by this mode's ranking (the largest micro-batch near the fastest)")
+        return (f"gradient checkpointing: it allows micro-batch {s.micro_batch} where at most {w.micro_batch} fits "
+                f"without it; {gain}: {steps}")
+    if mine <= theirs:
+        return (f"gradient checkpointing: predicted faster than the fastest setting without it "
+                f"(micro-batch {w.micro_batch}, {w.seq_len} tokens): {steps}")
+    return (f"gradient checkpointing: kept by this mode's ranking; the fastest setting without it "
+            f"(micro-batch {w.micro_batch}) is predicted at {duration_text(theirs)} per step")
+
+
+def _sharding_reason(rules: DeviceRules, s: TrainingSetup) -> str:
+    """The interconnect and the sharding the chosen setting runs (the interconnect alone argues for none)."""
+    chosen = (("FSDP hybrid sharding" if s.hybrid_shard else f"ZeRO-{s.zero_stage}") if s.zero_stage
+              else "DDP (every GPU holds the whole model)")
+    return f"{rules.reasons['sharding']}; the chosen setting runs {chosen}"
+
+
 def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingSetup, speed: SpeedEstimate,
               power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
               limit: float) -> list[str]:
     out = []
     if hours is not None and hours > t.hours_max:
         frac = t.hours_max / hours
-        out.append(f"the data asked for takes {hours:.1f} h, over this mode's {t.hours_max:g} h: at "
+        out.append(f"the data asked for takes {hours_text(hours)}, over this mode's {hours_text(t.hours_max)}: at "
                    f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of it fits the time")
     if rental is not None and req.budget_usd is not None and rental > req.budget_usd:
         out.append(f"cost ${rental:.2f} is over the ${req.budget_usd:g} budget: it buys "
@@ -544,15 +572,15 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
     if in_range_in_time:
         pick = in_range_in_time[-1]
         reasons.append(f"size: {_count(pick[0])} parameters, the largest of {_range(lo, hi)} whose "
-                       f"{t.tokens_per_param:g} tokens/parameter train within {t.hours_max:g} h")
+                       f"{t.tokens_per_param:g} tokens/parameter train within {hours_text(t.hours_max)}")
     elif in_time:
         pick = in_time[-1]
         smallest = next((x for x in tried if x[0] >= lo), None)
         reasons.append(f"size: {_count(pick[0])} parameters, the largest that trains "
-                       f"{t.tokens_per_param:g} tokens/parameter within {t.hours_max:g} h here")
+                       f"{t.tokens_per_param:g} tokens/parameter within {hours_text(t.hours_max)} here")
         if smallest is not None and smallest[3] is not None:
-            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters within {t.hours_max:g} h; "
-                            f"{_count(smallest[0])} needs {_count(smallest[4])} tokens = {smallest[3]:.1f} h on "
+            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters within {hours_text(t.hours_max)}; "
+                            f"{_count(smallest[0])} needs {_count(smallest[4])} tokens = {hours_text(smallest[3])} on "
                             f"this hardware, so the plan is {_count(pick[0])} instead")
         elif pick[0] < lo:
             warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters; "
@@ -561,11 +589,11 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
         pick = tried[0]
         reasons.append(f"size: {_count(pick[0])}, the smallest shape tried")
         warnings.append(f"even {_count(pick[0])} parameters x {t.tokens_per_param:g} tokens/parameter takes "
-                        f"{pick[3]:.1f} h here, over this mode's {t.hours_max:g} h")
+                        f"{hours_text(pick[3])} here, over this mode's {hours_text(t.hours_max)}")
         target = next((x for x in tried if x[0] >= lo), None)
         if target is not None and target[3] is not None:
             warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters: {_count(target[0])} would need "
-                            f"{target[3]:.1f} h on this hardware")
+                            f"{hours_text(target[3])} on this hardware")
     n, spec, result, hours, tokens = pick
     if req.dataset_tokens is not None and req.dataset_tokens < tokens:
         warnings.append(f"the dataset has {_count(req.dataset_tokens)} tokens: the {_count(tokens)}-token budget "
