@@ -109,8 +109,10 @@ def test_estimate_plan_and_files_agree(model, hardware, flavor, method, tmp_path
     for mp in fitting:
         s = mp.setup
         # host RAM: what the setting keeps there fits the machine planned for
+        assert mp.host_ram_bytes == host_ram_need_bytes(mp.memory, s, req.hardware)
+        assert result.host_ram_usable_bytes == req.hardware.memory.usable_bytes
         if not ram_is_the_device(s, req.hardware):
-            assert host_ram_need_bytes(mp.memory, s, req.hardware) <= req.hardware.memory.usable_bytes
+            assert mp.host_ram_bytes <= req.hardware.memory.usable_bytes
         # LoRA targets: one default (rank 16 on every linear layer of the blocks)
         if s.lora is not None:
             assert list(s.lora.target_modules) == default_lora(mp.model).target_modules
@@ -148,7 +150,7 @@ def test_cloud_agrees_with_estimate_and_checks_each_flavors_ram(method):
     spec = resolve_model(MID)
     ranking = cloud(MID, method=method, examples=EXAMPLES, seq_len=1024, flavors=list(FLAVORS))
     catalog = load_cloud_catalog()
-    assert len(ranking.results) == len(FLAVORS)
+    assert len(ranking.results) == len(FLAVORS) and sum(r.fits for r in ranking.results) >= 4
     for row in ranking.results:
         if not row.fits:
             continue
@@ -205,7 +207,9 @@ def test_cloud_does_not_rank_an_offload_the_flavors_ram_cannot_hold():
 def test_plan_for_a_flavor_reports_the_flavors_ram():
     doc = json.loads(_cli("plan", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full", "--examples", "10000",
                           "--seq-len", "1024", "--flavor", "t4-small", "--json").stdout)
+    assert 13 * GIB < doc["host_ram_usable_bytes"] <= 15 * GIB  # t4-small's 15 GiB less the OS' share
     for mode in doc["modes"]:
+        assert 0 < mode["host_ram_bytes"] <= doc["host_ram_usable_bytes"]
         cache = mode["data_io"]["reasons"]["cache"]
         left = float(cache.split(" vs ")[1].split(" GiB")[0].replace(",", ""))
         assert left < 15  # a share of the flavor's 15 GiB, not of a 64 GiB host

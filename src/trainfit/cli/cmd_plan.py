@@ -286,5 +286,5 @@ def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:
         d["files"] = (files or {}).get(mp.mode, [])
         modes.append(d)
     return {"method": result.method, "hardware": result.hardware, "device": result.device, "modes": modes,
-            "notes": result.notes,
+            "notes": result.notes, "host_ram_usable_bytes": result.host_ram_usable_bytes,
             "units": {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "hours": "hours"}}

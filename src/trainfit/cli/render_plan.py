@@ -24,6 +24,13 @@ def speed_text(s, sp) -> str:
             f"MFU {sp.mfu:.0%}, bottleneck {sp.bottleneck}")
 
 
+def host_ram_text(mp, plan) -> str:
+    """The host's RAM the setting holds (loading, CPU offload) against the machine planned for."""
+    what = "offloaded states" if mp.setup.offload != "none" else "the model while it loads"
+    return (f"{mp.host_ram_bytes / GIB:.2f} GiB ({what}) of the host's {plan.host_ram_usable_bytes / GIB:.1f} GiB "
+            "usable")
+
+
 def memory_text(mp) -> str:
     """The memory row: the need the fit verdict compares (as estimate's verdict line), and when it
     fits only because the caching allocator frees its cache near the limit, that too."""
@@ -90,6 +97,8 @@ def render_plan(plan, out, *, files: dict[str, list[str]] | None = None) -> None
             table.add_row("setting", setting_line(s))
             table.add_row("memory", memory_text(mp))
             table.add_row("speed", speed_text(s, sp))
+            if mp.host_ram_bytes is not None and plan.host_ram_usable_bytes and s.device not in ("cpu", "mps"):
+                table.add_row("host RAM", host_ram_text(mp, plan))  # where the memory row is not that RAM
             if s.method != "inference":  # a serving plan has a batch time, no run
                 table.add_row("run time", _hours(run.hours) + (f" ({run.steps:,} steps)" if run.steps else ""))
             draw = f"{pw.total_watts:.0f} W"

@@ -106,6 +106,8 @@ class ModePlan:
     pretrain: dict | None = None  # params, tokens, tokens_per_param when the planner chose a size
     candidates_evaluated: int = 0
     data_io: DataPlan | None = None  # stream / cache / workers / input bottleneck / token budget (core.plan.data_io)
+    # Host RAM the setting holds at its peak (core.plan.host_ram), checked against Plan.host_ram_usable_bytes
+    host_ram_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class Plan:
     device: str  # rules label
     modes: list[ModePlan]
     notes: list[str] = field(default_factory=list)
+    # The RAM of the machine planned for: this machine's, a catalog machine's typical host, or a
+    # rented flavor's own (data/cloud.yaml ram_gib); None when not measured.
+    host_ram_usable_bytes: int | None = None
 
 
 def check_request(req: PlanRequest) -> None:
@@ -179,7 +184,7 @@ def plan(req: PlanRequest) -> Plan:
             modes.append(_plan_model(req, t, rules, req.model))  # type: ignore[arg-type]
     notes = [f"memory budget: {req.memory_budget_bytes / GIB:.2f} GiB per device imposed (--memory-budget)"] \
         if req.memory_budget_bytes else []
-    return Plan(req.method, req.hardware.source, rules.label, modes, notes)
+    return Plan(req.method, req.hardware.source, rules.label, modes, notes, req.hardware.memory.usable_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,8 +363,11 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
     warnings += _warnings(req, t, rules, s, speed, power, asked_hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
+    from trainfit.core.plan.host_ram import host_ram_need_bytes
+
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan)
+                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan,
+                    host_ram_need_bytes(best.memory, s, req.hardware))
 
 
 def _what_runs(speed: SpeedEstimate, power: PowerEstimate, data_plan: DataPlan | None
