@@ -341,3 +341,47 @@ def test_the_checkpointing_reason_never_claims_a_batch_it_does_not_gain():
     assert larger.startswith("gradient checkpointing: it allows micro-batch 4 where at most 1 fits")
     slower = _checkpointing_reason(_candidate(4, "full", 3.0), _candidate(2, "none", 2.5))
     assert "predicted faster" not in slower and "kept by this mode's ranking" in slower
+
+
+def test_estimate_checks_the_host_ram_as_plan_does(tmp_path):
+    """A machine whose RAM cannot hold the 16-bit model in each of its two processes while they load:
+    estimate says so (exit 3, with the nearest setting), and plan does not pick that setting."""
+    import dataclasses
+
+    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.memory import estimate_memory
+    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.serde import to_jsonable
+
+    hw = resolve_hardware("2x rtx-4090")
+    ram = 16 * GIB
+    hw = dataclasses.replace(hw, source="file:small-ram", memory=dataclasses.replace(
+        hw.memory, total_bytes=ram, available_bytes=ram - GIB, usable_bytes=ram - GIB))
+    path = tmp_path / "small-ram.json"
+    path.write_text(json.dumps(to_jsonable(hw)))
+    model = "Qwen/Qwen2.5-7B-Instruct"
+    mem, setup, nearest, _ = estimate_run(model, hardware=str(path), method="lora", gpus=2, seq_len=512,
+                                          grad_checkpointing="full", no_calibration=True)
+    assert mem.fits is True and host_ram_need_bytes(mem, setup, hw) > hw.memory.usable_bytes
+    if nearest is not None:  # the nearest setting estimate names fits the host too
+        assert host_ram_need_bytes(estimate_memory(resolve_model(model), nearest, hw), nearest, hw) \
+            <= hw.memory.usable_bytes
+    done = _cli("estimate", model, "--hardware", str(path), "--method", "lora", "--gpus", "2", "--seq-len", "512",
+                "--grad-checkpointing", "full", "--no-calibration", "--json")
+    doc = json.loads(done.stdout)
+    assert done.returncode == 3 and doc["fits"] is False and doc["host_ram_bytes"] > doc["host_ram_usable_bytes"]
+    result, req = plan_for(model, method="lora", hardware=str(path), examples=1000)
+    assert any(mp.fits for mp in result.modes)
+    for mp in result.modes:
+        assert not mp.fits or mp.host_ram_bytes <= req.hardware.memory.usable_bytes
+
+
+def test_a_dpo_plan_prices_the_run_its_files_run():
+    """--usd-per-hour prices the run max_steps runs, not the whole data the mode's hours cut."""
+    result, req = plan_for("Qwen/Qwen2.5-1.5B-Instruct", method="dpo", hardware="a10g", examples=10000,
+                           usd_per_hour=1.5, mode=["conservative"])
+    (mp,) = result.modes
+    assert mp.data_io.budget.capped_by == "time" and mp.run.steps == mp.data_io.budget.steps
+    assert mp.run.hours <= 2 + mp.speed.step_seconds / 3600
+    assert mp.run.rental_usd == pytest.approx(mp.run.hours * 1.5, rel=1e-9) and mp.run.rental_usd <= 3.01
+    assert mp.run.energy_kwh == pytest.approx(mp.power.energy_kwh, rel=1e-9)

@@ -323,8 +323,20 @@ def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
     if calibration is not None and calibration.memory_factor:
         prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
         result = apply_memory_factor(result, prefix, calibration.memory_factor, calibration_source(calibration))
-    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
+    over_host = host_ram(result, setup, hw)[2] if hw is not None else False
+    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False or over_host else None
     return result, suggestion
+
+
+def host_ram(result, setup: TrainingSetup, hw) -> tuple[int | None, int | None, bool]:
+    """(host RAM the setting holds, the host's usable RAM, whether it is over): the check plan and
+    cloud make (core.plan.host_ram); (None, None, False) where the RAM is the device itself."""
+    from trainfit.core.plan.host_ram import host_ram_need_bytes, ram_is_the_device
+
+    if hw is None or ram_is_the_device(setup, hw):
+        return None, None, False
+    need, usable = host_ram_need_bytes(result, setup, hw), hw.memory.usable_bytes
+    return need, usable, usable is not None and need > usable
 
 
 def _machine_calibration(args: argparse.Namespace, hw, setup: TrainingSetup):
@@ -386,12 +398,15 @@ def run(args: argparse.Namespace) -> int:
     runs = suggestion if suggestion is not None else setup
     run_pred = _run_prediction(args, spec, hw, runs) if hw is not None else None
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
+    host_need, host_usable, over_host = host_ram(result, setup, hw)
+    fits = False if over_host else result.fits
     if args.json:
         from trainfit.cli.output import device_memory_json, print_json
         from trainfit.core.serde import to_jsonable
 
         doc = to_jsonable(result)
-        doc["fits"] = result.fits
+        doc["fits"] = fits
+        doc["host_ram_bytes"], doc["host_ram_usable_bytes"] = host_need, host_usable
         doc["devices"] = [device_memory_json(dev) for dev in result.devices]
         doc["setup"] = to_jsonable(setup)
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
@@ -400,11 +415,11 @@ def run(args: argparse.Namespace) -> int:
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
         print_json(doc)
     else:
-        _render(result, setup, changes, suggestion is not None)
+        _render(result, setup, changes, suggestion is not None, host=(host_need, host_usable, over_host))
         if run_pred is not None:
             _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
                         inference=setup.method == "inference")
-    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+    return EXIT_DOES_NOT_FIT if fits is False else EXIT_OK
 
 
 def _render_run(pred, of: str = "", *, inference: bool = False) -> None:
@@ -432,7 +447,8 @@ def _render_run(pred, of: str = "", *, inference: bool = False) -> None:
         out.print(f"note: {note}")
 
 
-def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> None:
+def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool, *,
+            host: tuple = (None, None, False)) -> None:
     from rich.table import Table
 
     from trainfit.cli.output import console
@@ -462,9 +478,14 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
             out.print("capacity unknown: no verdict")
         else:
             out.print(_verdict_line(dev))
+    need, usable, over = host
+    if need is not None and usable is not None:
+        what = "offloaded states" if setup.offload != "none" else "the model while it loads"
+        verdict = "[red]does not fit the host[/]" if over else "fits the host"
+        out.print(f"host RAM: {verdict}: needs {need / GIB:.2f} of {usable / GIB:.2f} GiB usable ({what})")
     for note in result.notes:
         out.print(f"note: {note}")
-    if result.fits is False:
+    if result.fits is False or over:
         if has_fix:
             out.print("nearest setting that fits: " + "; ".join(changes))
         else:
