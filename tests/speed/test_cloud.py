@@ -133,11 +133,13 @@ def test_seed004_development_and_production(seed_prices):
     Assumed: Qwen2.5-3B LoRA (all linear layers, r=16). Development 1K x 2048 tokens -> 30-60 min
     (the seed's cost example of 2 h / $7 at $3.50/h is 2-4x its own 30-60 minute row; we reproduce
     the row). Production: 10K examples x 1024 tokens x 3 epochs on a10g-large -> ~6 h, ~$30.
+    The seed's examples fill their sequences, so they are given as tokens (--examples sizes rows at
+    the typical chat length instead).
     """
-    dev = cloud("Qwen/Qwen2.5-3B", method="lora", examples=1000, seq_len=2048, flavors=["a10g-small"],
+    dev = cloud("Qwen/Qwen2.5-3B", method="lora", dataset_tokens=1000 * 2048, seq_len=2048, flavors=["a10g-small"],
                 prices=seed_prices, allow_fallback=False).results[0]  # fmt: skip
     assert dev.fits and 0.5 <= dev.hours <= 1.0 and dev.cost_usd <= 3.5
-    prod = cloud("Qwen/Qwen2.5-3B", method="lora", examples=10000, seq_len=1024, epochs=3, flavors=["a10g-large"],
+    prod = cloud("Qwen/Qwen2.5-3B", method="lora", dataset_tokens=10000 * 1024, seq_len=1024, epochs=3, flavors=["a10g-large"],
                  prices=seed_prices, allow_fallback=False).results[0]  # fmt: skip
     # The seed names no model or dataset for this row: the tolerance is the +-35 % used for published figures.
     assert prod.fits and 6 * 0.65 <= prod.hours <= 6 * 1.35 and 30 * 0.65 <= prod.cost_usd <= 30 * 1.35

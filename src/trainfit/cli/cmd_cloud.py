@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trainfit.core.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
-from trainfit.core.setup import METHOD_ALIASES, TRAIN_METHODS, parse_method
+from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, TRAIN_METHODS, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -14,8 +14,10 @@ HELP = "rank cloud flavors (HF Jobs, AWS, GCP, Azure, Lambda, RunPod, ...) by fi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model id, alias or config.json directory (see: trainfit models)")
-    parser.add_argument("--method", default="lora", choices=(*TRAIN_METHODS, *METHOD_ALIASES),
-                        help="training method (default lora; sft = full)")
+    parser.add_argument("--method", default=DEFAULT_METHOD, choices=(*TRAIN_METHODS, *METHOD_ALIASES, "auto"),
+                        help=f"training method (default {DEFAULT_METHOD}, as estimate and plan, falling back to "
+                        "LoRA, then QLoRA, on a flavor where it does not fit unless --no-fallback; auto = full; "
+                        "sft = full)")
     parser.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
     parser.add_argument("--examples", type=arg("examples"), help="examples (DPO: preference pairs) in the dataset")
     parser.add_argument("--seq-len", type=arg("seq_len"), default=1024, help="tokens per example (default 1024)")
@@ -38,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cloud(
     model: str,
     *,
-    method: str = "lora",
+    method: str = DEFAULT_METHOD,
     dataset_tokens: int | None = None,
     examples: int | None = None,
     seq_len: int = 1024,
@@ -58,7 +60,7 @@ def cloud(
     from trainfit.core.model_catalog import resolve_model
     from trainfit.core.speed import Workload
 
-    method = parse_method(method, allowed=TRAIN_METHODS)
+    method = parse_method("full" if method == "auto" else method, allowed=TRAIN_METHODS)  # auto: plan's name
     if dataset_tokens is not None and examples is not None:
         raise BadInputError("give either --dataset-tokens or --examples, not both")
     catalog = load_cloud_catalog(prices)  # bad price files fail before any model work

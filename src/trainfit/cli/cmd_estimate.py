@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from trainfit.core.setup import METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
+from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
     LoraSettings, LossKernel, ModelCode, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
@@ -21,7 +21,8 @@ GIB = 1 << 30
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
                    "('shape:125m'); omit with --params or --layers/--hidden/--heads")
-    p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default="full")
+    p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default=DEFAULT_METHOD,
+                   help=f"default {DEFAULT_METHOD} (as plan and cloud; sft = full)")
     p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default=None,
                    help="default: bf16 (fp16 without bf16 support) mixed precision for full training; the "
                    "frozen base in pure 16-bit for LoRA/QLoRA/inference on GPUs; fp32 or bf16-mixed on CPU")
@@ -34,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=arg("lora_alpha"), default=None, help="LoRA alpha (default 2 x rank)")
     p.add_argument("--lora-dropout", type=arg("lora_dropout"), default=None,
                    help="LoRA dropout (default 0.05)")
-    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default q,k,v,o)")
+    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default: every linear layer "
+                   "of the blocks, not lm_head, as plan and cloud)")
     p.add_argument("--quant", choices=typing.get_args(Quant), default=None)
     p.add_argument("--zero", type=arg("zero_stage"), default=None,
                    help="DeepSpeed ZeRO stage 0-3 (default 0; with --fsdp its equivalent stage)")
@@ -57,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: the hardware's accelerator")
     p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), default=None,
                    help="tokens in the training set: adds run time, energy and electricity cost")
-    p.add_argument("--examples", type=arg("examples"), default=None, help="training examples (x --seq-len tokens)")
+    p.add_argument("--examples", type=arg("examples"), default=None, help="training examples, at the task's typical length (data/typical_lengths.yaml), as plan sizes them")
     p.add_argument("--epochs", type=arg("epochs"), default=1.0)
     p.add_argument("--price-per-kwh", type=arg("price_per_kwh"), default=None,
                    help="electricity price per kWh (default 0.17, the 2024 U.S. residential average)")
@@ -152,9 +154,14 @@ def _model(args: argparse.Namespace):
                         "or --layers/--hidden/--heads")
 
 
-def _lora(args: argparse.Namespace) -> LoraSettings:
+def _lora(args: argparse.Namespace, spec=None) -> LoraSettings:
+    """The LoRA flags over the one default (core.plan.space.default_lora: rank 16 on every linear
+    layer of the blocks), the adapters plan and cloud plan."""
+    from trainfit.core.plan.space import default_lora
+
     rank = 16 if args.lora_r is None else args.lora_r
-    targets: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    targets: list[str] | str = (default_lora(spec).target_modules if spec is not None
+                                else ["q_proj", "k_proj", "v_proj", "o_proj"])
     if args.lora_targets:
         t = args.lora_targets.strip()
         targets = "all-linear" if t == "all-linear" else [x.strip() for x in t.split(",") if x.strip()]
@@ -166,7 +173,7 @@ def _lora(args: argparse.Namespace) -> LoraSettings:
                         target_modules=targets)  # type: ignore[arg-type]
 
 
-def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
+def build_setup(args: argparse.Namespace, hardware, spec=None) -> TrainingSetup:
     """The command's flags as an intent; core.plan.intent fills in the rest for the hardware."""
     from trainfit.core.plan.intent import resolve_setup
 
@@ -177,7 +184,7 @@ def build_setup(args: argparse.Namespace, hardware) -> TrainingSetup:
     elif wants_lora and method in ("full", "pretrain", "inference"):
         raise BadInputError(f"--lora-r/--lora-alpha/--lora-dropout/--lora-targets apply to LoRA training, "
                             f"not --method {args.method}", hint="use --method lora, qlora or dpo, or drop them")
-    lora = _lora(args) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
+    lora = _lora(args, spec) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
     gpus = args.gpus
     on_gpus = hardware is not None and hardware.gpu_count > 0 and args.device != "cpu"
     if gpus is not None and on_gpus and gpus > hardware.gpu_count:
@@ -269,6 +276,20 @@ def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
 
     Keyword flags are the command's long options with underscores (micro_batch=4, method="lora").
     """
+    return _estimate(_twin_args(model, hardware, flags))
+
+
+def estimate_run(model: str | None = None, *, hardware: str | None = None, **flags):
+    """Python twin of the whole command: (MemoryEstimate, the setup asked, the nearest fitting setup
+    or None, the RunPrediction printed: speed, power, run time of what would run)."""
+    args = _twin_args(model, hardware, flags)
+    spec, hw, setup = _inputs(args)
+    result, suggestion = _memory(args, spec, hw, setup)
+    runs = suggestion if suggestion is not None else setup
+    return result, setup, suggestion, _run_prediction(args, spec, hw, runs) if hw is not None else None
+
+
+def _twin_args(model: str | None, hardware: str | None, flags: dict) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([] if model is None else [model])
@@ -277,13 +298,13 @@ def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
             raise BadInputError(f"estimate(): unknown option {key!r}")
         setattr(args, key, value)
     args.hardware = hardware
-    return _estimate(args)
+    return args
 
 
 def _inputs(args: argparse.Namespace):
     spec = _model(args)
     hw = load_hardware(args.hardware)
-    return spec, hw, build_setup(args, hw)
+    return spec, hw, build_setup(args, hw, spec)
 
 
 def _estimate(args: argparse.Namespace):
@@ -302,8 +323,20 @@ def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
     if calibration is not None and calibration.memory_factor:
         prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
         result = apply_memory_factor(result, prefix, calibration.memory_factor, calibration_source(calibration))
-    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False else None
+    over_host = host_ram(result, setup, hw)[2] if hw is not None else False
+    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False or over_host else None
     return result, suggestion
+
+
+def host_ram(result, setup: TrainingSetup, hw) -> tuple[int | None, int | None, bool]:
+    """(host RAM the setting holds, the host's usable RAM, whether it is over): the check plan and
+    cloud make (core.plan.host_ram); (None, None, False) where the RAM is the device itself."""
+    from trainfit.core.plan.host_ram import host_ram_need_bytes, ram_is_the_device
+
+    if hw is None or ram_is_the_device(setup, hw):
+        return None, None, False
+    need, usable = host_ram_need_bytes(result, setup, hw), hw.memory.usable_bytes
+    return need, usable, usable is not None and need > usable
 
 
 def _machine_calibration(args: argparse.Namespace, hw, setup: TrainingSetup):
@@ -348,8 +381,12 @@ def _run_prediction(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
     if price < 0:
         raise BadInputError(f"--price-per-kwh must not be negative, got {price}")
     workload = None
-    if args.dataset_tokens or args.examples:
-        workload = Workload(examples=args.examples, dataset_tokens=args.dataset_tokens, epochs=args.epochs)
+    if args.examples:  # rows of a length distribution, sized as plan and cloud size them
+        from trainfit.core.plan.lengths import examples_workload
+
+        workload = examples_workload(setup, args.examples, args.epochs)
+    elif args.dataset_tokens:
+        workload = Workload(dataset_tokens=args.dataset_tokens, epochs=args.epochs)
     calibration = _machine_calibration(args, hw, setup)
     factor = calibration.step_time_factor if calibration and calibration.step_time_factor else 1.0
     return predict_run(spec, setup, hw, workload, price_per_kwh=price, step_time_factor=factor,
@@ -365,12 +402,15 @@ def run(args: argparse.Namespace) -> int:
     runs = suggestion if suggestion is not None else setup
     run_pred = _run_prediction(args, spec, hw, runs) if hw is not None else None
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
+    host_need, host_usable, over_host = host_ram(result, setup, hw)
+    fits = False if over_host else result.fits
     if args.json:
         from trainfit.cli.output import device_memory_json, print_json
         from trainfit.core.serde import to_jsonable
 
         doc = to_jsonable(result)
-        doc["fits"] = result.fits
+        doc["fits"] = fits
+        doc["host_ram_bytes"], doc["host_ram_usable_bytes"] = host_need, host_usable
         doc["devices"] = [device_memory_json(dev) for dev in result.devices]
         doc["setup"] = to_jsonable(setup)
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
@@ -379,18 +419,22 @@ def run(args: argparse.Namespace) -> int:
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
         print_json(doc)
     else:
-        _render(result, setup, changes, suggestion is not None)
+        _render(result, setup, changes, suggestion is not None, host=(host_need, host_usable, over_host))
         if run_pred is not None:
-            _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "")
-    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+            _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
+                        inference=setup.method == "inference")
+    return EXIT_DOES_NOT_FIT if fits is False else EXIT_OK
 
 
-def _render_run(pred, of: str = "") -> None:
+def _render_run(pred, of: str = "", *, inference: bool = False) -> None:
     from trainfit.cli.output import console
 
     out = console()
     sp, pw = pred.speed, pred.power
-    out.print(f"speed{' of ' + of if of else ''} ({sp.device}): {sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
+    from trainfit.core.durations import duration_text
+
+    per = "per batch" if inference else "per optimizer step"
+    out.print(f"speed{' of ' + of if of else ''} ({sp.device}): {duration_text(sp.step_seconds)} {per}, {sp.tokens_per_second:,.0f} tokens/s, "
               f"{sp.samples_per_second:.3g} samples/s; bottleneck: {sp.bottleneck}; MFU {sp.mfu:.0%}")
     draw = f"power: about {pw.total_watts:.0f} W"
     if pw.gpu_count:
@@ -399,7 +443,7 @@ def _render_run(pred, of: str = "") -> None:
         draw += f" (CPU package {pw.cpu_watts:.0f} W)"
     out.print(draw + "; rest of the system not counted")
     if sp.total_seconds is not None:
-        out.print(f"run: {sp.total_steps:,} steps, {sp.total_seconds / 3600:.2f} h, {pw.energy_kwh:.2f} kWh, "
+        out.print(f"run: {sp.total_steps:,} steps, {duration_text(sp.total_seconds)}, {pw.energy_kwh:.2f} kWh, "
                   f"electricity {pw.electricity_cost:.2f} at {pw.price_per_kwh:.2f}/kWh")
     else:
         out.print("run time and energy: give --dataset-tokens N or --examples N")
@@ -407,7 +451,8 @@ def _render_run(pred, of: str = "") -> None:
         out.print(f"note: {note}")
 
 
-def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> None:
+def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool, *,
+            host: tuple = (None, None, False)) -> None:
     from rich.table import Table
 
     from trainfit.cli.output import console
@@ -437,9 +482,14 @@ def _render(result, setup: TrainingSetup, changes: list[str], has_fix: bool) -> 
             out.print("capacity unknown: no verdict")
         else:
             out.print(_verdict_line(dev))
+    need, usable, over = host
+    if need is not None and usable is not None:
+        what = "offloaded states" if setup.offload != "none" else "the model while it loads"
+        verdict = "[red]does not fit the host[/]" if over else "fits the host"
+        out.print(f"host RAM: {verdict}: needs {need / GIB:.2f} of {usable / GIB:.2f} GiB usable ({what})")
     for note in result.notes:
         out.print(f"note: {note}")
-    if result.fits is False:
+    if result.fits is False or over:
         if has_fix:
             out.print("nearest setting that fits: " + "; ".join(changes))
         else:
@@ -453,8 +503,8 @@ def _verdict_line(dev) -> str:
     cap = f"{dev.capacity_bytes / GIB:.2f} GiB on {dev.device}"
     if dev.fits_under_pressure:
         return f"[yellow]fits under memory pressure[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}; {under_pressure_text(dev)}"
-    if dev.fits:
-        return f"[green]fits[/]: {dev.total_bytes / GIB:.2f} of {cap}"
+    if dev.fits:  # the need the verdict compared, as plan and cloud show it
+        return f"[green]fits[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}"
     return f"[red]does not fit[/]: needs {dev.needed_bytes / GIB:.2f} of {cap}"
 
 

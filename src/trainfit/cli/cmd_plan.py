@@ -21,11 +21,13 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb)?\s*$", re.IG
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from trainfit.core.plan.modes import MODES
     from trainfit.core.plan.planner import PLAN_METHODS
+    from trainfit.core.setup import DEFAULT_METHOD
 
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
                    "(shape:125m); omit with --method pretrain to let the planner pick the size")
-    p.add_argument("--method", default="auto", help=f"{', '.join(PLAN_METHODS)} (sft = full; default auto: "
-                   "full fine-tuning, falling back to LoRA, then QLoRA)")
+    p.add_argument("--method", default=DEFAULT_METHOD, help=f"{', '.join(PLAN_METHODS)} (sft = full; default "
+                   f"{DEFAULT_METHOD} as estimate and cloud: full fine-tuning, falling back to LoRA, then QLoRA, "
+                   "where it does not fit; auto is the same rule)")
     p.add_argument("--mode", action="append", help=f"{', '.join(MODES)} (repeatable; default all three)")
     p.add_argument("--hardware", help="catalog machine ('rtx-4090', '2x a100-80gb', 'm2-16gb', 'cpu') or a profile "
                    "JSON; default: this machine")
@@ -160,6 +162,22 @@ def _image_knobs(args: argparse.Namespace) -> dict:
     return dict(image_size=size or 0, images_per_example=images)
 
 
+def plan_for(model: str | None = None, **flags):
+    """Python twin of `trainfit plan` (without --pipeline / --out): (Plan, PlanRequest), what it prints.
+    Keyword flags are the command's long options with underscores (method="lora", flavor="t4-small")."""
+    from trainfit.core.plan.planner import plan
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([] if model is None else [model])
+    for key, value in flags.items():
+        if not hasattr(args, key) or key in ("out", "pipeline", "json"):
+            raise BadInputError(f"plan_for(): unknown option {key!r}")
+        setattr(args, key, value)
+    req = build_request(args)
+    return plan(req), req
+
+
 def dataset_info(args: argparse.Namespace):
     """The dataset's size for the data I/O plan: --data (local) or --dataset (Hub), with the user's
     --dataset-tokens / --examples over measured counts (trainfit.dataset_size)."""
@@ -280,5 +298,5 @@ def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:
         d["files"] = (files or {}).get(mp.mode, [])
         modes.append(d)
     return {"method": result.method, "hardware": result.hardware, "device": result.device, "modes": modes,
-            "notes": result.notes,
+            "notes": result.notes, "host_ram_usable_bytes": result.host_ram_usable_bytes,
             "units": {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "hours": "hours"}}

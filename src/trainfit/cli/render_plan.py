@@ -7,9 +7,39 @@ _ICON = {"conservative": "🟢", "balanced": "🟡", "extreme": "🔴"}
 
 
 def _hours(h: float | None) -> str:
+    from trainfit.core.durations import hours_text
+
     if h is None:
         return "- (give --examples or --dataset-tokens)"
-    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+    return hours_text(h)
+
+
+def speed_text(s, sp) -> str:
+    """The speed row: per optimizer step for training, per batch for inference."""
+    from trainfit.core.durations import duration_text
+
+    per = (f"per batch of {s.micro_batch} x {s.seq_len} tokens" if s.method == "inference"
+           else "per optimizer step")
+    return (f"{duration_text(sp.step_seconds)} {per}, {sp.tokens_per_second:,.0f} tokens/s, "
+            f"MFU {sp.mfu:.0%}, bottleneck {sp.bottleneck}")
+
+
+def host_ram_text(mp, plan) -> str:
+    """The host's RAM the setting holds (loading, CPU offload) against the machine planned for."""
+    what = "offloaded states" if mp.setup.offload != "none" else "the model while it loads"
+    return (f"{mp.host_ram_bytes / GIB:.2f} GiB ({what}) of the host's {plan.host_ram_usable_bytes / GIB:.1f} GiB "
+            "usable")
+
+
+def memory_text(mp) -> str:
+    """The memory row: the need the fit verdict compares (as estimate's verdict line), and when it
+    fits only because the caching allocator frees its cache near the limit, that too."""
+    budget = mp.memory_budget_bytes or 0
+    text = (f"{mp.memory_used_bytes / GIB:.2f} GiB per device = {mp.memory_used_bytes / budget:.0%} of this mode's "
+            f"{budget / GIB:.2f} GiB ({mp.targets.memory_share:.0%} of usable)")
+    if any(d.fits_under_pressure for d in mp.memory.devices):
+        text += "; fits under memory pressure"
+    return text
 
 
 def setting_line(s) -> str:
@@ -64,14 +94,13 @@ def render_plan(plan, out, *, files: dict[str, list[str]] | None = None) -> None
             table.add_row("setting", "[red]nothing fits this mode's memory budget[/]")
         else:
             s, sp, pw, run = mp.setup, mp.speed, mp.power, mp.run
-            budget = mp.memory_budget_bytes or 0
             table.add_row("setting", setting_line(s))
-            table.add_row("memory", f"{mp.memory_used_bytes / GIB:.2f} GiB per device = "
-                          f"{mp.memory_used_bytes / budget:.0%} of this mode's {budget / GIB:.2f} GiB "
-                          f"({mp.targets.memory_share:.0%} of usable)")
-            table.add_row("speed", f"{sp.step_seconds:.3g} s per optimizer step, {sp.tokens_per_second:,.0f} tokens/s, "
-                          f"MFU {sp.mfu:.0%}, bottleneck {sp.bottleneck}")
-            table.add_row("run time", _hours(run.hours) + (f" ({run.steps:,} steps)" if run.steps else ""))
+            table.add_row("memory", memory_text(mp))
+            table.add_row("speed", speed_text(s, sp))
+            if mp.host_ram_bytes is not None and plan.host_ram_usable_bytes and s.device not in ("cpu", "mps"):
+                table.add_row("host RAM", host_ram_text(mp, plan))  # where the memory row is not that RAM
+            if s.method != "inference":  # a serving plan has a batch time, no run
+                table.add_row("run time", _hours(run.hours) + (f" ({run.steps:,} steps)" if run.steps else ""))
             draw = f"{pw.total_watts:.0f} W"
             if pw.gpu_count and pw.gpu_limit_watts_each:
                 draw += f" ({pw.gpu_count} x {pw.gpu_watts_each:.0f} W GPU = {pw.gpu_watts_each / pw.gpu_limit_watts_each:.0%} of TDP)"

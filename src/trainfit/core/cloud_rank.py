@@ -5,7 +5,9 @@ over a small grid: the method as asked, then LoRA / QLoRA when fallback is allow
 method is only used when the asked one fits nowhere on that flavor); precision by GPU capability
 (bf16 on Ampere and newer, fp16 on Turing / Volta); micro-batch 1..32 (the largest that fits is
 not always the fastest, so all fitting ones are timed); gradient checkpointing off / on; ZeRO-2 /
-ZeRO-3 on multi-GPU machines. Flavors with the same GPUs are evaluated once and priced apiece.
+ZeRO-3 on multi-GPU machines. The flavor's host RAM (ram_gib) must hold what the setting keeps
+there (CPU offload, the model while it loads: core.plan.host_ram). Flavors with the same GPUs,
+vCPUs and RAM are evaluated once and priced apiece.
 
 Time = run time predicted for the dataset + a fixed setup time (image pull, dependency install,
 weight download; seed 004's "5-10 steps, ~10-15 minutes" quick demo implies ~10 minutes).
@@ -158,7 +160,7 @@ def _search(
             tiers.append(Tier(f"{variants.LABELS[variant]} + CPU offload",
                               space.batch_chains(offloaded, batches, req.global_batch)))
     result = search(req.model, hw, tiers, rank_key=by_step_time, memory_fn=memory_fn,
-                    speed_fn=lambda m, s: predict_step(m, s, rates, req.workload))
+                    speed_fn=lambda m, s: predict_step(m, s, rates, workload_for(req, s)))
     ratio = result.smallest_need_ratio
     if result.best is not None:
         b = result.best
@@ -185,10 +187,29 @@ def _hardware(flavor: Flavor) -> tuple[HardwareProfile, DeviceRates]:
         cores = float(max(1, (flavor.vcpus or 2)))
         hw = dataclasses.replace(hw, cpu=dataclasses.replace(hw.cpu, usable_cores=cores, logical_cores=int(cores)))
         return hw, cpu_rates(hw)
-    hw = resolve_hardware(f"{flavor.gpu_count}x {flavor.gpu}")
+    hw = with_flavor_host(resolve_hardware(f"{flavor.gpu_count}x {flavor.gpu}"), flavor)
     # with its machine, so speed terms that depend on what fits (a paged optimizer's spill) match estimate's
     rates = dataclasses.replace(gpu_spec_rates(get_gpu(flavor.gpu), flavor.gpu_count), profile=hw)  # type: ignore[arg-type]
     return hw, rates
+
+
+def with_flavor_host(hw: HardwareProfile, flavor: Flavor) -> HardwareProfile:
+    """The catalog machine with the flavor's own host: its RAM (data/cloud.yaml ram_gib, which an
+    offloaded optimizer and the model loading must fit) and its vCPUs (data-loader workers), not
+    the typical host a bare GPU spec assumes."""
+    from trainfit.core.profile import os_reserve_bytes
+
+    if flavor.ram_gib is not None:
+        ram = int(flavor.ram_gib * GIB)
+        reserve = os_reserve_bytes(ram, desktop=False, in_cgroup=False)
+        hw = dataclasses.replace(hw, memory=dataclasses.replace(
+            hw.memory, total_bytes=ram, available_bytes=ram - reserve, usable_bytes=ram - reserve,
+            os_reserve_bytes=reserve))
+    if flavor.vcpus:
+        cores = int(flavor.vcpus)
+        hw = dataclasses.replace(hw, cpu=dataclasses.replace(
+            hw.cpu, usable_cores=float(cores), logical_cores=cores, physical_cores=max(1, cores // 2)))
+    return hw
 
 
 def _default_memory_fn() -> MemoryFn:
@@ -217,7 +238,8 @@ def rank_flavors(
         if not flavor.usable:
             skipped[flavor.id] = flavor.notes or f"{flavor.kind} flavor: not for this code"
             continue
-        key = (flavor.kind, flavor.gpu, flavor.gpu_count, flavor.vcpus if flavor.kind == "cpu" else None, flavor.ram_gib if flavor.kind == "cpu" else None)
+        # the host's RAM decides what offload and model loading fit, so it is part of the machine
+        key = (flavor.kind, flavor.gpu, flavor.gpu_count, flavor.vcpus, flavor.ram_gib)
         if key not in cache:
             hw, rates = _hardware(flavor)
             best, ratio, why = _search(req, hw, rates, max(1, flavor.gpu_count), memory_fn)
@@ -371,10 +393,27 @@ def _limits_text(req: CloudRequest) -> str:
     return f" within {' and '.join(parts)}" if parts else ""
 
 
+def workload_for(req: CloudRequest, setup: TrainingSetup) -> Workload:
+    """The request's data as this setting trains it: `--examples N` is N rows of the task's typical
+    length distribution (core.plan.lengths), as plan and estimate size it."""
+    w = req.workload
+    if w.examples is None or w.dataset_tokens is not None:
+        return w
+    from trainfit.core.plan.lengths import examples_workload
+
+    return examples_workload(setup, w.examples, w.epochs)
+
+
 def _tokens_per_epoch(req: CloudRequest) -> int:
     w = req.workload
     if w.dataset_tokens is not None:
         return w.dataset_tokens
+    from trainfit.core.plan.lengths import data_lengths, with_lengths
+
+    setup = TrainingSetup(method=req.method if req.method != "auto" else "full", seq_len=req.seq_len)
+    sized = data_lengths(with_lengths(None, setup.method, w.examples), setup)
+    if sized is not None:
+        return sized.epoch_tokens
     return (w.examples or 0) * req.seq_len * (2 if req.method == "dpo" else 1)
 
 

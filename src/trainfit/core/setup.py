@@ -15,6 +15,10 @@ METHODS: tuple[str, ...] = get_args(Method)
 TRAIN_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m != "inference")
 # Names people use for the same thing: supervised fine-tuning of every weight is "full".
 METHOD_ALIASES = {"sft": "full"}
+# The one default method of estimate, plan and cloud: full fine-tuning. plan and cloud fall back to
+# LoRA, then QLoRA, where it does not fit (plan's "auto" names that same rule); estimate estimates
+# the setting asked and names the nearest one that fits.
+DEFAULT_METHOD = "full"
 PrecisionMode = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16"]
 Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "paged-adamw-32bit", "sgd", "sgd-momentum",
                     "adafactor", "lion"]

@@ -69,6 +69,22 @@ def _yaml(data: dict) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
+PURE_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def precision_lines(cfg: RunConfig, class_name: str) -> list[str]:
+    """What a pure 16-bit precision means in these files: the weights themselves are 16-bit, there is
+    no autocast, so TrainingArguments' bf16/fp16 and Accelerate's mixed_precision (both autocast
+    switches) stay off; an autocast run would be another run than the one planned."""
+    p = cfg.training.precision
+    if p not in PURE_DTYPES:
+        return []
+    where = ("model_init_kwargs.dtype below" if class_name != "TrainingArguments"
+             else f"load the model with dtype=torch.{PURE_DTYPES[p]}")
+    return [f"precision {p}: the model's weights are {PURE_DTYPES[p]} ({where}; trainfit train loads them so), "
+            f"with no autocast: {p}: false and mixed_precision: 'no' are the autocast switches, off on purpose"]
+
+
 def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int, device: str,
                  run_config_text: str, transformers_major: int | None = None) -> dict[str, str]:
     """File name -> full text for one configuration run as num_processes processes on device.
@@ -92,12 +108,18 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
                                       deepspeed_file=DEEPSPEED_FILE if eng == "deepspeed" else None)
     qualified = f"{CONFIG_MODULES[class_name]}.{class_name}"
     here = "Paths are relative to this folder (launch.sh runs in it)."
+    precision = precision_lines(cfg, class_name)
+    if precision and class_name != "TrainingArguments":
+        # SFTTrainer / DPOTrainer given a model id load it with these: the base in the plan's 16-bit
+        # dtype (trainfit train loads it so itself and passes the model, which TRL then keeps).
+        args = {**args, "model_init_kwargs": {"dtype": PURE_DTYPES[cfg.training.precision]}}
     files: dict[str, str] = {}
     files[RUN_FILE] = _comments(_header_lines(header_lines, [
         f"trainfit run config: trainfit train {RUN_FILE} --out {run_dir} (see {LAUNCH_FILE})"])) + run_config_text
     files[TRAINING_ARGS_FILE] = _comments(_header_lines(header_lines, [
-        f"Keyword arguments of {qualified}, as trainfit train builds them:",
-        f"  {class_name}(**yaml.safe_load(open(\"{TRAINING_ARGS_FILE}\")))", here])) + _yaml(args)
+        f"Keyword arguments of {qualified}, as trainfit train builds them (not of another config class):",
+        f"  from {CONFIG_MODULES[class_name]} import {class_name}; "
+        f"{class_name}(**yaml.safe_load(open(\"{TRAINING_ARGS_FILE}\")))", *precision, here])) + _yaml(args)
     if uses_lora(cfg):
         files[LORA_FILE] = _comments(_header_lines(header_lines, [
             "Keyword arguments of peft.LoraConfig, as trainfit train builds them:",
@@ -106,7 +128,7 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
                 if nodes > 1 else "")
     files[ACCELERATE_FILE] = _comments(_header_lines(header_lines, [
         f"Accelerate config ({accel['distributed_type']}, {num_processes} process(es){machines}): "
-        f"accelerate launch --config_file {ACCELERATE_FILE} ...", here])) + _yaml(accel)
+        f"accelerate launch --config_file {ACCELERATE_FILE} ...", *precision, here])) + _yaml(accel)
     if eng == "deepspeed":
         files[DEEPSPEED_FILE] = deepspeed_json(cfg, _header_lines(header_lines, [
             f"DeepSpeed config; \"auto\" values are filled in by Transformers from {TRAINING_ARGS_FILE}."]))

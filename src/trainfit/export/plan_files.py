@@ -126,14 +126,17 @@ def data_keys(mp: ModePlan, steps: int | None) -> dict[str, Any]:
 def header_lines(mp: ModePlan, command: str) -> list[str]:
     s, sp, run = mp.setup, mp.speed, mp.run
     assert s is not None and sp is not None and mp.memory_used_bytes is not None
+    from trainfit.core.durations import duration_text, hours_text
+
     gib = 1 << 30
     lines = [f"trainfit {__version__} plan, mode {mp.mode}: {mp.model_id} ({s.method}) on {s.num_gpus} x {s.device}",
              f"reproduce: {command}",
              f"estimate: {mp.memory_used_bytes / gib:.2f} GiB per device of this mode's "
-             f"{(mp.memory_budget_bytes or 0) / gib:.2f} GiB budget; {sp.step_seconds:.3g} s per optimizer step, "
+             f"{(mp.memory_budget_bytes or 0) / gib:.2f} GiB budget; {duration_text(sp.step_seconds)} per optimizer step, "
              f"{sp.tokens_per_second:,.0f} tokens/s"]
     if run is not None and run.hours is not None:
-        lines.append(f"run: {run.steps:,} steps, {run.hours:.2f} h, {run.energy_kwh or 0:.2f} kWh")
+        lines.append(f"run: {run.steps:,} steps, {hours_text(run.hours)}, {run.energy_kwh or 0:.2f} kWh"
+                     + (f", rental ${run.rental_usd:.2f}" if run.rental_usd is not None else ""))
     dp = mp.data_io
     if dp is not None:
         lines.append(f"data: {dp.dataset}: {dp.reasons.get('source', '')}; cache: {dp.reasons.get('cache', '')}")

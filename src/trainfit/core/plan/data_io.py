@@ -258,14 +258,10 @@ def _pick_disk(hw: HardwareProfile, need_bytes: int | None) -> tuple[StorageInfo
 
 
 def _host_ram_need(ctx: ModeContext, hw: HardwareProfile) -> int:
-    """RAM the training process itself holds next to a RAM cache."""
-    s, mem = ctx.setup, ctx.memory
-    if s.device == "cpu" or any(g.unified_memory for g in hw.gpus):
-        return mem.devices[0].total_bytes  # the model's memory is this RAM
-    offload = sum(d.total_bytes for d in mem.devices if d.device == "cpu")
-    # from_pretrained materialises a 16-bit state dict on the CPU in every process while loading.
-    loading = 2 * mem.params_total * max(1, s.num_gpus // max(1, getattr(hw, "node_count", 1)))
-    return offload + loading
+    """RAM the training process itself holds next to a RAM cache (core.plan.host_ram)."""
+    from trainfit.core.plan.host_ram import host_ram_need_bytes
+
+    return host_ram_need_bytes(ctx.memory, ctx.setup, hw)
 
 
 def _workers(ctx: ModeContext, hw: HardwareProfile, streamed: bool, slow: bool) -> tuple[int, int | None, str]:
@@ -393,13 +389,13 @@ def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -
         verdict = "yes" if data_bound else "no"
         reasons["bottleneck"] = (f"{verdict}: the {what} delivers {input_tps:,.0f} tokens/s ({_rate(read_mbps)} MB/s / "
                                  f"{bytes_per_token:.3g} B/token), the trainer consumes {sp.tokens_per_second:,.0f}; "
-                                 f"{tokens_per_step * bytes_per_token / 1e6:,.2f} MB per step = {data_s:.3g} s of "
-                                 f"reading vs {sp.step_seconds:.3g} s of compute"
+                                 f"{tokens_per_step * bytes_per_token / 1e6:,.2f} MB per step = {_dur(data_s)} of "
+                                 f"reading vs {_dur(sp.step_seconds)} of compute"
                                  + ("" if workers else " (read in the training process: it adds to the step)"))
         if cache_on in ("hdd", "network") and not streaming:
             seeks = "; shuffled reads on a spinning disk also seek, so more" if cache_on == "hdd" else ""
-            warnings.append(f"tokenised cache on {cache_on} storage: {data_s:.3g} s of reading per step "
-                            f"(expected stall {stall:.3g} s per step with {workers} workers{seeks}); "
+            warnings.append(f"tokenised cache on {cache_on} storage: {_dur(data_s)} of reading per step "
+                            f"(expected stall {_dur(stall)} per step with {workers} workers{seeks}); "
                             "put it on an SSD/NVMe or in RAM")
     else:
         if streaming and source == "hub":
@@ -411,7 +407,7 @@ def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -
         reasons["bottleneck"] = f"not known: {missing}"
     if data_bound:
         warnings.append(f"the input pipeline is the bottleneck: {input_tps:,.0f} tokens/s delivered vs "
-                        f"{sp.tokens_per_second:,.0f} consumed; the step time includes {stall:.3g} s of waiting")
+                        f"{sp.tokens_per_second:,.0f} consumed; the step time includes {_dur(stall)} of waiting")
 
     # -- packing and the token budget -------------------------------------------------------------
     packing, waste, pack_why = packing_decision(info, s)
@@ -482,11 +478,9 @@ def _rate(mbps: float) -> str:
 
 
 def _dur(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    from trainfit.core.durations import duration_text
+
+    return duration_text(seconds)
 
 
 def _token_budget(ctx: ModeContext, sp: SpeedEstimate, tokens_epoch: int | None) -> TokenBudget | None:
@@ -517,7 +511,7 @@ def _token_budget(ctx: ModeContext, sp: SpeedEstimate, tokens_epoch: int | None)
 
 def _budget_reason(ctx: ModeContext, b: TokenBudget) -> str:
     if b.tokens is None:
-        return (f"{ctx.mode}'s {ctx.hours_max:g} h buy {_count(b.tokens_in_time)} tokens at this speed"
+        return (f"{ctx.mode}'s {_hours(ctx.hours_max)} buy {_count(b.tokens_in_time)} tokens at this speed"
                 + (f", the ${ctx.budget_usd:g} budget {_count(b.tokens_in_budget)}" if b.tokens_in_budget else "")
                 + "; give --examples, --dataset-tokens, --data or --dataset for a token budget")
     ep = f" = {b.epochs:.3g} epochs" if b.epochs is not None else ""
@@ -525,13 +519,19 @@ def _budget_reason(ctx: ModeContext, b: TokenBudget) -> str:
         return f"pretraining: {_count(b.tokens)} tokens from the mode's tokens-per-parameter ratio{ep}"
     if b.capped_by == "time":
         return (f"token budget cut to {_count(b.tokens)} tokens{ep} ({b.steps:,} steps) by {ctx.mode}'s "
-                f"{ctx.hours_max:g} h; the {ctx.epochs:g} epoch(s) asked need {_count(b.tokens_requested)}")
+                f"{_hours(ctx.hours_max)}; the {ctx.epochs:g} epoch(s) asked need {_count(b.tokens_requested)}")
     if b.capped_by == "budget":
         return (f"token budget cut to {_count(b.tokens)} tokens{ep} ({b.steps:,} steps) by the "
                 f"${ctx.budget_usd:g} budget at ${ctx.usd_per_hour:.2f}/h; the {ctx.epochs:g} epoch(s) asked "
                 f"need {_count(b.tokens_requested)}")
     return (f"{_count(b.tokens)} tokens{ep} ({b.steps:,} steps): the whole request fits {ctx.mode}'s "
-            f"{ctx.hours_max:g} h" + (f" and the ${ctx.budget_usd:g} budget" if b.tokens_in_budget else ""))
+            f"{_hours(ctx.hours_max)}" + (f" and the ${ctx.budget_usd:g} budget" if b.tokens_in_budget else ""))
+
+
+def _hours(hours: float) -> str:
+    from trainfit.core.durations import hours_text
+
+    return hours_text(hours)
 
 
 def _count(n: float | None) -> str:
@@ -560,7 +560,7 @@ def with_data_time(speed: SpeedEstimate, stall: float | None, data_bound: bool |
         achieved_tflops_per_device=speed.achieved_tflops_per_device / factor, seconds_by_part=parts,
         bottleneck="data loading" if data_bound else speed.bottleneck,
         total_seconds=None if speed.total_seconds is None else speed.total_seconds * factor,
-        notes=[*speed.notes, f"step time includes {stall:.3g} s of waiting for data per step"])
+        notes=[*speed.notes, f"step time includes {_dur(stall)} of waiting for data per step"])
 
 
 def plan_for_mode(req, mode: str, memory_share: float, hours_max: float, setup: TrainingSetup, speed: SpeedEstimate,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for, unsupported
+from trainfit.core.plan.host_ram import host_ram_ratio
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate
@@ -119,7 +120,9 @@ def search(model: ModelSpec, hardware: HardwareProfile, tiers: Iterable[Tier], *
                     skipped.setdefault(str(exc), _short(setup))
                     break
                 evaluated += 1
-                ratio = need_ratio(memory, budget)
+                # The host's RAM too (model loading, offloaded states): the machine planned for, a
+                # rented flavor's own RAM included (core.plan.host_ram).
+                ratio = max(need_ratio(memory, budget), host_ram_ratio(memory, setup, hardware))
                 tier_smallest = min(tier_smallest, ratio)
                 if ratio > 1.0:
                     break  # the rest of the chain needs more memory still

@@ -165,8 +165,10 @@ def _gpu_rules(p: HardwareProfile, device: str) -> DeviceRules:
         max_zero = 3
         linked = all(x.nvlink_peers for x in p.gpus)
         backend = "NCCL" if device == "cuda" else "RCCL" if device == "rocm" else "oneCCL"
-        reasons["sharding"] = (f"{n} GPUs, {backend}, " + ("NVLink all-to-all: ZeRO-3/FSDP shards cheaply" if linked
-                               else "PCIe only: ZeRO-2 or DDP communicates least"))
+        # The interconnect only: which sharding a plan chose, and why, is the plan's reason
+        # (planner._sharding_reason), so this never argues for a stage the plan did not pick.
+        reasons["sharding"] = (f"{n} GPUs, {backend}, " + ("NVLink all-to-all (fast parameter gathers)" if linked
+                               else "PCIe only (gathers and reductions share the PCIe bus)"))
         if p.node_count > 1:
             inside = "NVLink" if linked else "PCIe"
             reasons["sharding"] = (f"{n} GPUs on {p.node_count} nodes, {backend}: {inside} inside a node, "

@@ -124,6 +124,16 @@ def with_lengths(info: DatasetInfo | None, method: str, examples: int | None) ->
                                tokens_how=_join(info.tokens_how, length_source(info, method)))
 
 
+def examples_workload(setup: TrainingSetup, examples: int, epochs: float):
+    """`--examples N` as every command sizes it (plan, estimate, cloud): N rows of the task's
+    typical length distribution, packed or not as the plan's data rule decides for this setup."""
+    from trainfit.core.plan.data_io import dataset_workload
+    from trainfit.core.speed import Workload
+
+    return (dataset_workload(with_lengths(None, setup.method, examples), setup, epochs)
+            or Workload(examples=examples, epochs=epochs))
+
+
 def _join(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 

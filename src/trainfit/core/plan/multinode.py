@@ -59,20 +59,22 @@ def sharding_reasons(model: ModelSpec, s: TrainingSetup, hardware: HardwareProfi
         mine_step = getattr(speed_fn(model, s), "step_seconds") * step_time_factor
     except BadInputError:  # the twin may be refused by the models' own checks: nothing to compare
         return out
+    from trainfit.core.durations import duration_text
+
     net = hardware.nodes.network or "the network"
     faster = "faster" if mine_step <= twin_step else "slower, kept by this mode's ranking (larger micro-batch)"
     if s.hybrid_shard:
         out.append(f"hybrid sharding (shard inside each node's {g} GPUs, replicate across {m} nodes): "
-                   f"{mine_step:.3g} s per step, {faster} than full sharding over all {n} GPUs ({twin_step:.3g} s), "
+                   f"{duration_text(mine_step)} per step, {faster} than full sharding over all {n} GPUs ({duration_text(twin_step)}), "
                    f"whose parameter gathers cross {net} at every micro-batch; it holds "
                    f"{mine_mem / GIB:.1f} GiB per GPU against {twin_mem / GIB:.1f} GiB, within the "
                    f"{limit_bytes / GIB:.1f} GiB budget")
     elif twin_mem > limit_bytes:
         out.append(f"full sharding over all {n} GPUs: hybrid sharding (one node's {g} GPUs per shard) would need "
                    f"{twin_mem / GIB:.1f} GiB per GPU, over the {limit_bytes / GIB:.1f} GiB budget, so the "
-                   f"parameter gathers cross {net} at every micro-batch ({mine_step:.3g} s per step)")
+                   f"parameter gathers cross {net} at every micro-batch ({duration_text(mine_step)} per step)")
     else:
-        out.append(f"full sharding over all {n} GPUs: {mine_step:.3g} s per step, {faster} than hybrid sharding "
-                   f"inside each node ({twin_step:.3g} s, {twin_mem / GIB:.1f} GiB per GPU against "
+        out.append(f"full sharding over all {n} GPUs: {duration_text(mine_step)} per step, {faster} than hybrid sharding "
+                   f"inside each node ({duration_text(twin_step)}, {twin_mem / GIB:.1f} GiB per GPU against "
                    f"{mine_mem / GIB:.1f} GiB)")
     return out

@@ -125,8 +125,10 @@ def nearest_fitting_search(model: ModelSpec, setup: TrainingSetup, hardware: Har
 def nearest_fitting(model: ModelSpec, setup: TrainingSetup, hardware: HardwareProfile) -> TrainingSetup | None:
     """`setup` when it fits, else the nearest fitting setup (see module doc), else None."""
     from trainfit.core.memory import estimate_memory
+    from trainfit.core.plan.host_ram import host_ram_ratio
 
-    if estimate_memory(model, setup, hardware).fits is not False:
+    memory = estimate_memory(model, setup, hardware)
+    if memory.fits is not False and host_ram_ratio(memory, setup, hardware) <= 1:  # the search's own test
         return setup
     result = nearest_fitting_search(model, setup, hardware)
     return result.best.setup if result.best else None

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainfit.core.plan.planner import ModePlan, PlanRequest, RunFigures, plan
+from trainfit.core.durations import hours_text
 from trainfit.errors import BadInputError
 
 # name -> phases in order. A phase's name is also its method family: pretrain, sft, dpo.
@@ -246,7 +247,7 @@ def _join(req: PipelineRequest, mode: str, phases: list[tuple[str, ModePlan | No
         total = sum(hours)  # type: ignore[arg-type]
         if total > t.hours_max:
             share = t.hours_max / total
-            cap_why = f"the phases need {total:.1f} h together, over {mode}'s {t.hours_max:g} h"
+            cap_why = f"the phases need {hours_text(total)} together, over {mode}'s {hours_text(t.hours_max)}"
             warnings.append(f"time budget: {cap_why}: each phase trains {share:.0%} of its data (its max_steps cut "
                             "to match); raise --time-budget, or give fewer examples / epochs")
         spent = _sum([mp.run.rental_usd if mp is not None and mp.run is not None else None for _, mp, _ in phases])

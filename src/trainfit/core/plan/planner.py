@@ -26,6 +26,7 @@ from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, sea
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
 from trainfit.core.plan.modes import DEFAULTS, MODES, SEQ_FLOOR, ModeTargets, shorter_seq_lens, targets
 from trainfit.core.plan import multinode
+from trainfit.core.durations import hours_text
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
@@ -111,6 +112,8 @@ class ModePlan:
     data_io: DataPlan | None = None  # stream / cache / workers / input bottleneck / token budget (core.plan.data_io)
     # The examples' lengths at this mode's sequence length: tokens per epoch, share truncated (core.plan.lengths)
     data_lengths: lengths.DataLengths | None = None
+    # Host RAM the setting holds at its peak (core.plan.host_ram), checked against Plan.host_ram_usable_bytes
+    host_ram_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class Plan:
     device: str  # rules label
     modes: list[ModePlan]
     notes: list[str] = field(default_factory=list)
+    # The RAM of the machine planned for: this machine's, a catalog machine's typical host, or a
+    # rented flavor's own (data/cloud.yaml ram_gib); None when not measured.
+    host_ram_usable_bytes: int | None = None
 
 
 def check_request(req: PlanRequest) -> None:
@@ -200,7 +206,7 @@ def plan(req: PlanRequest) -> Plan:
             modes.append(_plan_model(req, t, rules, req.model))  # type: ignore[arg-type]
     notes = [f"memory budget: {req.memory_budget_bytes / GIB:.2f} GiB per device imposed (--memory-budget)"] \
         if req.memory_budget_bytes else []
-    return Plan(req.method, req.hardware.source, rules.label, modes, notes)
+    return Plan(req.method, req.hardware.source, rules.label, modes, notes, req.hardware.memory.usable_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,13 +403,17 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                            step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
                                                     run_pred.power, best.memory, pretrain_tokens)
+    asked_hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
+    asked_steps = speed.total_steps
+    speed, power = _what_runs(speed, power, data_plan)
     used = max(d.needed_bytes for d in best.memory.devices if d.device != "cpu" or len(best.memory.devices) == 1)
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
     rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
     tokens = None
     packed = s.method == "pretrain" or (data_plan is not None and data_plan.packing)
     if speed.total_steps is not None and sized is not None and not packed:
-        tokens = int(sized.epoch_tokens * req.epochs)  # the data's own tokens, not the padded sequences
+        # the data's own tokens, not the padded sequences; the share of them a capped run reaches
+        tokens = int(sized.epoch_tokens * req.epochs * speed.total_steps / max(asked_steps or 1, 1))
     elif speed.total_steps is not None:  # packed: full sequences of data (to within the last step)
         tokens = int(speed.total_steps * s.global_batch * s.seq_len * (2 if s.method == "dpo" else 1))
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
@@ -416,10 +426,30 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
     reasons += _shorter_seq_reasons(req, t, model, s, sized) + _length_reasons(sized, s, data_plan.packing if data_plan else None)
     warnings += _truncation_warnings(sized, s)
-    warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
+    warnings += _warnings(req, t, rules, s, speed, power, asked_hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
+    from trainfit.core.plan.host_ram import host_ram_need_bytes
+
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan, sized)
+                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan, sized,
+                    host_ram_need_bytes(best.memory, s, req.hardware))
+
+
+def _what_runs(speed: SpeedEstimate, power: PowerEstimate, data_plan: DataPlan | None
+               ) -> tuple[SpeedEstimate, PowerEstimate]:
+    """The run the files will run: when the mode's hours or the --budget dollars cut the data (the
+    data plan's token budget, the exported max_steps), its steps, run time and energy are the cut
+    run's, so the headline, the cost and the files tell one story."""
+    b = data_plan.budget if data_plan is not None else None
+    if b is None or not b.capped_by or not b.steps or not speed.total_steps or b.steps >= speed.total_steps:
+        return speed, power
+    share = b.steps / speed.total_steps
+    speed = dataclasses.replace(speed, total_steps=b.steps, total_seconds=b.steps * speed.step_seconds)
+    power = dataclasses.replace(
+        power, run_seconds=None if power.run_seconds is None else power.run_seconds * share,
+        energy_kwh=None if power.energy_kwh is None else power.energy_kwh * share,
+        electricity_cost=None if power.electricity_cost is None else power.electricity_cost * share)
+    return speed, power
 
 
 # A sequence length that cuts off more than this share of the examples gets a warning.
@@ -479,7 +509,7 @@ def _truncation_warnings(sized: lengths.DataLengths | None, s: TrainingSetup) ->
 def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, result: SearchResult) -> list[str]:
     """Why QLoRA saves little on an MoE model here: transformers >= 5 fuses the experts into 3-D
     parameters, which bitsandbytes leaves 16-bit (core.memory.quant_formats.experts_left_dense)."""
-    if not model.num_experts or not rules.quantization or req.method not in ("auto", "qlora"):
+    if not model.num_experts or not rules.quantization or req.method not in ("auto", "full", "qlora"):
         return []
     st = model_stats(model)
     probe = result.best.setup if result.best is not None else TrainingSetup(method="qlora", quant="nf4-dq")
@@ -516,8 +546,9 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
            else f"fp32: the speed model finds 16-bit no faster here ({rules.label})"]
     method_label = result.tier or s.method
     if result.rejected:
-        out.append(f"{method_label}: tried first, within {_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} "
-                   "usable): " + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
+        out.append(f"{method_label}: chosen because what is tried before it does not fit within {_gib(limit)} "
+                   f"({t.memory_share:.0%} of {_cap_gib(cap)} usable): "
+                   + "; ".join(f"{k} {v}" for k, v in result.rejected.items()))
     else:
         out.append(f"{method_label}: fits in {_gib(best.memory.devices[0].needed_bytes)} of this mode's "
                    f"{_gib(limit)} ({t.memory_share:.0%} of {_cap_gib(cap)} usable)")
@@ -533,9 +564,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
         if not without:
             out.append("gradient checkpointing: no setting without it fits")
         else:
-            w = without[0]
-            out.append(f"gradient checkpointing: it allows micro-batch {s.micro_batch}, predicted faster than "
-                       f"the best setting without it (micro-batch {w.setup.micro_batch})")
+            out.append(_checkpointing_reason(best, without[0]))
     if s.zero_stage or s.offload != "none":
         plain = dataclasses.replace(s, zero_stage=0, offload="none")
         try:
@@ -557,7 +586,7 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     if rules.device == "cpu":
         out.append(rules.reasons["threads"])
     elif s.num_gpus > 1:
-        out.append(rules.reasons["sharding"])
+        out.append(_sharding_reason(rules, s))
         out.extend(multinode.sharding_reasons(model, s, req.hardware, limit, _speed_fn(req, rules),
                                               step_time_factor=req.step_time_factor))
     if req.usd_per_hour is not None:
@@ -566,14 +595,42 @@ def _reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRu
     return out
 
 
+def _checkpointing_reason(best: Candidate, without: Candidate) -> str:
+    """Why gradient checkpointing is on when a setting without it fits too: what it buys, in the
+    figures the ranking compared (never "allows micro-batch 1 ... (micro-batch 1)")."""
+    from trainfit.core.durations import duration_text
+
+    s, w = best.setup, without.setup
+    mine = best.speed.step_seconds if best.speed else math.nan
+    theirs = without.speed.step_seconds if without.speed else math.nan
+    steps = f"{duration_text(mine)} per step against {duration_text(theirs)}"
+    if s.micro_batch > w.micro_batch:
+        gain = ("predicted faster" if mine <= theirs else
+                "kept by this mode's ranking (the largest micro-batch near the fastest)")
+        return (f"gradient checkpointing: it allows micro-batch {s.micro_batch} where at most {w.micro_batch} fits "
+                f"without it; {gain}: {steps}")
+    if mine <= theirs:
+        return (f"gradient checkpointing: predicted faster than the fastest setting without it "
+                f"(micro-batch {w.micro_batch}, {w.seq_len} tokens): {steps}")
+    return (f"gradient checkpointing: kept by this mode's ranking; the fastest setting without it "
+            f"(micro-batch {w.micro_batch}) is predicted at {duration_text(theirs)} per step")
+
+
+def _sharding_reason(rules: DeviceRules, s: TrainingSetup) -> str:
+    """The interconnect and the sharding the chosen setting runs (the interconnect alone argues for none)."""
+    chosen = (("FSDP hybrid sharding" if s.hybrid_shard else f"ZeRO-{s.zero_stage}") if s.zero_stage
+              else "DDP (every GPU holds the whole model)")
+    return f"{rules.reasons['sharding']}; the chosen setting runs {chosen}"
+
+
 def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingSetup, speed: SpeedEstimate,
               power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
               limit: float) -> list[str]:
     out = []
     if hours is not None and hours > t.hours_max:
         frac = t.hours_max / hours
-        out.append(f"run time {hours:.1f} h is over this mode's {t.hours_max:g} h: at "
-                   f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of the data fits the time")
+        out.append(f"the data asked for takes {hours_text(hours)}, over this mode's {hours_text(t.hours_max)}: at "
+                   f"{speed.tokens_per_second:,.0f} tokens/s, {frac:.0%} of it fits the time")
     if rental is not None and req.budget_usd is not None and rental > req.budget_usd:
         out.append(f"cost ${rental:.2f} is over the ${req.budget_usd:g} budget: it buys "
                    f"{req.budget_usd / rental:.0%} of this run (fewer examples or epochs, or a cheaper machine: "
@@ -591,6 +648,7 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
                    "memory spike can OOM. Watch temperatures and throttling (trainfit profile) on long runs")
         if power.gpu_count:
             out.append(f"sustained ~{power.total_watts:.0f} W for the whole run: check PSU headroom and cooling")
+    out += _host_ram_warnings(req, t, s, best)
     pressed = next((d for d in best.memory.devices if d.fits_under_pressure), None)
     if pressed is not None:
         out.append(under_pressure_text(pressed))
@@ -599,6 +657,22 @@ def _warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingS
     if req.hardware.power.on_ac is False:
         out.append("on battery: plug in before training")
     return out
+
+
+def _host_ram_warnings(req: PlanRequest, t: ModeTargets, s: TrainingSetup, best: Candidate) -> list[str]:
+    """The host's RAM (this machine's, the catalog machine's, or the rented flavor's): the search
+    refuses a setting over it; one within it but over this mode's share of it is worth a word."""
+    from trainfit.core.plan.host_ram import host_ram_need_bytes, ram_is_the_device
+
+    usable = req.hardware.memory.usable_bytes
+    if ram_is_the_device(s, req.hardware) or not usable:
+        return []
+    need = host_ram_need_bytes(best.memory, s, req.hardware)
+    if need <= t.memory_share * usable:
+        return []
+    return [f"host RAM: the training process(es) hold {_gib(need)} of the host's {_gib(usable)} usable "
+            f"({need / usable:.0%}), over {t.mode}'s {t.memory_share:.0%}: little is left for the data cache "
+            "and other programs"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,15 +699,15 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
     if in_range_in_time:
         pick = in_range_in_time[-1]
         reasons.append(f"size: {_count(pick[0])} parameters, the largest of {_range(lo, hi)} whose "
-                       f"{t.tokens_per_param:g} tokens/parameter train within {t.hours_max:g} h")
+                       f"{t.tokens_per_param:g} tokens/parameter train within {hours_text(t.hours_max)}")
     elif in_time:
         pick = in_time[-1]
         smallest = next((x for x in tried if x[0] >= lo), None)
         reasons.append(f"size: {_count(pick[0])} parameters, the largest that trains "
-                       f"{t.tokens_per_param:g} tokens/parameter within {t.hours_max:g} h here")
+                       f"{t.tokens_per_param:g} tokens/parameter within {hours_text(t.hours_max)} here")
         if smallest is not None and smallest[3] is not None:
-            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters within {t.hours_max:g} h; "
-                            f"{_count(smallest[0])} needs {_count(smallest[4])} tokens = {smallest[3]:.1f} h on "
+            warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters within {hours_text(t.hours_max)}; "
+                            f"{_count(smallest[0])} needs {_count(smallest[4])} tokens = {hours_text(smallest[3])} on "
                             f"this hardware, so the plan is {_count(pick[0])} instead")
         elif pick[0] < lo:
             warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters; "
@@ -642,11 +716,11 @@ def _plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> Mode
         pick = tried[0]
         reasons.append(f"size: {_count(pick[0])}, the smallest shape tried")
         warnings.append(f"even {_count(pick[0])} parameters x {t.tokens_per_param:g} tokens/parameter takes "
-                        f"{pick[3]:.1f} h here, over this mode's {t.hours_max:g} h")
+                        f"{hours_text(pick[3])} here, over this mode's {hours_text(t.hours_max)}")
         target = next((x for x in tried if x[0] >= lo), None)
         if target is not None and target[3] is not None:
             warnings.append(f"{t.mode} aims at {_range(lo, hi)} parameters: {_count(target[0])} would need "
-                            f"{target[3]:.1f} h on this hardware")
+                            f"{hours_text(target[3])} on this hardware")
     n, spec, result, hours, tokens = pick
     if req.dataset_tokens is not None and req.dataset_tokens < tokens:
         warnings.append(f"the dataset has {_count(req.dataset_tokens)} tokens: the {_count(tokens)}-token budget "
