@@ -126,8 +126,21 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
         when = f"measured {b.measured_at.replace('T', ' ')[:16]} UTC" if b.measured_at else "measured"
         how = f"{when}, kept in trainfit's cache" if b.cached else f"{when} in {b.seconds:.1f} s"
         label = "CPU rates" if b.scope == "cpu" else "Benchmark"
-        rows.append((label, ", ".join(parts) + f" ({how})"))
+        rows.append((label, ", ".join(parts) + f" ({how})" + _load_note(b)))
     return rows
+
+
+def _load_note(b) -> str:
+    """What ran beside the CPU measurement: quiet, or the reason its figures are not this machine's."""
+    c = b.load_check
+    if c is None:
+        return "; load not checked (an older measurement)"
+    tries = f", {c.attempts} tries" if c.attempts > 1 else ""
+    if c.reliable:
+        others = f"others used {c.other_cores:.2f} of {c.cores} cores" if c.other_cores is not None else "quiet"
+        return f"; {others}{tries}, fp32 repeats within {c.fp32_spread or 0:.0%}"
+    return (f"\n[yellow]MEASURED UNDER LOAD[/]{tries}: {c.reason}. Used for this command only, not kept as this "
+            "machine's rates; run `trainfit profile --benchmark` when the machine is quiet")
 
 
 def _gpu_share(p: HardwareProfile) -> str:

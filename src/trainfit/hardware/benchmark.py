@@ -50,13 +50,17 @@ print(json.dumps(out))
 """
 
 
-def _best(fn, reps: int) -> float:
-    best = float("inf")
+def _timings(fn, reps: int) -> list[float]:
+    out = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _best(fn, reps: int) -> float:
+    return min(_timings(fn, reps))
 
 
 def memory_bandwidth_gbps(size_bytes: int = 256 << 20, reps: int = 5) -> float:
@@ -68,13 +72,25 @@ def memory_bandwidth_gbps(size_bytes: int = 256 << 20, reps: int = 5) -> float:
     return 2 * size_bytes / _best(lambda: np.copyto(dst, src), reps) / 1e9
 
 
-def cpu_fp32_gflops(n: int = 2048, reps: int = 3) -> float:
+def cpu_fp32_rates(n: int = 2048, reps: int = 3) -> list[float]:
+    """GFLOP/s of each of `reps` fp32 n x n matmuls (numpy's BLAS), after one warm-up."""
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
     a @ b  # warm-up: BLAS thread pool start
-    return 2 * n**3 / _best(lambda: a @ b, reps) / 1e9
+    return [2 * n**3 / t / 1e9 for t in _timings(lambda: a @ b, reps)]
+
+
+def cpu_fp32_gflops(n: int = 2048, reps: int = 3) -> float:
+    return max(cpu_fp32_rates(n, reps))
+
+
+def spread(rates: list[float]) -> float:
+    """1 - median / best of repeated rates: 0 when every repeat ran as fast as the best one."""
+    import statistics
+
+    return 1.0 - statistics.median(rates) / max(rates)
 
 
 def cpu_bf16_gflops(n: int = 2048, reps: int = 3) -> float:
@@ -149,16 +165,25 @@ def gpu_benchmark(timeout_s: float = GPU_TIMEOUT_SECONDS) -> tuple[dict[str, flo
 def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: str | None = None,
                   disk_bytes: int = DISK_BYTES, scale: float = 1.0) -> BenchmarkInfo:
     """All measurements; `scale` < 1 shrinks the problem sizes (tests)."""
+    from trainfit.hardware import cpu_load
+    from trainfit.hardware.cpu_measure import FP32_REPEATS, judge
+
     t0 = time.perf_counter()
     reasons: dict[str, str] = {}
+    watch = cpu_load.snapshot()  # the CPU part is judged by the load on its cores (cpu_measure)
     mem = round(memory_bandwidth_gbps(int((256 << 20) * scale)), 1)
-    fp32 = round(cpu_fp32_gflops(max(128, int(2048 * scale))), 1)
+    fp32_runs = cpu_fp32_rates(max(128, int(2048 * scale)), FP32_REPEATS)
+    fp32 = round(max(fp32_runs), 1)
     bf16, why = cpu_bf16_rate(cpu, scale)
     if why:
         reasons["cpu_bf16_gflops"] = why
     dropout_ns, why = cpu_dropout_rate(scale)
     if why:
         reasons["cpu_dropout_ns_per_element"] = why
+    check = judge(cpu_load.window(watch), round(spread(fp32_runs), 3), 1)
+    if not check.reliable:
+        reasons["under_load"] = (f"CPU part measured under load: {check.reason}; not kept as this machine's rates "
+                                 "(run it again when the machine is quiet)")
     gpu_tflops: dict[str, float] = {}
     gpu_bw = None
     cuda_like = [g for g in gpus if g.vendor in ("nvidia", "amd")]
@@ -178,7 +203,7 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchmarkInfo(mem, fp32, bf16, gpu_tflops, gpu_bw, read, write,
                          round(time.perf_counter() - t0, 2), reasons, measured_at=measured_at,
-                         cpu_dropout_ns_per_element=dropout_ns)
+                         cpu_dropout_ns_per_element=dropout_ns, load_check=check)
 
 
 def benchmark_unavailable(reason: str) -> BenchmarkInfo:

@@ -114,6 +114,8 @@ class Plan:
     device: str  # rules label
     modes: list[ModePlan]
     notes: list[str] = field(default_factory=list)
+    # Which speed rates the plan used and when they were measured (core.speed.rates.rates_source).
+    rates: dict | None = None
 
 
 def check_request(req: PlanRequest) -> None:
@@ -178,7 +180,12 @@ def plan(req: PlanRequest) -> Plan:
             modes.append(_plan_model(req, t, rules, req.model))  # type: ignore[arg-type]
     notes = [f"memory budget: {req.memory_budget_bytes / GIB:.2f} GiB per device imposed (--memory-budget)"] \
         if req.memory_budget_bytes else []
-    return Plan(req.method, req.hardware.source, rules.label, modes, notes)
+    from trainfit.core.speed.rates import rates_source
+
+    rates = rates_source(req.hardware, rules.device)
+    if rates["warning"]:
+        notes.append(rates["warning"])
+    return Plan(req.method, req.hardware.source, rules.label, modes, notes, rates)
 
 
 # ---------------------------------------------------------------------------------------------
