@@ -26,7 +26,8 @@ def _fake_measure(calls: list, fp32: float = 180.0):
     def measure(cpu):
         calls.append(cpu.model)
         return BenchmarkInfo(30.0, fp32 + len(calls), 3.0, {}, None, None, None, 0.5, {}, measured_at=cpu_measure._iso(time.time()),
-                             scope="cpu", cpu_dropout_ns_per_element=20.0)
+                             scope="cpu", cpu_dropout_ns_per_element=20.0, cpu_fp32_training_gflops=150.0,
+                             cpu_first_touch_ns_per_page=1800.0)
     return measure
 
 
@@ -210,6 +211,38 @@ def test_a_kept_measurement_without_the_dropout_rate_is_measured_again(tmp_path,
     again = cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls))
     assert len(calls) == 2 and again.cpu_dropout_ns_per_element == 20.0 and not again.cached
     assert cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls)).cached and len(calls) == 2
+
+
+@pytest.mark.parametrize("field", cpu_measure.MEASURED_FIELDS)
+def test_a_kept_measurement_without_a_step_rate_is_measured_again(tmp_path, monkeypatch, quiet, field):
+    monkeypatch.setenv("TRAINFIT_CACHE_DIR", str(tmp_path))
+    src, calls = _src(), []
+    cpu = profiler.cpu.probe_cpu(src)
+    cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls))
+    (entry,) = (tmp_path / "cpu-rates").glob("*.json")
+    data = json.loads(entry.read_text())
+    data["benchmark"].pop(field)
+    entry.write_text(json.dumps(data))
+    assert not cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls)).cached and len(calls) == 2
+
+
+def test_torch_training_matmul_and_first_touch_are_measured_and_reach_the_rates():
+    pytest.importorskip("torch")
+    from trainfit.core.speed import cpu as cpu_model
+    from trainfit.hardware import benchmark
+
+    assert benchmark.cpu_training_gemm_gflops(64, 64, reps=1) > 0
+    assert benchmark.cpu_first_touch_ns_per_page(4 << 20, reps=1) >= 0
+    # the step model carries the rate from the shape the benchmark measures
+    assert (benchmark.TRAINING_GEMM_TOKENS, benchmark.TRAINING_GEMM_WIDTH) == (
+        cpu_model.CPU_TRAINING_GEMM_TOKENS, cpu_model.CPU_TRAINING_GEMM_WIDTH)
+    profile = profiler.build_profile(sources=_src("fixture"), quick=True)
+    bench = BenchmarkInfo(30.0, 180.0, 3.0, {}, None, None, None, 0.5, {}, scope="cpu", cpu_dropout_ns_per_element=17.5,
+                          cpu_fp32_training_gflops=150.0, cpu_first_touch_ns_per_page=2048.0)
+    r = rates.cpu_rates(dataclasses.replace(profile, benchmark=bench))
+    assert r.training_gemm_flops == pytest.approx(150e9) and r.first_touch_seconds_per_byte == pytest.approx(0.5e-9)
+    unmeasured = rates.cpu_rates(dataclasses.replace(profile, benchmark=None))
+    assert unmeasured.training_gemm_flops is None and unmeasured.first_touch_seconds_per_byte is None
 
 
 def test_the_dropout_rate_is_measured_and_reaches_the_cpu_rates():

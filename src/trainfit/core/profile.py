@@ -229,6 +229,11 @@ class BenchmarkInfo:
     cpu_dropout_ns_per_element: float | None = None
     # The load seen while the CPU part was measured (None: measured by a trainfit that did not check).
     load_check: MeasurementLoad | None = None
+    # torch's own fp32 training matmul (forward + both gradients of a 1024-wide linear over 512
+    # tokens), the rate the CPU step model's GEMMs are anchored on (None: not measured).
+    cpu_fp32_training_gflops: float | None = None
+    # Writing a freshly allocated (page-faulting) tensor beyond a reused one, per 4 KiB page.
+    cpu_first_touch_ns_per_page: float | None = None
 
 
 _ONE_NODE = "one node: no inter-node network"

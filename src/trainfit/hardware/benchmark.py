@@ -121,6 +121,66 @@ def cpu_autocast_bf16_gflops(tokens: int = 256, width: int = 512, reps: int = 3)
     return 6 * tokens * width * width / _best(step, reps) / 1e9
 
 
+# The shape at which torch's own training matmul is timed: a 1024-wide linear over 512 tokens, the
+# middle of the widths (64..4096) and tokens per micro-batch (64..2048) CPU training runs.
+TRAINING_GEMM_TOKENS = 512
+TRAINING_GEMM_WIDTH = 1024
+
+
+def cpu_training_gemm_gflops(tokens: int = TRAINING_GEMM_TOKENS, width: int = TRAINING_GEMM_WIDTH,
+                             reps: int = 3) -> float:
+    """fp32 GFLOP/s of a training matmul as torch runs it: the forward x W^T and the input and
+    weight gradients of one linear layer, 6 x tokens x width^2 FLOP. The numpy peak is another BLAS
+    (OpenBLAS) on a square 2048^3 product; torch's GEMMs (oneDNN / MKL) reach a share of it that
+    depends on the CPU and the libraries (0.8 on a 2-core AMD EPYC), so the step-time model is
+    anchored on this rate where it is measured (core.speed.cpu)."""
+    import torch
+
+    x = torch.randn(tokens, width, requires_grad=True)
+    w = torch.randn(width, width, requires_grad=True)
+    g = torch.ones(tokens, width)
+
+    def step():
+        y = torch.nn.functional.linear(x, w)
+        torch.autograd.grad(y, (x, w), g)  # gradients returned, not accumulated into .grad
+
+    step()
+    return 6 * tokens * width * width / _best(step, reps) / 1e9
+
+
+def cpu_first_touch_ns_per_page(nbytes: int = 64 << 20, reps: int = 3) -> float:
+    """Nanoseconds per 4 KiB page of writing a freshly allocated tensor, beyond writing a reused
+    one: the page fault, the kernel's zeroing and the unmap on free. Tensors above glibc's largest
+    mmap threshold (32 MiB) get fresh pages at every allocation, as a training step's vocabulary-
+    sized logits and big gradients do (core.speed.cpu); 1.4-2.1 us per page in a Firecracker VM."""
+    import torch
+
+    elements = nbytes // 4
+    reused = torch.empty(elements)
+    reused.fill_(1.0)
+
+    def fresh():
+        t = torch.empty(elements)
+        t.fill_(1.0)
+        del t
+
+    fresh()
+    extra = max(0.0, _best(fresh, reps) - _best(lambda: reused.fill_(1.0), reps))
+    return extra / (nbytes / 4096) * 1e9
+
+
+def cpu_step_rates(scale: float = 1.0) -> tuple[float | None, float | None, dict[str, str]]:
+    """(torch training-matmul GFLOP/s, first-touch ns per page, reasons for what is None)."""
+    if importlib.util.find_spec("torch") is None:
+        why = "torch not installed (pip install 'trainfit[train]')"
+        return None, None, {"cpu_fp32_training_gflops": why, "cpu_first_touch_ns_per_page": why}
+    tokens = max(64, int(TRAINING_GEMM_TOKENS * scale))
+    width = max(64, int(TRAINING_GEMM_WIDTH * scale))
+    gemm = round(cpu_training_gemm_gflops(tokens, width), 1)
+    touch = round(cpu_first_touch_ns_per_page(max(1 << 22, int((64 << 20) * scale))), 1)
+    return gemm, touch, {}
+
+
 def cpu_dropout_ns_per_element(elements: int = 1 << 21, reps: int = 3) -> float:
     """Nanoseconds per element of a training-mode dropout (p 0.1) on an fp32 tensor: torch's CPU path
     draws a Bernoulli noise tensor from a random-number generator, then scales and multiplies, so it
@@ -180,6 +240,8 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     dropout_ns, why = cpu_dropout_rate(scale)
     if why:
         reasons["cpu_dropout_ns_per_element"] = why
+    training_gemm, first_touch, why_not = cpu_step_rates(scale)
+    reasons.update(why_not)
     check = judge(cpu_load.window(watch), round(spread(fp32_runs), 3), 1)
     if not check.reliable:
         reasons["under_load"] = (f"CPU part measured under load: {check.reason}; not kept as this machine's rates "
@@ -203,10 +265,12 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchmarkInfo(mem, fp32, bf16, gpu_tflops, gpu_bw, read, write,
                          round(time.perf_counter() - t0, 2), reasons, measured_at=measured_at,
-                         cpu_dropout_ns_per_element=dropout_ns, load_check=check)
+                         cpu_dropout_ns_per_element=dropout_ns, load_check=check,
+                         cpu_fp32_training_gflops=training_gemm, cpu_first_touch_ns_per_page=first_touch)
 
 
 def benchmark_unavailable(reason: str) -> BenchmarkInfo:
     fields = ("memory_bandwidth_gbps", "cpu_fp32_gflops", "cpu_bf16_gflops", "gpu_bandwidth_gbps",
-              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element")
+              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element", "cpu_fp32_training_gflops",
+              "cpu_first_touch_ns_per_page")
     return BenchmarkInfo(None, None, None, {}, None, None, None, 0.0, {f: reason for f in fields})

@@ -88,7 +88,8 @@ def _iso(epoch: float) -> str:
 def measure_cpu(cpu: CpuInfo) -> BenchmarkInfo:
     """Memory bandwidth, fp32 matmul and the bf16 training-matmul rate (see benchmark.cpu_bf16_rate),
     with the spread of the fp32 repeats in load_check (the load itself is judged by the caller)."""
-    from trainfit.hardware.benchmark import cpu_bf16_rate, cpu_dropout_rate, cpu_fp32_rates, memory_bandwidth_gbps, spread
+    from trainfit.hardware.benchmark import (cpu_bf16_rate, cpu_dropout_rate, cpu_fp32_rates, cpu_step_rates,
+                                             memory_bandwidth_gbps, spread)
 
     t0 = time.perf_counter()
     reasons = {k: CPU_ONLY for k in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")}
@@ -100,9 +101,12 @@ def measure_cpu(cpu: CpuInfo) -> BenchmarkInfo:
     dropout_ns, why = cpu_dropout_rate()
     if why:
         reasons["cpu_dropout_ns_per_element"] = why
+    training_gemm, first_touch, why_not = cpu_step_rates()
+    reasons.update(why_not)
     return BenchmarkInfo(mem, round(max(fp32_runs), 1), bf16, {}, None, None, None, round(time.perf_counter() - t0, 2),
                          reasons, measured_at=_iso(time.time()), scope="cpu", cpu_dropout_ns_per_element=dropout_ns,
-                         load_check=judge(None, round(spread(fp32_runs), 3), 1))
+                         load_check=judge(None, round(spread(fp32_runs), 3), 1),
+                         cpu_fp32_training_gflops=training_gemm, cpu_first_touch_ns_per_page=first_touch)
 
 
 def judge(win: cpu_load.LoadWindow | None, fp32_spread: float | None, attempts: int) -> MeasurementLoad:
@@ -168,10 +172,12 @@ def reliable(bench: BenchmarkInfo) -> bool:
     return bench.load_check is not None and bench.load_check.reliable
 
 
+MEASURED_FIELDS = ("cpu_dropout_ns_per_element", "cpu_fp32_training_gflops", "cpu_first_touch_ns_per_page")
+
+
 def _complete(bench: BenchmarkInfo | None) -> bool:
-    # One from a trainfit that did not measure dropout yet is measured again.
-    return bench is not None and (bench.cpu_dropout_ns_per_element is not None
-                                  or "cpu_dropout_ns_per_element" in bench.unavailable)
+    # One from a trainfit that did not measure all of these yet is measured again.
+    return bench is not None and all(getattr(bench, f) is not None or f in bench.unavailable for f in MEASURED_FIELDS)
 
 
 def _age_seconds(bench: BenchmarkInfo) -> float:

@@ -40,7 +40,7 @@ _GPU_PROBES: dict[str, Callable[[Sources], tuple[list[GpuInfo], dict[str, str]]]
 def _keep_cpu_part(src: Sources, cpu_info, bench) -> None:
     """A full --benchmark refreshes the cached CPU rates that later profiles use by default (one
     measured under load is kept flagged, apart from the machine's rates: cpu_measure.keep)."""
-    keep = ("cpu_bf16_gflops", "cpu_dropout_ns_per_element", "under_load")
+    keep = ("cpu_bf16_gflops", "under_load", *cpu_measure.MEASURED_FIELDS)
     reasons = {k: v for k, v in bench.unavailable.items() if k in keep}
     reasons.update({k: cpu_measure.CPU_ONLY for k in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")})
     cpu_part = dataclasses.replace(bench, gpu_tflops={}, gpu_bandwidth_gbps=None, disk_read_mbps=None,

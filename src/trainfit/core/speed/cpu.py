@@ -47,6 +47,14 @@ CPU_GEMM_CEILING = {"fp32": 0.84, "bf16": 1.0, "fp16": 0.84}  # fitted (micro-be
 # ~0.75 of the rate of 512-wide ones; bf16 kernels need wider tiles (128-wide: 0.7 of 512-wide).
 # The token dimension follows rates.half_tokens (64 rows: 0.75 of the rate of 512 rows).
 CPU_GEMM_HALF_HIDDEN = {"fp32": 16.0, "bf16": 64.0, "fp16": 64.0}
+# Where torch's own fp32 training matmul is measured (hardware.benchmark.cpu_training_gemm_gflops,
+# the same numbers there), the fp32 GEMMs are anchored on it instead of on numpy's peak x the
+# ceiling: how close torch's GEMMs (oneDNN / MKL / its own kernels) come to numpy's BLAS depends on
+# the CPU and the libraries (0.8 on the reference EPYC, the fitted ceiling), so a share fitted on one
+# CPU class does not carry to another. The shape terms below carry the rate from this shape to the
+# model's; with the rate at the reference share (0.84 x the shape term x numpy's peak) nothing changes.
+CPU_TRAINING_GEMM_TOKENS = 512
+CPU_TRAINING_GEMM_WIDTH = 1024
 # SDPA (flash attention for CPU) forward + backward reaches ceiling x s / (s + half) of the fp32
 # peak: fitted on timings of head_dim 32..128, seq 128..1024 (39 GFLOP/s at s=256, 79 at 1024).
 CPU_ATTENTION_CEILING = 0.49  # fitted (micro-benchmark: 0.5)
@@ -203,6 +211,31 @@ def emulated_gemm_seconds(sf: F.StepFlops, attn_fwd: float, gemm_flops: float, p
                   + weight_grad * shares["weight_grad"]) / peak_flops
 
 
+def gemm_shape_factor(precision: str, hidden: float, tokens: float, half_tokens: float) -> float:
+    """Share of a large GEMM's rate reached by a model `hidden` wide on `tokens` rows (thin tiles)."""
+    half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
+    return hidden / (hidden + half_hidden) * tokens / (tokens + half_tokens)
+
+
+def torch_fp32_peak(rates: DeviceRates) -> float:
+    """The fp32 peak the model's ceilings apply to: numpy's measured peak, or where torch's own training
+    matmul was measured, the peak that makes the GEMM curve pass through that measurement. SDPA's tiles
+    run on torch's GEMMs too, so attention follows the same anchor."""
+    if not rates.training_gemm_flops:
+        return rates.peak_flops["fp32"]
+    at_measured = gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens)
+    return rates.training_gemm_flops / (CPU_GEMM_CEILING["fp32"] * at_measured)
+
+
+def gemm_flops_per_second(rates: DeviceRates, precision: str, peak_flops: float, hidden: int, tokens: int) -> float:
+    """The training GEMMs' rate: the ceiling and shape terms applied to `peak_flops`; for fp32, to the
+    peak anchored on torch's measured training matmul where there is one (torch_fp32_peak)."""
+    shape = gemm_shape_factor(precision, hidden, tokens, rates.half_tokens)
+    if precision == "fp32":
+        peak_flops = torch_fp32_peak(rates) if rates.training_gemm_flops else peak_flops
+    return peak_flops * CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * shape
+
+
 def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str,
              peak_flops: float) -> CpuStep:
     """Cost every term of one training step of `setup` on the CPU described by `rates`."""
@@ -219,13 +252,11 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     attn_passes = 3.0 + (1.0 if setup.grad_checkpointing in ("full", "selective") else 0.0)
     attn_flops = attn_fwd * attn_passes + (attn_fwd if ref_tokens else 0.0)
     context = min(seq, spec.sliding_window or seq)
-    attn_rate = rates.peak_flops["fp32"] * CPU_ATTENTION_CEILING * context / (context + CPU_ATTENTION_HALF_SEQ)
+    attn_rate = torch_fp32_peak(rates) * CPU_ATTENTION_CEILING * context / (context + CPU_ATTENTION_HALF_SEQ)
     if precision != "fp32":
         attn_rate *= min(1.0, spec.head_dim / CPU_ATTENTION_16BIT_FULL_HEAD_DIM)
 
-    half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
-    gemm_eff = (CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * h / (h + half_hidden)
-                * tokens / (tokens + rates.half_tokens))
+    gemm_rate = gemm_flops_per_second(rates, precision, peak_flops, h, tokens)
     gemm_flops = sf.total_flops - attn_flops
     if full_ckpt:
         # Checkpointing wraps the decoder layers only: the LM head is not run again (step_flops
@@ -234,7 +265,7 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     if precision == "bf16" and peak_flops < rates.peak_flops.get("fp32", 0.0):
         gemm_s = emulated_gemm_seconds(sf, attn_fwd, max(gemm_flops, 0.0), peak_flops)
     else:
-        gemm_s = max(gemm_flops, 0.0) / (peak_flops * gemm_eff)
+        gemm_s = max(gemm_flops, 0.0) / gemm_rate
 
     # Elementwise traffic, in forward-equivalent passes: forward 1 + backward 2 (+1 recompute).
     ffn = F.active_ffn_width(spec)
@@ -302,14 +333,17 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
             per_tensor = CPU_OPTIMIZER_OPS_PER_TENSOR
         for n, c in tensors:  # a tensor's param, grad and two states (16 B/param) stream together
             optimizer_s += c * (stream_seconds(n * per_param, n * 16.0, rates) + per_tensor * CPU_OP_SECONDS)
+    # The fresh-page cost measured on this machine where it was (a VM's faults also run in the hypervisor).
+    touch_per_byte = (rates.first_touch_seconds_per_byte if rates.first_touch_seconds_per_byte is not None
+                      else CPU_FIRST_TOUCH_SECONDS_PER_BYTE)
     return CpuStep(
         gemm_seconds=gemm_s,
         attention_seconds=attn_flops / attn_rate,
         elementwise_seconds=elementwise_s,
         vocabulary_seconds=vocabulary_s,
         dispatch_seconds=dispatch_s,
-        first_touch_seconds=fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
-        step_first_touch_seconds=step_fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
+        first_touch_seconds=fresh * touch_per_byte,
+        step_first_touch_seconds=step_fresh * touch_per_byte,
         optimizer_seconds=optimizer_s,
         dropout_seconds=dropout_s,
     )

@@ -122,6 +122,10 @@ class DeviceRates:
     network_label: str = ""  # "ib-ndr (assumed)"
     # CPU: seconds per element of a training-mode dropout (profile benchmark); None where unmeasured.
     dropout_seconds_per_element: float | None = None
+    # CPU: torch's fp32 training-matmul rate at the benchmark's shape (FLOP/s; hardware.benchmark.
+    # cpu_training_gemm_gflops) and the cost of a fresh page per byte; None where unmeasured.
+    training_gemm_flops: float | None = None
+    first_touch_seconds_per_byte: float | None = None
     # The machine these rates were read from (None for catalog rates): terms that depend on what fits
     # in memory (a paged optimizer's states evicted to RAM) run the memory model on it.
     profile: HardwareProfile | None = field(default=None, compare=False, repr=False)
@@ -364,6 +368,10 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
         cache_bytes=float(profile.cpu.l3_cache_bytes or profile.cpu.l2_cache_bytes or 0),
         dropout_seconds_per_element=(bench.cpu_dropout_ns_per_element * 1e-9
                                      if bench and bench.cpu_dropout_ns_per_element else None),
+        training_gemm_flops=(bench.cpu_fp32_training_gflops * 1e9
+                             if bench and bench.cpu_fp32_training_gflops else None),
+        first_touch_seconds_per_byte=(bench.cpu_first_touch_ns_per_page * 1e-9 / 4096
+                                      if bench and bench.cpu_first_touch_ns_per_page is not None else None),
     )
 
 

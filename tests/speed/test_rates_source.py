@@ -1,0 +1,49 @@
+"""Every plan says which speed rates it used and when they were measured, and warns when the
+CPU rates were measured under load (core.speed.rates.rates_source, Plan.rates)."""
+
+import dataclasses
+
+from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.model_shapes import parse_shape
+from trainfit.core.plan.planner import PlanRequest, plan
+from trainfit.core.profile import BenchmarkInfo, MeasurementLoad
+from trainfit.core.speed.rates import rates_source
+
+CPU = resolve_hardware("cpu")
+
+
+def _bench(reliable: bool, cached: bool = True) -> BenchmarkInfo:
+    check = MeasurementLoad(reliable, None if reliable else "other processes used 1.50 of 2 cores while it was measured",
+                            2, 0.0 if reliable else 1.5, 0.0, 0.3, 2.9, 0.02, 1 if reliable else 3)
+    return BenchmarkInfo(30.0, 205.0, 3.5, {}, None, None, None, 3.0, {}, measured_at="2026-11-28T09:15:00+00:00",
+                         scope="cpu", cached=cached, cpu_dropout_ns_per_element=12.0, load_check=check,
+                         cpu_fp32_training_gflops=160.0, cpu_first_touch_ns_per_page=1800.0)
+
+
+def test_measured_cpu_rates_say_when():
+    src = rates_source(dataclasses.replace(CPU, benchmark=_bench(True)), "cpu")
+    assert src["source"] == "measured" and src["reliable"] is True and src["warning"] is None
+    assert src["measured_at"] == "2026-11-28T09:15:00+00:00" and src["cpu_fp32_gflops"] == 205.0
+    assert "measured on this machine 2026-11-28 09:15 UTC, kept in trainfit's cache" in src["text"]
+
+
+def test_rates_measured_under_load_are_flagged():
+    src = rates_source(dataclasses.replace(CPU, benchmark=_bench(False)), "cpu")
+    assert src["reliable"] is False and "measured under load" in src["text"]
+    assert "1.50 of 2 cores" in src["warning"] and "profile --benchmark" in src["warning"]
+
+
+def test_unmeasured_and_gpu_rates_say_they_are_not_measured():
+    assert "not measured" in rates_source(dataclasses.replace(CPU, benchmark=None), "cpu")["text"]
+    gpu = rates_source(resolve_hardware("rtx-4090"), "cuda")
+    assert gpu["source"] == "datasheet" and "datasheet" in gpu["text"]
+
+
+def test_every_plan_carries_its_rates_and_the_load_warning():
+    req = PlanRequest(model=parse_shape("30m"), hardware=dataclasses.replace(CPU, benchmark=_bench(False)),
+                      method="full", examples=100)
+    result = plan(req)
+    assert result.rates["reliable"] is False and result.rates["measured_at"]
+    assert any("measured under load" in n for n in result.notes)
+    quiet = plan(dataclasses.replace(req, hardware=dataclasses.replace(CPU, benchmark=_bench(True))))
+    assert quiet.rates["reliable"] is True and not any("under load" in n for n in quiet.notes)
