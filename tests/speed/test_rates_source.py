@@ -47,3 +47,26 @@ def test_every_plan_carries_its_rates_and_the_load_warning():
     assert any("measured under load" in n for n in result.notes)
     quiet = plan(dataclasses.replace(req, hardware=dataclasses.replace(CPU, benchmark=_bench(True))))
     assert quiet.rates["reliable"] is True and not any("under load" in n for n in quiet.notes)
+
+
+def test_plan_and_estimate_on_the_command_line_say_which_rates(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    saved = tmp_path / "machine.json"
+    saved.write_text(dataclasses.replace(CPU, benchmark=_bench(False)).to_json())
+
+    def trainfit(*args):
+        done = subprocess.run([sys.executable, "-m", "trainfit", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    doc = json.loads(trainfit("plan", "shape:1m", "--examples", "100", "--hardware", str(saved), "--json"))
+    assert doc["rates"]["reliable"] is False and doc["rates"]["cpu_fp32_training_gflops"] == 160.0
+    assert any("measured under load" in n for n in doc["notes"])
+    text = trainfit("plan", "shape:1m", "--examples", "100", "--hardware", str(saved))
+    assert "CPU rates measured on this machine 2026-11-28 09:15 UTC" in text and "measured under load" in text
+    est = json.loads(trainfit("estimate", "shape:1m", "--device", "cpu", "--hardware", str(saved), "--json"))
+    assert est["rates"]["measured_at"] == "2026-11-28T09:15:00+00:00" and est["rates"]["warning"]
+    assert "rates: CPU rates measured" in trainfit("estimate", "shape:1m", "--device", "cpu", "--hardware", str(saved))

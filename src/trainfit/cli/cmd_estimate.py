@@ -365,6 +365,11 @@ def run(args: argparse.Namespace) -> int:
     runs = suggestion if suggestion is not None else setup
     run_pred = _run_prediction(args, spec, hw, runs) if hw is not None else None
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
+    rates = None
+    if run_pred is not None:  # which speed rates the prediction used and when they were measured
+        from trainfit.core.speed.rates import rates_source
+
+        rates = rates_source(hw, runs.device)
     if args.json:
         from trainfit.cli.output import device_memory_json, print_json
         from trainfit.core.serde import to_jsonable
@@ -376,13 +381,24 @@ def run(args: argparse.Namespace) -> int:
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
         doc["run"] = None if run_pred is None else to_jsonable(run_pred)
         doc["run_setting"] = "nearest_fitting" if suggestion is not None else "asked"
+        doc["rates"] = rates
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
         print_json(doc)
     else:
         _render(result, setup, changes, suggestion is not None)
         if run_pred is not None:
             _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "")
+            _render_rates(rates)
     return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+
+
+def _render_rates(rates: dict | None) -> None:
+    from trainfit.cli.output import console
+
+    if rates:
+        console().print(f"rates: {rates['text']}")
+        if rates["warning"]:
+            console().print(f"[yellow]⚠[/] {rates['warning']}")
 
 
 def _render_run(pred, of: str = "") -> None:

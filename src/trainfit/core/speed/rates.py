@@ -400,6 +400,9 @@ def rates_source(profile: HardwareProfile, device: str) -> dict:
                    "memory_bandwidth_gbps": round(r.memory_bandwidth_bytes_per_s / GB, 1)}
         numbers = (f"fp32 {figures['cpu_fp32_gflops']:,.0f} GFLOP/s, bf16 {figures['cpu_bf16_gflops']:,.0f} GFLOP/s, "
                    f"RAM {figures['memory_bandwidth_gbps']:.1f} GB/s")
+        if r.training_gemm_flops:
+            figures["cpu_fp32_training_gflops"] = round(r.training_gemm_flops / 1e9, 1)
+            numbers += f", torch fp32 training matmul {figures['cpu_fp32_training_gflops']:,.0f} GFLOP/s"
         if not r.measured or bench is None:
             text = f"CPU rates estimated from cores x clock x vector width, not measured: {numbers}"
             return {**out, **figures, "text": text}
