@@ -55,6 +55,11 @@ CPU_GEMM_HALF_HIDDEN = {"fp32": 16.0, "bf16": 64.0, "fp16": 64.0}
 # model's; with the rate at the reference share (0.84 x the shape term x numpy's peak) nothing changes.
 CPU_TRAINING_GEMM_TOKENS = 512
 CPU_TRAINING_GEMM_WIDTH = 1024
+# The training step's GEMMs against the isolated measured one (fitted by --calibrate where measured).
+CPU_TRAINING_GEMM_SHARE = 1.0
+# torch's training GEMMs as a share of numpy's peak on the reference machine: the peak SDPA's ceiling
+# (fitted there against numpy's peak) is read from when torch's own rate is measured.
+CPU_REFERENCE_TORCH_SHARE = 0.84
 # SDPA (flash attention for CPU) forward + backward reaches ceiling x s / (s + half) of the fp32
 # peak: fitted on timings of head_dim 32..128, seq 128..1024 (39 GFLOP/s at s=256, 79 at 1024).
 CPU_ATTENTION_CEILING = 0.49  # fitted (micro-benchmark: 0.5)
@@ -223,16 +228,19 @@ def torch_fp32_peak(rates: DeviceRates) -> float:
     run on torch's GEMMs too, so attention follows the same anchor."""
     if not rates.training_gemm_flops:
         return rates.peak_flops["fp32"]
-    at_measured = gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens)
-    return rates.training_gemm_flops / (CPU_GEMM_CEILING["fp32"] * at_measured)
+    return rates.training_gemm_flops / (CPU_REFERENCE_TORCH_SHARE * _at_measured_shape(rates))
+
+
+def _at_measured_shape(rates: DeviceRates) -> float:
+    return gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens)
 
 
 def gemm_flops_per_second(rates: DeviceRates, precision: str, peak_flops: float, hidden: int, tokens: int) -> float:
-    """The training GEMMs' rate: the ceiling and shape terms applied to `peak_flops`; for fp32, to the
-    peak anchored on torch's measured training matmul where there is one (torch_fp32_peak)."""
+    """The training GEMMs' rate: fp32 where torch's training matmul was measured, that rate carried
+    from its shape to this one; else the ceiling and shape terms applied to `peak_flops`."""
     shape = gemm_shape_factor(precision, hidden, tokens, rates.half_tokens)
-    if precision == "fp32":
-        peak_flops = torch_fp32_peak(rates) if rates.training_gemm_flops else peak_flops
+    if precision == "fp32" and rates.training_gemm_flops:
+        return rates.training_gemm_flops * CPU_TRAINING_GEMM_SHARE * shape / _at_measured_shape(rates)
     return peak_flops * CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * shape
 
 
