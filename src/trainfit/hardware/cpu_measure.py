@@ -192,7 +192,7 @@ def cpu_rates(src: Sources, cpu: CpuInfo, *, refresh: bool = False,
               measure: Callable[[CpuInfo], BenchmarkInfo] | None = None) -> BenchmarkInfo:
     """The kept quiet measurement for this machine, or a new one (kept only when undisturbed)."""
     key = identity(src, cpu)
-    quiet, flagged = _read(key)
+    quiet, flagged = _read_entries(key)
     if not refresh:
         if _complete(quiet):
             return quiet  # type: ignore[return-value]
@@ -209,7 +209,12 @@ def cpu_rates(src: Sources, cpu: CpuInfo, *, refresh: bool = False,
     return bench
 
 
-def _read(key: str) -> tuple[BenchmarkInfo | None, BenchmarkInfo | None]:
+def _read(key: str) -> BenchmarkInfo | None:
+    """The kept quiet measurement for `key` (this machine's rates), or None."""
+    return _read_entries(key)[0]
+
+
+def _read_entries(key: str) -> tuple[BenchmarkInfo | None, BenchmarkInfo | None]:
     """(the kept quiet measurement, the latest flagged one) for `key`; None where there is none."""
     try:
         entry = json.loads(_cache_file(key).read_text(encoding="utf-8"))
@@ -238,7 +243,7 @@ def keep(key: str, bench: BenchmarkInfo) -> None:
     from trainfit.files import write_atomic
 
     cache = _cache_file(key)
-    quiet, _ = _read(key)
+    quiet = _read(key)
     entry: dict = {"identity": key}
     if reliable(bench):
         entry["benchmark"] = to_jsonable(dataclasses.replace(bench, cached=False))
