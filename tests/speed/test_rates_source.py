@@ -70,3 +70,17 @@ def test_plan_and_estimate_on_the_command_line_say_which_rates(tmp_path):
     est = json.loads(trainfit("estimate", "shape:1m", "--device", "cpu", "--hardware", str(saved), "--json"))
     assert est["rates"]["measured_at"] == "2026-11-28T09:15:00+00:00" and est["rates"]["warning"]
     assert "rates: CPU rates measured" in trainfit("estimate", "shape:1m", "--device", "cpu", "--hardware", str(saved))
+
+
+def test_profile_shows_the_load_its_cpu_rates_were_measured_under():
+    from trainfit.cli.render_profile import profile_lines
+
+    def cpu_row(bench):
+        return dict(profile_lines(dataclasses.replace(CPU, benchmark=bench)))["CPU rates"]
+
+    quiet = cpu_row(_bench(True))
+    assert "torch fp32 training matmul 160 GFLOP/s" in quiet and "measured 2026-11-28 09:15 UTC" in quiet
+    assert "others used 0.00 of 2 cores" in quiet and "UNDER LOAD" not in quiet
+    busy = cpu_row(_bench(False))
+    assert "MEASURED UNDER LOAD" in busy and "3 tries" in busy and "1.50 of 2 cores" in busy
+    assert "reused while the machine stays busy" in busy

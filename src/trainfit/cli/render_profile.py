@@ -115,6 +115,10 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
             parts.append(f"CPU fp32 {b.cpu_fp32_gflops:.0f} GFLOP/s")
         if b.cpu_bf16_gflops is not None:
             parts.append(f"CPU bf16 {b.cpu_bf16_gflops:.0f} GFLOP/s")
+        if b.cpu_fp32_training_gflops is not None:
+            parts.append(f"torch fp32 training matmul {b.cpu_fp32_training_gflops:.0f} GFLOP/s")
+        if b.cpu_first_touch_ns_per_page is not None:
+            parts.append(f"fresh page {b.cpu_first_touch_ns_per_page / 1000:.1f} us")
         if b.cpu_dropout_ns_per_element is not None:
             parts.append(f"CPU dropout {b.cpu_dropout_ns_per_element:.1f} ns/element")
         for k, v in b.gpu_tflops.items():
@@ -124,7 +128,9 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
         if b.disk_read_mbps is not None:
             parts.append(f"disk {b.disk_read_mbps:.0f}/{b.disk_write_mbps:.0f} MB/s read/write")
         when = f"measured {b.measured_at.replace('T', ' ')[:16]} UTC" if b.measured_at else "measured"
-        how = f"{when}, kept in trainfit's cache" if b.cached else f"{when} in {b.seconds:.1f} s"
+        flagged = b.load_check is not None and not b.load_check.reliable
+        kept = "reused while the machine stays busy" if flagged else "kept in trainfit's cache"
+        how = f"{when}, {kept}" if b.cached else f"{when} in {b.seconds:.1f} s"
         label = "CPU rates" if b.scope == "cpu" else "Benchmark"
         rows.append((label, ", ".join(parts) + f" ({how})" + _load_note(b)))
     return rows
