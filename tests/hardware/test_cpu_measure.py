@@ -256,3 +256,22 @@ def test_the_dropout_rate_is_measured_and_reaches_the_cpu_rates():
     r = rates.cpu_rates(dataclasses.replace(profile, benchmark=bench))
     assert r.dropout_seconds_per_element == pytest.approx(17.5e-9)
     assert rates.cpu_rates(dataclasses.replace(profile, benchmark=None)).dropout_seconds_per_element is None
+
+
+def test_a_full_benchmark_under_load_is_flagged_and_does_not_replace_the_kept_rates(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from trainfit.hardware.benchmark import run_benchmark
+
+    monkeypatch.setenv("TRAINFIT_CACHE_DIR", str(tmp_path))
+    load = [0.0]
+    _load(monkeypatch, load)
+    src, calls = _src(), []
+    cpu = profiler.cpu.probe_cpu(src)
+    quiet = cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls))
+    load[0] = 1.6
+    bench = run_benchmark(src, cpu, [], work_dir=str(tmp_path), disk_bytes=1 << 20, scale=0.05)
+    assert not bench.load_check.reliable and "CPU part measured under load" in bench.unavailable["under_load"]
+    assert bench.cpu_fp32_training_gflops is not None and bench.cpu_first_touch_ns_per_page is not None
+    profiler._keep_cpu_part(src, cpu, bench)
+    kept = cpu_measure.cpu_rates(src, cpu, measure=_fake_measure(calls))
+    assert kept.cpu_fp32_gflops == quiet.cpu_fp32_gflops and len(calls) == 1  # the quiet one stays
