@@ -26,7 +26,7 @@ def _fake_measure(calls: list, fp32: float = 180.0):
     def measure(cpu):
         calls.append(cpu.model)
         return BenchmarkInfo(30.0, fp32 + len(calls), 3.0, {}, None, None, None, 0.5, {}, measured_at=cpu_measure._iso(time.time()),
-                             scope="cpu", cpu_dropout_ns_per_element=20.0, cpu_fp32_training_gflops=150.0,
+                             scope="cpu", cpu_dropout_ns_per_element=20.0, cpu_fp32_training_gflops=150.0, cpu_fp32_training_narrow_gflops=140.0,
                              cpu_first_touch_ns_per_page=1800.0)
     return measure
 

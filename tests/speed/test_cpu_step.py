@@ -102,3 +102,21 @@ def test_attention_follows_the_measured_torch_matmul_too():
     one = _step(dataclasses.replace(base, training_gemm_flops=100e9))
     two = _step(dataclasses.replace(base, training_gemm_flops=200e9))
     assert two.attention_seconds == pytest.approx(one.attention_seconds / 2)
+
+
+def test_the_narrow_measurement_sets_how_fast_thin_matrices_fall_off():
+    from trainfit.core.speed import cpu as model
+
+    base = dataclasses.replace(cpu_rates(HW), training_gemm_flops=100e9)
+    assert model.measured_half_hidden(base) == model.CPU_GEMM_HALF_HIDDEN["fp32"]  # not measured
+    steep = dataclasses.replace(base, training_gemm_narrow_flops=80e9)
+    flat = dataclasses.replace(base, training_gemm_narrow_flops=99e9)
+    # the curve passes through both measurements
+    for rates, narrow in ((steep, 80e9), (flat, 99e9)):
+        at = model.gemm_flops_per_second(rates, "fp32", 1.0, model.CPU_TRAINING_GEMM_NARROW_WIDTH,
+                                         model.CPU_TRAINING_GEMM_TOKENS)
+        assert at == pytest.approx(narrow)
+    assert _step(steep).gemm_seconds > _step(flat).gemm_seconds
+    # noise cannot produce a cliff or a rise: clamped
+    assert model.measured_half_hidden(dataclasses.replace(base, training_gemm_narrow_flops=20e9)) == model.CPU_MAX_HALF_HIDDEN
+    assert model.measured_half_hidden(dataclasses.replace(base, training_gemm_narrow_flops=120e9)) == 0.0

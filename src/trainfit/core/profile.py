@@ -232,6 +232,8 @@ class BenchmarkInfo:
     # torch's own fp32 training matmul (forward + both gradients of a 1024-wide linear over 512
     # tokens), the rate the CPU step model's GEMMs are anchored on (None: not measured).
     cpu_fp32_training_gflops: float | None = None
+    # The same at 256 wide: how fast the rate falls for thin matrices on this CPU.
+    cpu_fp32_training_narrow_gflops: float | None = None
     # Writing a freshly allocated (page-faulting) tensor beyond a reused one, per 4 KiB page.
     cpu_first_touch_ns_per_page: float | None = None
 

@@ -125,6 +125,9 @@ def cpu_autocast_bf16_gflops(tokens: int = 256, width: int = 512, reps: int = 3)
 # middle of the widths (64..4096) and tokens per micro-batch (64..2048) CPU training runs.
 TRAINING_GEMM_TOKENS = 512
 TRAINING_GEMM_WIDTH = 1024
+# ... and a narrow one (256 wide, same tokens): how fast the rate falls for thin matrices depends on
+# the CPU and its kernels (a 2-core Xeon lost ~15 % at 256 wide, the reference EPYC ~4 %).
+TRAINING_GEMM_NARROW_WIDTH = 256
 
 
 def cpu_training_gemm_gflops(tokens: int = TRAINING_GEMM_TOKENS, width: int = TRAINING_GEMM_WIDTH,
@@ -169,16 +172,20 @@ def cpu_first_touch_ns_per_page(nbytes: int = 64 << 20, reps: int = 3) -> float:
     return extra / (nbytes / 4096) * 1e9
 
 
-def cpu_step_rates(scale: float = 1.0) -> tuple[float | None, float | None, dict[str, str]]:
-    """(torch training-matmul GFLOP/s, first-touch ns per page, reasons for what is None)."""
+STEP_RATE_FIELDS = ("cpu_fp32_training_gflops", "cpu_fp32_training_narrow_gflops", "cpu_first_touch_ns_per_page")
+
+
+def cpu_step_rates(scale: float = 1.0) -> tuple[dict[str, float | None], dict[str, str]]:
+    """({BenchmarkInfo field: value} for STEP_RATE_FIELDS: torch's training-matmul GFLOP/s wide and
+    narrow, first-touch ns per page; reasons for those that are None)."""
     if importlib.util.find_spec("torch") is None:
         why = "torch not installed (pip install 'trainfit[train]')"
-        return None, None, {"cpu_fp32_training_gflops": why, "cpu_first_touch_ns_per_page": why}
+        return dict.fromkeys(STEP_RATE_FIELDS), dict.fromkeys(STEP_RATE_FIELDS, why)
     tokens = max(64, int(TRAINING_GEMM_TOKENS * scale))
-    width = max(64, int(TRAINING_GEMM_WIDTH * scale))
-    gemm = round(cpu_training_gemm_gflops(tokens, width), 1)
+    wide = round(cpu_training_gemm_gflops(tokens, max(64, int(TRAINING_GEMM_WIDTH * scale))), 1)
+    narrow = round(cpu_training_gemm_gflops(tokens, max(16, int(TRAINING_GEMM_NARROW_WIDTH * scale)), reps=5), 1)
     touch = round(cpu_first_touch_ns_per_page(max(1 << 22, int((64 << 20) * scale))), 1)
-    return gemm, touch, {}
+    return dict(zip(STEP_RATE_FIELDS, (wide, narrow, touch))), {}
 
 
 def cpu_dropout_ns_per_element(elements: int = 1 << 21, reps: int = 3) -> float:
@@ -240,7 +247,7 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     dropout_ns, why = cpu_dropout_rate(scale)
     if why:
         reasons["cpu_dropout_ns_per_element"] = why
-    training_gemm, first_touch, why_not = cpu_step_rates(scale)
+    step_rates, why_not = cpu_step_rates(scale)
     reasons.update(why_not)
     check = judge(cpu_load.window(watch), round(spread(fp32_runs), 3), 1)
     if not check.reliable:
@@ -265,12 +272,10 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchmarkInfo(mem, fp32, bf16, gpu_tflops, gpu_bw, read, write,
                          round(time.perf_counter() - t0, 2), reasons, measured_at=measured_at,
-                         cpu_dropout_ns_per_element=dropout_ns, load_check=check,
-                         cpu_fp32_training_gflops=training_gemm, cpu_first_touch_ns_per_page=first_touch)
+                         cpu_dropout_ns_per_element=dropout_ns, load_check=check, **step_rates)
 
 
 def benchmark_unavailable(reason: str) -> BenchmarkInfo:
     fields = ("memory_bandwidth_gbps", "cpu_fp32_gflops", "cpu_bf16_gflops", "gpu_bandwidth_gbps",
-              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element", "cpu_fp32_training_gflops",
-              "cpu_first_touch_ns_per_page")
+              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element", *STEP_RATE_FIELDS)
     return BenchmarkInfo(None, None, None, {}, None, None, None, 0.0, {f: reason for f in fields})

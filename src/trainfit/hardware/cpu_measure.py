@@ -101,12 +101,11 @@ def measure_cpu(cpu: CpuInfo) -> BenchmarkInfo:
     dropout_ns, why = cpu_dropout_rate()
     if why:
         reasons["cpu_dropout_ns_per_element"] = why
-    training_gemm, first_touch, why_not = cpu_step_rates()
+    step_rates, why_not = cpu_step_rates()
     reasons.update(why_not)
     return BenchmarkInfo(mem, round(max(fp32_runs), 1), bf16, {}, None, None, None, round(time.perf_counter() - t0, 2),
                          reasons, measured_at=_iso(time.time()), scope="cpu", cpu_dropout_ns_per_element=dropout_ns,
-                         load_check=judge(None, round(spread(fp32_runs), 3), 1),
-                         cpu_fp32_training_gflops=training_gemm, cpu_first_touch_ns_per_page=first_touch)
+                         load_check=judge(None, round(spread(fp32_runs), 3), 1), **step_rates)
 
 
 def judge(win: cpu_load.LoadWindow | None, fp32_spread: float | None, attempts: int) -> MeasurementLoad:
@@ -172,7 +171,8 @@ def reliable(bench: BenchmarkInfo) -> bool:
     return bench.load_check is not None and bench.load_check.reliable
 
 
-MEASURED_FIELDS = ("cpu_dropout_ns_per_element", "cpu_fp32_training_gflops", "cpu_first_touch_ns_per_page")
+MEASURED_FIELDS = ("cpu_dropout_ns_per_element", "cpu_fp32_training_gflops", "cpu_fp32_training_narrow_gflops",
+                   "cpu_first_touch_ns_per_page")
 
 
 def _complete(bench: BenchmarkInfo | None) -> bool:

@@ -55,6 +55,11 @@ CPU_GEMM_HALF_HIDDEN = {"fp32": 16.0, "bf16": 64.0, "fp16": 64.0}
 # model's; with the rate at the reference share (0.84 x the shape term x numpy's peak) nothing changes.
 CPU_TRAINING_GEMM_TOKENS = 512
 CPU_TRAINING_GEMM_WIDTH = 1024
+# A second, narrow measurement (256 wide) sets how fast the rate falls for thin matrices on this CPU:
+# the width at half rate solves narrow / wide = s(256) / s(1024) with s(h) = h / (h + half), kept
+# within [0, CPU_MAX_HALF_HIDDEN] (noise must not turn a few percent into a cliff).
+CPU_TRAINING_GEMM_NARROW_WIDTH = 256
+CPU_MAX_HALF_HIDDEN = 1024.0
 # The training step's GEMMs against the isolated measured one (fitted by --calibrate where measured).
 CPU_TRAINING_GEMM_SHARE = 1.0
 # torch's training GEMMs as a share of numpy's peak on the reference machine: the peak SDPA's ceiling
@@ -216,10 +221,26 @@ def emulated_gemm_seconds(sf: F.StepFlops, attn_fwd: float, gemm_flops: float, p
                   + weight_grad * shares["weight_grad"]) / peak_flops
 
 
-def gemm_shape_factor(precision: str, hidden: float, tokens: float, half_tokens: float) -> float:
+def gemm_shape_factor(precision: str, hidden: float, tokens: float, half_tokens: float,
+                      half_hidden: float | None = None) -> float:
     """Share of a large GEMM's rate reached by a model `hidden` wide on `tokens` rows (thin tiles)."""
-    half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
+    if half_hidden is None:
+        half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
     return hidden / (hidden + half_hidden) * tokens / (tokens + half_tokens)
+
+
+def measured_half_hidden(rates: DeviceRates) -> float:
+    """The width at half rate from torch's wide and narrow training-matmul rates (see above); the
+    reference CPU's where the narrow one was not measured."""
+    wide, narrow = rates.training_gemm_flops, rates.training_gemm_narrow_flops
+    if not wide or not narrow:
+        return CPU_GEMM_HALF_HIDDEN["fp32"]
+    q, n, w = narrow / wide, CPU_TRAINING_GEMM_NARROW_WIDTH, CPU_TRAINING_GEMM_WIDTH
+    if q >= 1.0:
+        return 0.0
+    if q * w <= n:
+        return CPU_MAX_HALF_HIDDEN
+    return min(CPU_MAX_HALF_HIDDEN, n * w * (1.0 - q) / (q * w - n))
 
 
 def torch_fp32_peak(rates: DeviceRates) -> float:
@@ -228,19 +249,23 @@ def torch_fp32_peak(rates: DeviceRates) -> float:
     run on torch's GEMMs too, so attention follows the same anchor."""
     if not rates.training_gemm_flops:
         return rates.peak_flops["fp32"]
-    return rates.training_gemm_flops / (CPU_REFERENCE_TORCH_SHARE * _at_measured_shape(rates))
+    # the reference machine's relation of the two (its shape curve), so its attention stays as fitted
+    at_measured = gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens)
+    return rates.training_gemm_flops / (CPU_REFERENCE_TORCH_SHARE * at_measured)
 
 
 def _at_measured_shape(rates: DeviceRates) -> float:
-    return gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens)
+    return gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens,
+                             measured_half_hidden(rates))
 
 
 def gemm_flops_per_second(rates: DeviceRates, precision: str, peak_flops: float, hidden: int, tokens: int) -> float:
     """The training GEMMs' rate: fp32 where torch's training matmul was measured, that rate carried
     from its shape to this one; else the ceiling and shape terms applied to `peak_flops`."""
-    shape = gemm_shape_factor(precision, hidden, tokens, rates.half_tokens)
     if precision == "fp32" and rates.training_gemm_flops:
+        shape = gemm_shape_factor("fp32", hidden, tokens, rates.half_tokens, measured_half_hidden(rates))
         return rates.training_gemm_flops * CPU_TRAINING_GEMM_SHARE * shape / _at_measured_shape(rates)
+    shape = gemm_shape_factor(precision, hidden, tokens, rates.half_tokens)
     return peak_flops * CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * shape
 
 

@@ -125,6 +125,7 @@ class DeviceRates:
     # CPU: torch's fp32 training-matmul rate at the benchmark's shape (FLOP/s; hardware.benchmark.
     # cpu_training_gemm_gflops) and the cost of a fresh page per byte; None where unmeasured.
     training_gemm_flops: float | None = None
+    training_gemm_narrow_flops: float | None = None  # the same, 256 wide (sets the thin-matrix fall-off)
     first_touch_seconds_per_byte: float | None = None
     # The machine these rates were read from (None for catalog rates): terms that depend on what fits
     # in memory (a paged optimizer's states evicted to RAM) run the memory model on it.
@@ -370,6 +371,8 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
                                      if bench and bench.cpu_dropout_ns_per_element else None),
         training_gemm_flops=(bench.cpu_fp32_training_gflops * 1e9
                              if bench and bench.cpu_fp32_training_gflops else None),
+        training_gemm_narrow_flops=(bench.cpu_fp32_training_narrow_gflops * 1e9
+                                    if bench and bench.cpu_fp32_training_narrow_gflops else None),
         first_touch_seconds_per_byte=(bench.cpu_first_touch_ns_per_page * 1e-9 / 4096
                                       if bench and bench.cpu_first_touch_ns_per_page is not None else None),
     )
