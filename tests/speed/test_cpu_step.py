@@ -58,6 +58,19 @@ def test_cpu_terms_are_all_costed():
         assert getattr(step, name) > 0, name
 
 
+@pytest.fixture
+def torch_basis(monkeypatch):
+    from trainfit.core.speed import cpu as model
+
+    monkeypatch.setattr(model, "CPU_FP32_GEMM_BASIS", "torch_training")
+
+
+def test_the_default_basis_is_numpys_peak_until_a_quiet_run_shows_torchs_closer():
+    base = cpu_rates(HW)
+    measured = dataclasses.replace(base, training_gemm_flops=50e9, training_gemm_narrow_flops=40e9)
+    assert _step(measured).gemm_seconds == pytest.approx(_step(base).gemm_seconds)
+
+
 def _step(rates, precision: str = "fp32", setup=BASE, spec=SPEC):
     from trainfit.core.speed.flops import step_flops
 
@@ -65,7 +78,7 @@ def _step(rates, precision: str = "fp32", setup=BASE, spec=SPEC):
     return cpu_step(spec, setup, rates, step_flops(spec, setup), used, peak)
 
 
-def test_measured_torch_training_matmul_anchors_the_fp32_gemms():
+def test_measured_torch_training_matmul_anchors_the_fp32_gemms(torch_basis):
     """Where torch's own training matmul was measured, the fp32 GEMMs run at that rate (carried to the
     model's shape), whatever numpy's peak: its share of numpy's peak depends on the CPU and BLAS."""
     from trainfit.core.speed import cpu as model
@@ -97,14 +110,14 @@ def test_measured_first_touch_cost_replaces_the_reference_vms():
     assert doubled.step_first_touch_seconds == pytest.approx(2 * ref.step_first_touch_seconds)
 
 
-def test_attention_follows_the_measured_torch_matmul_too():
+def test_attention_follows_the_measured_torch_matmul_too(torch_basis):
     base = cpu_rates(HW)
     one = _step(dataclasses.replace(base, training_gemm_flops=100e9))
     two = _step(dataclasses.replace(base, training_gemm_flops=200e9))
     assert two.attention_seconds == pytest.approx(one.attention_seconds / 2)
 
 
-def test_the_narrow_measurement_sets_how_fast_thin_matrices_fall_off():
+def test_the_narrow_measurement_sets_how_fast_thin_matrices_fall_off(torch_basis):
     from trainfit.core.speed import cpu as model
 
     base = dataclasses.replace(cpu_rates(HW), training_gemm_flops=100e9)
