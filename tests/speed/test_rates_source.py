@@ -70,6 +70,9 @@ def test_plan_and_estimate_on_the_command_line_say_which_rates(tmp_path):
     est = json.loads(trainfit("estimate", "shape:1m", "--device", "cpu", "--hardware", str(saved), "--json"))
     assert est["rates"]["measured_at"] == "2026-11-28T09:15:00+00:00" and est["rates"]["warning"]
     assert "rates: CPU rates measured" in trainfit("estimate", "shape:1m", "--device", "cpu", "--hardware", str(saved))
+    pipeline = json.loads(trainfit("plan", "shape:1m", "--pipeline", "sft+dpo", "--examples", "100", "--hardware",
+                                   str(saved), "--json"))
+    assert pipeline["rates"]["reliable"] is False and any("measured under load" in n for n in pipeline["notes"])
 
 
 def test_profile_shows_the_load_its_cpu_rates_were_measured_under():
