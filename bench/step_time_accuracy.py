@@ -3,7 +3,11 @@
 Builds small models from transformers configs (random weights, no hub): Llama rows, then other
 families and knobs (grouped-query attention and tied embeddings in Qwen2 shape, a 4-expert Mixtral,
 GPT-2, GPT-NeoX with parallel attention, Gemma-2 with a 256k vocabulary, SGD, LoRA on all linear
-layers, sequences of 512 and 1024, bf16 autocast). It times real training steps (forward +
+layers, sequences of 512 and 1024, bf16 autocast; Mistral, Qwen3, Phi-3, Gemma and Phi built by
+trainfit's own config builder). Every timed round records the cores other processes used meanwhile
+(hardware.cpu_load): rows timed while shared are flagged LOADED and, with rates measured under
+load, left out of the verdict on the families beyond Llama (median |error| <= 10 %, |median signed
+error| <= 5 %). It times real training steps (forward +
 backward + optimizer step + zero_grad) with torch threads = the usable cores, and compares the
 median with `trainfit.core.speed.predict_step` for device "cpu" with the rates a fresh machine
 predicts with when no --hardware is given: `build_profile()` with an empty trainfit cache, i.e.
@@ -12,6 +16,8 @@ the default measured CPU rates (hardware.cpu_measure), recorded in the results.
     .venv/bin/python bench/step_time_accuracy.py            # ~7.5 min, writes bench/results/step_time_accuracy.{json,md}
     .venv/bin/python bench/step_time_accuracy.py --large    # + 2 Qwen2.5-0.5B-wide shapes (~2 min, ~13 GB RAM)
     .venv/bin/python bench/step_time_accuracy.py --quick    # every third configuration, for a smoke test
+    .venv/bin/python bench/step_time_accuracy.py --only beyond-llama --out /tmp/beyond  # the other families only (~4 min)
+    .venv/bin/python bench/step_time_accuracy.py --max-wait 300  # wait up to 5 min per row for quiet cores
     .venv/bin/python bench/step_time_accuracy.py --calibrate  # also fit the FITTED CPU constants on the
                                                               # even configurations, report on the odd
     .venv/bin/python bench/step_time_accuracy.py --from bench/results/step_time_accuracy.json --out /tmp/x
@@ -27,6 +33,7 @@ seconds (the emulated path, ~50x slower than fp32): those rows run one round of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -111,7 +118,25 @@ OTHERS = [
     row_config((128, 2, 4, 344, 4096, 1, 128, "full", "bf16-mixed", "none")),
     row_config((128, 2, 4, 512, 4096, 1, 128, "full", "bf16-mixed", "none"), "gpt2"),
 ]
-CONFIGS = [row_config(c) for c in LLAMA] + OTHERS
+# More families, built by trainfit's own ModelSpec -> transformers config (train.hf_config, the
+# builder `trainfit train` uses): Mistral (GQA), Qwen3 (per-head q/k RMSNorm, tied), Phi-3 (fused
+# qkv_proj / gate_up_proj), Gemma (GELU-tanh gate, tied, a 32k vocabulary on a 256-wide model),
+# Phi (Phi-2 layout: parallel attention + MLP, LayerNorm, biases, partial rotary). OPT is not a
+# family trainfit models.
+BUILT = ("mistral", "qwen3", "phi3", "gemma", "phi")
+MORE = [
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "mistral", kv_heads=2),
+    row_config((384, 4, 6, 1032, 8192, 2, 256, "lora", "fp32", "none"), "mistral", kv_heads=2),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "qwen3", kv_heads=2),
+    row_config((384, 4, 6, 1032, 8192, 2, 256, "lora", "fp32", "none"), "qwen3", kv_heads=2, lora_targets="all-linear"),
+    row_config((256, 4, 8, 688, 8192, 2, 256, "full", "fp32", "none"), "phi3"),
+    row_config((384, 4, 6, 1032, 8192, 1, 512, "lora", "fp32", "none"), "phi3", lora_targets="all-linear"),
+    row_config((256, 4, 8, 1024, 32768, 2, 256, "full", "fp32", "none"), "gemma", kv_heads=2),
+    row_config((256, 4, 8, 1024, 32768, 2, 256, "lora", "fp32", "none"), "gemma", kv_heads=2),
+    row_config((256, 4, 8, 1024, 8192, 2, 256, "full", "fp32", "none"), "phi"),
+    row_config((384, 4, 6, 1536, 8192, 2, 256, "lora", "fp32", "none"), "phi"),
+]
+CONFIGS = [row_config(c) for c in LLAMA] + OTHERS + MORE
 # Out-of-sample shapes (--large): Qwen2.5-0.5B widths and vocabulary, 8 layers, untied.
 LARGE = [
     row_config((896, 8, 14, 4864, 151936, 1, 512, "full", "fp32", "none")),
@@ -138,9 +163,35 @@ def lora_settings(cfg: dict, spec: ModelSpec | None = None) -> LoraSettings:
     return LoraSettings(rank=LORA_RANK, alpha=LORA_ALPHA, dropout=0.0, target_modules=targets)
 
 
+def built_spec(cfg: dict) -> ModelSpec:
+    """The ModelSpec of a configuration of a BUILT family (the features of that family, the row's shape)."""
+    h, heads = cfg["hidden"], cfg["heads"]
+    fam = cfg["family"]
+    base = dict(id=f"bench-{fam}-h{h}-l{cfg['layers']}", architecture=fam, vocab_size=cfg["vocab"], hidden_size=h,
+                num_layers=cfg["layers"], num_heads=heads, num_kv_heads=cfg["kv_heads"], head_dim=h // heads,
+                intermediate_size=cfg["ffn"], activation="silu", gated_mlp=True, tie_embeddings=False,
+                position="rope", max_position_embeddings=4096, norm="rmsnorm", qkv_bias=False, o_bias=False,
+                mlp_bias=False, lm_head_bias=False, stored_dtype="float32", source="bench")
+    if fam == "qwen3":
+        base.update(tie_embeddings=True)
+    elif fam == "gemma":
+        base.update(activation="gelu_tanh", tie_embeddings=True)
+    elif fam == "phi":
+        base.update(activation="gelu_new", gated_mlp=False, norm="layernorm", qkv_bias=True, o_bias=True,
+                    mlp_bias=True, lm_head_bias=True)
+    return ModelSpec(**base)
+
+
 def hf_config(cfg: dict):
     """The transformers config of a configuration (random weights are built from it, no hub)."""
     import transformers as T
+
+    if cfg["family"] in BUILT:
+        from trainfit.train.hf_config import build_hf_config
+
+        conf = build_hf_config(built_spec(cfg))
+        conf._attn_implementation = attention_for(cfg)
+        return conf
 
     h, layers, heads, kv, ffn, vocab = (cfg[k] for k in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"))
     common = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
@@ -255,7 +306,7 @@ def predict(cfg, rates) -> float:
 # The CPU model's constants the calibration may scale (trainfit.core.speed.cpu); the others
 # (first-touch cost, mmap threshold, AdamW kernel and byte counts) are measured or counted.
 FITTED = ("CPU_GEMM_CEILING", "CPU_ATTENTION_CEILING", "CPU_ELEMENTWISE_BANDWIDTH_FACTOR", "CPU_OP_SECONDS",
-          "CPU_PARTLY_FRESH_FRACTION")
+          "CPU_PARTLY_FRESH_FRACTION", "CPU_TRAINING_GEMM_SHARE")
 PRIOR_WEIGHT = 0.5
 
 
@@ -278,7 +329,9 @@ def calibrate(rows: list[dict], rates) -> dict:
 
     from trainfit.core.speed import cpu
 
-    train = rows[0::2]
+    train = [r for r in rows[0::2] if not r.get("loaded")]  # never fit to timings of shared cores
+    if not train:
+        raise SystemExit("--calibrate: every even row was timed while other processes shared the cores")
     start = {name: getattr(cpu, name) for name in FITTED}
     factors = {name: 1.0 for name in FITTED}
 
@@ -314,32 +367,52 @@ def describe(cfg: dict) -> str:
     return f"{cfg['family']} " + " ".join(str(cfg[k]) for k in KEYS) + extra
 
 
-def run_timings(configs, steps: int, warmup: int, rounds: int) -> tuple[list[dict], DeviceRates, dict]:
-    """Profile the machine (measured rates), then time every configuration."""
+def wait_quiet(max_wait_seconds: float) -> None:
+    """Wait (1 s samples) up to `max_wait_seconds` until other processes leave our cores alone."""
+    from trainfit.hardware import cpu_load
+
+    end = time.monotonic() + max_wait_seconds
+    while time.monotonic() < end and cpu_load.sample(1.0).busy_reason is not None:
+        pass
+
+
+def run_timings(configs, steps: int, warmup: int, rounds: int,
+                max_wait_seconds: float = 0.0) -> tuple[list[dict], DeviceRates, dict]:
+    """Profile the machine (measured rates), then time every configuration, watching the load."""
     import torch
 
+    from trainfit.hardware import cpu_load
     from trainfit.hardware.cpu_measure import native_bf16
 
     load_before = os.getloadavg()  # before anything of ours runs: what else loads the machine
+    wait_quiet(max_wait_seconds)
     profile, rates = machine_rates()
     threads = max(1, int(profile.cpu.usable_cores))
     torch.set_num_threads(threads)
     native16 = native_bf16(profile.cpu)
     # Each configuration is timed in `rounds` rounds (every other round in reverse order, a fresh
     # model each time) and the round with the lower median step kept: the host VM has slow spells
-    # of several seconds (matmul rate down by up to a third) that one round can fall into.
-    best: dict[int, tuple[float, float]] = {}
+    # of several seconds (matmul rate down by up to a third) that one round can fall into. Every
+    # round records what other processes took of our cores meanwhile (hardware.cpu_load); a row
+    # whose kept round was shared is flagged `loaded` and left out of the summary.
+    best: dict[int, tuple[float, float, cpu_load.LoadWindow]] = {}
     for r in range(rounds):
         order = list(range(len(configs)))[:: -1 if r % 2 else 1]
         for i in order:
             slow = configs[i]["precision"] != "fp32" and not native16
             if slow and r > 0:
                 continue  # one round of BF16_STEPS for an emulated 16-bit row (seconds per step)
+            wait_quiet(max_wait_seconds)
+            start = cpu_load.snapshot()
             step, opt = time_config(configs[i], *((BF16_STEPS, BF16_WARMUP) if slow else (steps, warmup)))
+            win = cpu_load.window(start)
             if i not in best or step < best[i][0]:
-                best[i] = (step, opt)
-            print(f"round {r + 1} {describe(configs[i])}  measured {step * 1e3:8.1f} ms (optimizer {opt * 1e3:.1f})", flush=True)
-    rows = [{"config": cfg, "measured_seconds": best[i][0], "measured_optimizer_seconds": best[i][1]}
+                best[i] = (step, opt, win)
+            print(f"round {r + 1} {describe(configs[i])}  measured {step * 1e3:8.1f} ms (optimizer {opt * 1e3:.1f})"
+                  f"  others {win.other_cores if win.other_cores is not None else '?'} cores", flush=True)
+    rows = [{"config": cfg, "measured_seconds": best[i][0], "measured_optimizer_seconds": best[i][1],
+             "other_cores": best[i][2].other_cores, "steal_cores": best[i][2].steal_cores,
+             "loaded": best[i][2].busy_reason is not None}
             for i, cfg in enumerate(configs)]
     bench = profile.benchmark
     return rows, rates, {
@@ -349,8 +422,11 @@ def run_timings(configs, steps: int, warmup: int, rounds: int) -> tuple[list[dic
         "cpu": profile.cpu.model,
         "measured_fp32_gflops": bench.cpu_fp32_gflops if bench else None,
         "measured_bf16_gflops": bench.cpu_bf16_gflops if bench else None,
+        "measured_fp32_training_gflops": bench.cpu_fp32_training_gflops if bench else None,
+        "measured_first_touch_ns_per_page": bench.cpu_first_touch_ns_per_page if bench else None,
         "measured_bandwidth_gbps": bench.memory_bandwidth_gbps if bench else None,
         "measured_at": bench.measured_at if bench else None,
+        "rates_load_check": dataclasses.asdict(bench.load_check) if bench and bench.load_check else None,
         # Only what bears on the rates (e.g. "under_load"), not the figures the CPU measurement skips.
         "measurement_notes": {k: v for k, v in (bench.unavailable if bench else {}).items()
                               if k not in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")},
@@ -371,6 +447,19 @@ def predicted_terms(cfg, rates) -> dict:
     return {k: round(v * 1e3, 2) for k, v in dataclasses.asdict(c).items()}
 
 
+@contextlib.contextmanager
+def gemm_basis(basis: str):
+    """Predict with the fp32 GEMMs on `basis` (core.speed.cpu.CPU_FP32_GEMM_BASIS) inside the block."""
+    from trainfit.core.speed import cpu
+
+    before = cpu.CPU_FP32_GEMM_BASIS
+    cpu.CPU_FP32_GEMM_BASIS = basis
+    try:
+        yield
+    finally:
+        cpu.CPU_FP32_GEMM_BASIS = before
+
+
 def evaluate(rows: list[dict], rates) -> None:
     for row in rows:
         est = predict_step(spec_for(row["config"]), setup_for(row["config"]), rates)
@@ -378,13 +467,26 @@ def evaluate(rows: list[dict], rates) -> None:
         row["error"] = est.step_seconds / row["measured_seconds"] - 1
         row["bottleneck"] = est.bottleneck
         row["predicted_terms_ms"] = predicted_terms(row["config"], rates)
+        if rates.training_gemm_flops:
+            # Both fp32 GEMM bases (core.speed.cpu.CPU_FP32_GEMM_BASIS) on the same timings, so one quiet run
+            # shows which one is closer.
+            for basis in ("numpy_peak", "torch_training"):
+                with gemm_basis(basis):
+                    row[f"error_{basis.split('_')[0]}_basis"] = predict(row["config"], rates) / row["measured_seconds"] - 1
+
+
+def _others(row: dict) -> str:
+    """Cores other processes used while the row was timed; LOADED when that disqualifies it."""
+    if row.get("other_cores") is None:
+        return "not recorded"
+    return f"{row['other_cores']:.2f}" + (" LOADED" if row.get("loaded") else "")
 
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
         "| family | hidden | layers | heads/kv | vocab | batch | seq | method | precision | ckpt | optimizer "
-        "| measured ms | predicted ms | error | optimizer measured / predicted ms | bottleneck |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| measured ms | predicted ms | error | optimizer measured / predicted ms | bottleneck | other cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c, t = r["config"], r["predicted_terms_ms"]
@@ -393,7 +495,7 @@ def table(rows: list[dict]) -> list[str]:
         lines.append(f"| {c['family']} | {c['hidden']} | {c['layers']} | {c['heads']}/{c['kv_heads']} | {c['vocab']} "
                      f"| {c['micro_batch']} | {c['seq']} | {method} | {c['precision']} | {c['ckpt']} | {c['optimizer']} | "
                      f"{r['measured_seconds'] * 1e3:.1f} | {r['predicted_seconds'] * 1e3:.1f} | {r['error']:+.1%} | "
-                     f"{opt} | {r['bottleneck']} |")  # fmt: skip
+                     f"{opt} | {r['bottleneck']} | {_others(r)} |")  # fmt: skip
     return lines
 
 
@@ -425,6 +527,62 @@ def by_group(rows: list[dict]) -> dict:
             for g, v in groups.items()}
 
 
+def select(only: str | None, configs: list[dict]) -> list[dict]:
+    """The configurations of the families named by --only (all without it)."""
+    if not only:
+        return configs
+    names = {x.strip() for x in only.split(",") if x.strip()}
+    chosen = [c for c in configs if c["family"] in names or ("beyond-llama" in names and c["family"] != "llama")]
+    if not chosen:
+        raise SystemExit(f"--only {only}: no configuration of these families "
+                         f"(families: {', '.join(sorted({c['family'] for c in configs}))}, or beyond-llama)")
+    return chosen
+
+
+# The Done-when bar for families beyond Llama (issue 33): median |error| and signed median.
+BEYOND_LLAMA_MAX_MEDIAN_ABS = 0.10
+BEYOND_LLAMA_MAX_BIAS = 0.05
+
+
+def beyond_llama(rows: list[dict], measured: dict) -> dict:
+    """Rows of other families timed while no other process shared the cores: median |error|,
+    median signed error (bias), and the verdict; none when the rates themselves were measured under load."""
+    quiet = [r for r in rows if r["config"]["family"] != "llama" and not r.get("loaded")]
+    out = {"rows": len(quiet), "families": sorted({r["config"]["family"] for r in quiet}),
+           "left_out_loaded": sum(1 for r in rows if r["config"]["family"] != "llama" and r.get("loaded")),
+           "load_not_recorded": sum(1 for r in quiet if "loaded" not in r)}
+    check = measured.get("rates_load_check")
+    if check is not None and not check.get("reliable", True):
+        return {**out, "verdict": f"no verdict: the CPU rates were measured under load ({check.get('reason')})"}
+    if not quiet:
+        return {**out, "verdict": "no verdict: no row beyond Llama was timed on a quiet machine"}
+    med = statistics.median(abs(r["error"]) for r in quiet)
+    bias = statistics.median(r["error"] for r in quiet)
+    ok = med <= BEYOND_LLAMA_MAX_MEDIAN_ABS and abs(bias) <= BEYOND_LLAMA_MAX_BIAS
+    for basis in ("numpy", "torch"):
+        if all(f"error_{basis}_basis" in r for r in quiet):
+            out[f"{basis}_basis_median_abs_error"] = round(statistics.median(abs(r[f"error_{basis}_basis"]) for r in quiet), 4)
+            out[f"{basis}_basis_median_error"] = round(statistics.median(r[f"error_{basis}_basis"] for r in quiet), 4)
+    return {**out, "median_abs_error": round(med, 4), "median_error": round(bias, 4),
+            "verdict": ("PASS" if ok else "FAIL") + f" (median |error| <= {BEYOND_LLAMA_MAX_MEDIAN_ABS:.0%}, "
+                       f"|median error| <= {BEYOND_LLAMA_MAX_BIAS:.0%})"}
+
+
+def beyond_line(summary: dict) -> str:
+    b = summary["beyond_llama"]
+    unknown = f" ({b['load_not_recorded']} from before the per-row load was recorded)" if b.get("load_not_recorded") else ""
+    head = (f"**Families beyond Llama** ({', '.join(b['families']) or 'none'}; {b['rows']} rows timed on quiet cores"
+            f"{unknown}, {b['left_out_loaded']} left out as timed under load): ")
+    if "median_abs_error" not in b:
+        return head + b["verdict"] + "."
+    line = head + f"median |error| {b['median_abs_error']:.1%}, median error {b['median_error']:+.1%}: **{b['verdict']}**."
+    for basis, what in (("numpy", "numpy's peak x the reference ceiling"), ("torch", "torch's measured training matmul")):
+        if f"{basis}_basis_median_abs_error" in b:
+            line += (f" fp32 GEMMs on {what}: median |error| {b[f'{basis}_basis_median_abs_error']:.1%}, "
+                     f"median error {b[f'{basis}_basis_median_error']:+.1%}.")
+    return line
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every third configuration only")
@@ -437,19 +595,26 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_time_accuracy"))
     ap.add_argument("--from", dest="from_json", metavar="JSON",
                     help="re-predict the timings stored in a previous result (no timing run)")
+    ap.add_argument("--only", metavar="FAMILIES",
+                    help="comma-separated families to time (e.g. mistral,phi3), or 'beyond-llama' for every non-Llama row")
+    ap.add_argument("--max-wait", type=float, default=0.0, metavar="S",
+                    help="before the rates and each configuration, wait up to S seconds for other processes to "
+                         "leave the cores (rows timed while shared are flagged and left out of the summary)")
     args = ap.parse_args()
 
     import torch
 
     keys = ("config", "measured_seconds", "measured_optimizer_seconds")
+    load_keys = ("other_cores", "steal_cores", "loaded")  # absent in results from before the load was watched
     if args.from_json:
         prev = json.loads(Path(args.from_json).read_text())
-        rows = [{**{k: r[k] for k in keys}, "config": normalise(r["config"])} for r in prev["rows"]]
+        rows = [{**{k: r[k] for k in keys + load_keys if k in r}, "config": normalise(r["config"])} for r in prev["rows"]]
         large = [{**{k: r[k] for k in keys}, "config": normalise(r["config"])} for r in prev.get("large_rows", [])]
         rates = DeviceRates(**prev["summary"]["rates"])
         measured_at = prev["summary"]
     else:
-        rows, rates, measured_at = run_timings(CONFIGS[::3] if args.quick else CONFIGS, args.steps, args.warmup, args.rounds)
+        rows, rates, measured_at = run_timings(select(args.only, CONFIGS[::3] if args.quick else CONFIGS), args.steps,
+                                               args.warmup, args.rounds, args.max_wait)
         large = []
         for cfg in LARGE if args.large else []:
             step, opt = time_config(cfg, 3, 1)
@@ -470,19 +635,23 @@ def main() -> int:
         "median_abs_error_even_rows": statistics.median(errs[0::2]),
         "median_abs_error_odd_rows": statistics.median(errs[1::2]) if len(errs) > 1 else None,
         "by_family": by_group(rows),
+        "loaded_rows": sum(1 for r in rows if r.get("loaded")),
+        "beyond_llama": beyond_llama(rows, measured_at),
         "large_errors": [round(r["error"], 4) for r in large],
         **{k: measured_at.get(k) for k in ("threads", "loadavg_before", "loadavg_after", "cpu", "measured_fp32_gflops",
                                            "measured_bf16_gflops", "measured_bandwidth_gbps", "measured_at",
-                                           "measurement_notes", "native_bf16")},
+                                           "measurement_notes", "native_bf16", "measured_fp32_training_gflops",
+                                           "measured_first_touch_ns_per_page", "rates_load_check")},
         "fitted_constants": fitted,
         "timing_command": measured_at.get("timing_command") or ".venv/bin/python bench/step_time_accuracy.py" + "".join(
-            f" --{name}" for name in ("quick", "large") if getattr(args, name)),
+            f" --{name}" for name in ("quick", "large") if getattr(args, name)) + (f" --only {args.only}" if args.only else ""),
         "torch": torch.__version__,
         "rates": dataclasses.asdict(rates),  # the measured machine, so --from can re-predict offline
     }
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows, "large_rows": large}, indent=2) + "\n")
     flags = "".join(f" --{name}" for name in ("quick", "large", "calibrate") if getattr(args, name))
+    flags += f" --only {args.only}" if args.only else ""
     flags += f" --from {args.from_json}" if args.from_json else ""
     lines = [
         "# Step-time accuracy on CPU",
@@ -493,12 +662,16 @@ def main() -> int:
         f"with an empty trainfit cache: the default measurement of hardware.cpu_measure, taken "
         f"{summary['measured_at'] or 'at an unknown time'}): {summary['measured_fp32_gflops']:.1f} GFLOP/s fp32, "
         f"{summary['measured_bf16_gflops'] or 0:.1f} GFLOP/s bf16 (autocast training matmul), "
-        f"{summary['measured_bandwidth_gbps']:.1f} GB/s{' ' + str(summary['measurement_notes']) if summary['measurement_notes'] else ''}.  ",
+        f"{summary['measured_bandwidth_gbps']:.1f} GB/s{' ' + str(summary['measurement_notes']) if summary['measurement_notes'] else ''}"
+        + (f"; torch fp32 training matmul {summary['measured_fp32_training_gflops']:.1f} GFLOP/s, first touch "
+           f"{summary['measured_first_touch_ns_per_page']:.0f} ns/page" if summary.get("measured_fp32_training_gflops") else "")
+        + ".  ",
         *([f"Timings taken by `{summary['timing_command']}`; this file re-predicts them with the current model.  "]
           if args.from_json else []),
         f"Load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
         f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} (the run itself keeps {threads} cores busy; "
-        "before > ~0.5 means other jobs shared the cores).  ",
+        "before > ~0.5 means other jobs shared the cores); per row, the cores other processes used while it was "
+        "timed (hardware.cpu_load; LOADED rows, above 10 % of the cores, are left out of the beyond-Llama verdict).  ",
         "Each configuration: median of the timed steps, lower of the rounds' medians (16-bit rows on a CPU without "
         f"native bf16: one round, {BF16_STEPS} timed step(s) after {BF16_WARMUP} warm-up, each step takes seconds). Model: "
         "`trainfit.core.speed.cpu` (terms per configuration in the JSON).",
@@ -506,6 +679,8 @@ def main() -> int:
         f"**Median |error| {summary['median_abs_error']:.1%}**, max {summary['max_abs_error']:.1%} over {len(rows)} "
         f"configurations; even rows (where fits are made: --calibrate, and the FITTED constants in an earlier run) median "
         f"{summary['median_abs_error_even_rows']:.1%}, odd (held-out) rows median {summary['median_abs_error_odd_rows']:.1%}.",
+        "",
+        beyond_line(summary),
         "",
         "By family (or the knob varied on Llama): rows, median |error|, median signed error, held-out (odd rows) median |error|:",
         "",

@@ -404,6 +404,11 @@ def run(args: argparse.Namespace) -> int:
     changes = describe_changes(setup, suggestion) if suggestion is not None else []
     host_need, host_usable, over_host = host_ram(result, setup, hw)
     fits = False if over_host else result.fits
+    rates = None
+    if run_pred is not None:  # which speed rates the prediction used and when they were measured
+        from trainfit.core.speed.rates import rates_source
+
+        rates = rates_source(hw, runs.device)
     if args.json:
         from trainfit.cli.output import device_memory_json, print_json
         from trainfit.core.serde import to_jsonable
@@ -416,6 +421,7 @@ def run(args: argparse.Namespace) -> int:
         doc["nearest_fitting"] = None if suggestion is None else {"setup": to_jsonable(suggestion), "changes": changes}
         doc["run"] = None if run_pred is None else to_jsonable(run_pred)
         doc["run_setting"] = "nearest_fitting" if suggestion is not None else "asked"
+        doc["rates"] = rates
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
         print_json(doc)
     else:
@@ -423,7 +429,17 @@ def run(args: argparse.Namespace) -> int:
         if run_pred is not None:
             _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
                         inference=setup.method == "inference")
+            _render_rates(rates)
     return EXIT_DOES_NOT_FIT if fits is False else EXIT_OK
+
+
+def _render_rates(rates: dict | None) -> None:
+    from trainfit.cli.output import console
+
+    if rates:
+        console().print(f"rates: {rates['text']}")
+        if rates["warning"]:
+            console().print(f"[yellow]⚠[/] {rates['warning']}")
 
 
 def _render_run(pred, of: str = "", *, inference: bool = False) -> None:

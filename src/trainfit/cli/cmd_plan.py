@@ -261,7 +261,10 @@ def run(args: argparse.Namespace) -> int:
 
         out = console()
         out.print(f"[bold]trainfit plan[/]: {req.model.id if req.model else 'pretraining from scratch'} "
-                  f"on {req.hardware.source} ({result.device})\n")
+                  f"on {req.hardware.source} ({result.device})")
+        if result.rates:
+            out.print(f"[dim]{result.rates['text']}[/]")
+        out.print("")
         render_plan(result, out, files=files)
     return EXIT_OK if any(m.fits for m in result.modes) else EXIT_DOES_NOT_FIT
 
@@ -298,5 +301,5 @@ def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:
         d["files"] = (files or {}).get(mp.mode, [])
         modes.append(d)
     return {"method": result.method, "hardware": result.hardware, "device": result.device, "modes": modes,
-            "notes": result.notes, "host_ram_usable_bytes": result.host_ram_usable_bytes,
+            "notes": result.notes, "host_ram_usable_bytes": result.host_ram_usable_bytes, "rates": result.rates,
             "units": {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "hours": "hours"}}

@@ -89,7 +89,7 @@ def pipeline_document(pp, files: dict[str, list[str]] | None = None) -> dict:
                       "hours_max": pm.hours_max, "capped_share": pm.capped_share, "reasons": pm.reasons,
                       "warnings": pm.warnings, "files": (files or {}).get(pm.mode, [])})
     return {"pipeline": pp.pipeline, "model": pp.model_id, "hardware": pp.hardware, "device": pp.device,
-            "modes": modes, "notes": pp.notes,
+            "modes": modes, "notes": pp.notes, "rates": pp.rates,
             "units": {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "hours": "hours"}}
 
 
@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
         out = console()
         out.print(f"[bold]trainfit plan --pipeline {pp.pipeline}[/]: {pp.model_id} on {pp.hardware} ({pp.device})")
+        if pp.rates:
+            out.print(f"[dim]{pp.rates['text']}[/]")
         render_pipeline(pp, out, files)
     # exit 3 when no mode has every phase fitting (nothing to train)
     return EXIT_OK if any(m.fits for m in pp.modes) else EXIT_DOES_NOT_FIT

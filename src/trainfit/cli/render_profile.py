@@ -115,6 +115,10 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
             parts.append(f"CPU fp32 {b.cpu_fp32_gflops:.0f} GFLOP/s")
         if b.cpu_bf16_gflops is not None:
             parts.append(f"CPU bf16 {b.cpu_bf16_gflops:.0f} GFLOP/s")
+        if b.cpu_fp32_training_gflops is not None:
+            parts.append(f"torch fp32 training matmul {b.cpu_fp32_training_gflops:.0f} GFLOP/s")
+        if b.cpu_first_touch_ns_per_page is not None:
+            parts.append(f"fresh page {b.cpu_first_touch_ns_per_page / 1000:.1f} us")
         if b.cpu_dropout_ns_per_element is not None:
             parts.append(f"CPU dropout {b.cpu_dropout_ns_per_element:.1f} ns/element")
         for k, v in b.gpu_tflops.items():
@@ -124,10 +128,25 @@ def profile_lines(p: HardwareProfile) -> list[tuple[str, str]]:
         if b.disk_read_mbps is not None:
             parts.append(f"disk {b.disk_read_mbps:.0f}/{b.disk_write_mbps:.0f} MB/s read/write")
         when = f"measured {b.measured_at.replace('T', ' ')[:16]} UTC" if b.measured_at else "measured"
-        how = f"{when}, kept in trainfit's cache" if b.cached else f"{when} in {b.seconds:.1f} s"
+        flagged = b.load_check is not None and not b.load_check.reliable
+        kept = "reused while the machine stays busy" if flagged else "kept in trainfit's cache"
+        how = f"{when}, {kept}" if b.cached else f"{when} in {b.seconds:.1f} s"
         label = "CPU rates" if b.scope == "cpu" else "Benchmark"
-        rows.append((label, ", ".join(parts) + f" ({how})"))
+        rows.append((label, ", ".join(parts) + f" ({how})" + _load_note(b)))
     return rows
+
+
+def _load_note(b) -> str:
+    """What ran beside the CPU measurement: quiet, or the reason its figures are not this machine's."""
+    c = b.load_check
+    if c is None:
+        return "; load not checked (an older measurement)"
+    tries = f", {c.attempts} tries" if c.attempts > 1 else ""
+    if c.reliable:
+        others = f"others used {c.other_cores:.2f} of {c.cores} cores" if c.other_cores is not None else "quiet"
+        return f"; {others}{tries}, fp32 repeats within {c.fp32_spread or 0:.0%}"
+    return (f"\n[yellow]MEASURED UNDER LOAD[/]{tries}: {c.reason}. Used for this command only, not kept as this "
+            "machine's rates; run `trainfit profile --benchmark` when the machine is quiet")
 
 
 def _gpu_share(p: HardwareProfile) -> str:

@@ -192,6 +192,26 @@ class PowerInfo:
 
 
 @dataclass(frozen=True)
+class MeasurementLoad:
+    """What else ran on the measuring CPUs while the CPU rates were measured (hardware.cpu_load).
+
+    reliable=False: other work (or the spread of the repeated timings) made the figures a measure
+    of the sharing, not of the machine; they are used for the command that measured them, never
+    kept as this machine's rates (hardware.cpu_measure)."""
+
+    reliable: bool
+    reason: str | None  # why not reliable; None when reliable
+    cores: int  # the CPUs the measurement ran on (process affinity)
+    other_cores: float | None  # cores other processes used on them, averaged over the measurement
+    steal_cores: float | None  # cores the hypervisor gave to other guests (VMs)
+    load_average_1m_before: float | None
+    load_average_1m_after: float | None
+    fp32_spread: float | None  # 1 - median / best of the repeated fp32 matmul timings
+    attempts: int  # measurements taken (a busy one is repeated, the least disturbed kept)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class BenchmarkInfo:
     memory_bandwidth_gbps: float | None
     cpu_fp32_gflops: float | None
@@ -207,6 +227,15 @@ class BenchmarkInfo:
     cached: bool = False  # read back from trainfit's cache (measured at measured_at)
     # A training-mode dropout's cost per element on the CPU (random-number bound; None: not measured).
     cpu_dropout_ns_per_element: float | None = None
+    # The load seen while the CPU part was measured (None: measured by a trainfit that did not check).
+    load_check: MeasurementLoad | None = None
+    # torch's own fp32 training matmul (forward + both gradients of a 1024-wide linear over 512
+    # tokens), the rate the CPU step model's GEMMs are anchored on (None: not measured).
+    cpu_fp32_training_gflops: float | None = None
+    # The same at 256 wide: how fast the rate falls for thin matrices on this CPU.
+    cpu_fp32_training_narrow_gflops: float | None = None
+    # Writing a freshly allocated (page-faulting) tensor beyond a reused one, per 4 KiB page.
+    cpu_first_touch_ns_per_page: float | None = None
 
 
 _ONE_NODE = "one node: no inter-node network"
@@ -349,6 +378,7 @@ _NONE_IS_MEANINGFUL = {
     "cgroup_limit_bytes",  # not in a memory-limited cgroup
     "cgroup_cpu_quota",  # no CPU quota
     "benchmark",  # --benchmark not asked
+    "load_check",  # a measurement from before the load was checked
     "catalog_id",  # GPU not in the catalog (reason given in unavailable when looked up)
     "mig_profile",  # not a MIG slice
     "rocm_version",  # NVIDIA/Apple/Intel GPU

@@ -50,13 +50,17 @@ print(json.dumps(out))
 """
 
 
-def _best(fn, reps: int) -> float:
-    best = float("inf")
+def _timings(fn, reps: int) -> list[float]:
+    out = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _best(fn, reps: int) -> float:
+    return min(_timings(fn, reps))
 
 
 def memory_bandwidth_gbps(size_bytes: int = 256 << 20, reps: int = 5) -> float:
@@ -68,13 +72,25 @@ def memory_bandwidth_gbps(size_bytes: int = 256 << 20, reps: int = 5) -> float:
     return 2 * size_bytes / _best(lambda: np.copyto(dst, src), reps) / 1e9
 
 
-def cpu_fp32_gflops(n: int = 2048, reps: int = 3) -> float:
+def cpu_fp32_rates(n: int = 2048, reps: int = 3) -> list[float]:
+    """GFLOP/s of each of `reps` fp32 n x n matmuls (numpy's BLAS), after one warm-up."""
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
     a @ b  # warm-up: BLAS thread pool start
-    return 2 * n**3 / _best(lambda: a @ b, reps) / 1e9
+    return [2 * n**3 / t / 1e9 for t in _timings(lambda: a @ b, reps)]
+
+
+def cpu_fp32_gflops(n: int = 2048, reps: int = 3) -> float:
+    return max(cpu_fp32_rates(n, reps))
+
+
+def spread(rates: list[float]) -> float:
+    """1 - median / best of repeated rates: 0 when every repeat ran as fast as the best one."""
+    import statistics
+
+    return 1.0 - statistics.median(rates) / max(rates)
 
 
 def cpu_bf16_gflops(n: int = 2048, reps: int = 3) -> float:
@@ -103,6 +119,73 @@ def cpu_autocast_bf16_gflops(tokens: int = 256, width: int = 512, reps: int = 3)
 
     step()
     return 6 * tokens * width * width / _best(step, reps) / 1e9
+
+
+# The shape at which torch's own training matmul is timed: a 1024-wide linear over 512 tokens, the
+# middle of the widths (64..4096) and tokens per micro-batch (64..2048) CPU training runs.
+TRAINING_GEMM_TOKENS = 512
+TRAINING_GEMM_WIDTH = 1024
+# ... and a narrow one (256 wide, same tokens): how fast the rate falls for thin matrices depends on
+# the CPU and its kernels (a 2-core Xeon lost ~15 % at 256 wide, the reference EPYC ~4 %).
+TRAINING_GEMM_NARROW_WIDTH = 256
+
+
+def cpu_training_gemm_gflops(tokens: int = TRAINING_GEMM_TOKENS, width: int = TRAINING_GEMM_WIDTH,
+                             reps: int = 3) -> float:
+    """fp32 GFLOP/s of a training matmul as torch runs it: the forward x W^T and the input and
+    weight gradients of one linear layer, 6 x tokens x width^2 FLOP. The numpy peak is another BLAS
+    (OpenBLAS) on a square 2048^3 product; torch's GEMMs (oneDNN / MKL) reach a share of it that
+    depends on the CPU and the libraries (0.8 on a 2-core AMD EPYC), so the step-time model is
+    anchored on this rate where it is measured (core.speed.cpu)."""
+    import torch
+
+    x = torch.randn(tokens, width, requires_grad=True)
+    w = torch.randn(width, width, requires_grad=True)
+    g = torch.ones(tokens, width)
+
+    def step():
+        y = torch.nn.functional.linear(x, w)
+        torch.autograd.grad(y, (x, w), g)  # gradients returned, not accumulated into .grad
+
+    step()
+    return 6 * tokens * width * width / _best(step, reps) / 1e9
+
+
+def cpu_first_touch_ns_per_page(nbytes: int = 64 << 20, reps: int = 3) -> float:
+    """Nanoseconds per 4 KiB page of writing a freshly allocated tensor, beyond writing a reused
+    one: the page fault, the kernel's zeroing and the unmap on free. Tensors above glibc's largest
+    mmap threshold (32 MiB) get fresh pages at every allocation, as a training step's vocabulary-
+    sized logits and big gradients do (core.speed.cpu); 1.4-2.1 us per page in a Firecracker VM."""
+    import torch
+
+    elements = nbytes // 4
+    reused = torch.empty(elements)
+    reused.fill_(1.0)
+
+    def fresh():
+        t = torch.empty(elements)
+        t.fill_(1.0)
+        del t
+
+    fresh()
+    extra = max(0.0, _best(fresh, reps) - _best(lambda: reused.fill_(1.0), reps))
+    return extra / (nbytes / 4096) * 1e9
+
+
+STEP_RATE_FIELDS = ("cpu_fp32_training_gflops", "cpu_fp32_training_narrow_gflops", "cpu_first_touch_ns_per_page")
+
+
+def cpu_step_rates(scale: float = 1.0) -> tuple[dict[str, float | None], dict[str, str]]:
+    """({BenchmarkInfo field: value} for STEP_RATE_FIELDS: torch's training-matmul GFLOP/s wide and
+    narrow, first-touch ns per page; reasons for those that are None)."""
+    if importlib.util.find_spec("torch") is None:
+        why = "torch not installed (pip install 'trainfit[train]')"
+        return dict.fromkeys(STEP_RATE_FIELDS), dict.fromkeys(STEP_RATE_FIELDS, why)
+    tokens = max(64, int(TRAINING_GEMM_TOKENS * scale))
+    wide = round(cpu_training_gemm_gflops(tokens, max(64, int(TRAINING_GEMM_WIDTH * scale))), 1)
+    narrow = round(cpu_training_gemm_gflops(tokens, max(16, int(TRAINING_GEMM_NARROW_WIDTH * scale)), reps=5), 1)
+    touch = round(cpu_first_touch_ns_per_page(max(1 << 22, int((64 << 20) * scale))), 1)
+    return dict(zip(STEP_RATE_FIELDS, (wide, narrow, touch))), {}
 
 
 def cpu_dropout_ns_per_element(elements: int = 1 << 21, reps: int = 3) -> float:
@@ -149,16 +232,27 @@ def gpu_benchmark(timeout_s: float = GPU_TIMEOUT_SECONDS) -> tuple[dict[str, flo
 def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: str | None = None,
                   disk_bytes: int = DISK_BYTES, scale: float = 1.0) -> BenchmarkInfo:
     """All measurements; `scale` < 1 shrinks the problem sizes (tests)."""
+    from trainfit.hardware import cpu_load
+    from trainfit.hardware.cpu_measure import FP32_REPEATS, judge
+
     t0 = time.perf_counter()
     reasons: dict[str, str] = {}
+    watch = cpu_load.snapshot()  # the CPU part is judged by the load on its cores (cpu_measure)
     mem = round(memory_bandwidth_gbps(int((256 << 20) * scale)), 1)
-    fp32 = round(cpu_fp32_gflops(max(128, int(2048 * scale))), 1)
+    fp32_runs = cpu_fp32_rates(max(128, int(2048 * scale)), FP32_REPEATS)
+    fp32 = round(max(fp32_runs), 1)
     bf16, why = cpu_bf16_rate(cpu, scale)
     if why:
         reasons["cpu_bf16_gflops"] = why
     dropout_ns, why = cpu_dropout_rate(scale)
     if why:
         reasons["cpu_dropout_ns_per_element"] = why
+    step_rates, why_not = cpu_step_rates(scale)
+    reasons.update(why_not)
+    check = judge(cpu_load.window(watch), round(spread(fp32_runs), 3), 1)
+    if not check.reliable:
+        reasons["under_load"] = (f"CPU part measured under load: {check.reason}; not kept as this machine's rates "
+                                 "(run it again when the machine is quiet)")
     gpu_tflops: dict[str, float] = {}
     gpu_bw = None
     cuda_like = [g for g in gpus if g.vendor in ("nvidia", "amd")]
@@ -178,10 +272,10 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchmarkInfo(mem, fp32, bf16, gpu_tflops, gpu_bw, read, write,
                          round(time.perf_counter() - t0, 2), reasons, measured_at=measured_at,
-                         cpu_dropout_ns_per_element=dropout_ns)
+                         cpu_dropout_ns_per_element=dropout_ns, load_check=check, **step_rates)
 
 
 def benchmark_unavailable(reason: str) -> BenchmarkInfo:
     fields = ("memory_bandwidth_gbps", "cpu_fp32_gflops", "cpu_bf16_gflops", "gpu_bandwidth_gbps",
-              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element")
+              "disk_read_mbps", "disk_write_mbps", "cpu_dropout_ns_per_element", *STEP_RATE_FIELDS)
     return BenchmarkInfo(None, None, None, {}, None, None, None, 0.0, {f: reason for f in fields})

@@ -38,14 +38,13 @@ _GPU_PROBES: dict[str, Callable[[Sources], tuple[list[GpuInfo], dict[str, str]]]
 
 
 def _keep_cpu_part(src: Sources, cpu_info, bench) -> None:
-    """A full --benchmark refreshes the cached CPU rates that later profiles use by default."""
-    reasons = {k: v for k, v in bench.unavailable.items() if k in ("cpu_bf16_gflops", "cpu_dropout_ns_per_element")}
+    """A full --benchmark refreshes the cached CPU rates that later profiles use by default (one
+    measured under load is kept flagged, apart from the machine's rates: cpu_measure.keep)."""
+    keep = ("cpu_bf16_gflops", "under_load", *cpu_measure.MEASURED_FIELDS)
+    reasons = {k: v for k, v in bench.unavailable.items() if k in keep}
     reasons.update({k: cpu_measure.CPU_ONLY for k in ("gpu_bandwidth_gbps", "disk_read_mbps", "disk_write_mbps")})
     cpu_part = dataclasses.replace(bench, gpu_tflops={}, gpu_bandwidth_gbps=None, disk_read_mbps=None,
                                    disk_write_mbps=None, unavailable=reasons, scope="cpu")
-    busy = cpu_measure.busy_reason(cpu_info)
-    if busy:
-        cpu_part = dataclasses.replace(cpu_part, unavailable={**cpu_part.unavailable, "under_load": busy})
     cpu_measure.keep(cpu_measure.identity(src, cpu_info), cpu_part)
 
 

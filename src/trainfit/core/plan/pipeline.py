@@ -95,6 +95,7 @@ class PipelinePlan:
     model_id: str
     modes: list[PipelineMode]
     notes: list[str] = field(default_factory=list)
+    rates: dict | None = None  # the speed rates used and when they were measured (speed.rates.rates_source)
 
 
 def check_pipeline_request(req: PipelineRequest) -> None:
@@ -152,7 +153,13 @@ def plan_pipeline(req: PipelineRequest) -> PipelinePlan:
                 device, hardware = dev, hw
     modes = [_join(req, mode, phases) for mode, phases in per_mode.items()]
     model_id = modes[0].phases[0].plan.model_id if modes and modes[0].phases else "-"
-    return PipelinePlan(req.pipeline, hardware, device, model_id, modes, notes)
+    from trainfit.core.plan.hardware_rules import rules_for
+    from trainfit.core.speed.rates import rates_source
+
+    rates = rates_source(base.hardware, rules_for(base.hardware).device)
+    if rates["warning"]:
+        notes.append(rates["warning"])
+    return PipelinePlan(req.pipeline, hardware, device, model_id, modes, notes, rates)
 
 
 # ---------------------------------------------------------------------------------------------

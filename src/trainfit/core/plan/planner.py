@@ -126,6 +126,8 @@ class Plan:
     # The RAM of the machine planned for: this machine's, a catalog machine's typical host, or a
     # rented flavor's own (data/cloud.yaml ram_gib); None when not measured.
     host_ram_usable_bytes: int | None = None
+    # Which speed rates the plan used and when they were measured (core.speed.rates.rates_source).
+    rates: dict | None = None
 
 
 def check_request(req: PlanRequest) -> None:
@@ -206,7 +208,12 @@ def plan(req: PlanRequest) -> Plan:
             modes.append(_plan_model(req, t, rules, req.model))  # type: ignore[arg-type]
     notes = [f"memory budget: {req.memory_budget_bytes / GIB:.2f} GiB per device imposed (--memory-budget)"] \
         if req.memory_budget_bytes else []
-    return Plan(req.method, req.hardware.source, rules.label, modes, notes, req.hardware.memory.usable_bytes)
+    from trainfit.core.speed.rates import rates_source
+
+    rates = rates_source(req.hardware, rules.device)
+    if rates["warning"]:
+        notes.append(rates["warning"])
+    return Plan(req.method, req.hardware.source, rules.label, modes, notes, req.hardware.memory.usable_bytes, rates)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,28 @@ CPU_GEMM_CEILING = {"fp32": 0.84, "bf16": 1.0, "fp16": 0.84}  # fitted (micro-be
 # ~0.75 of the rate of 512-wide ones; bf16 kernels need wider tiles (128-wide: 0.7 of 512-wide).
 # The token dimension follows rates.half_tokens (64 rows: 0.75 of the rate of 512 rows).
 CPU_GEMM_HALF_HIDDEN = {"fp32": 16.0, "bf16": 64.0, "fp16": 64.0}
+# Which rate the fp32 GEMMs (and SDPA) are read from: "numpy_peak", the profile's numpy matmul peak x
+# the ceiling fitted on the reference CPU; or "torch_training", torch's own fp32 training matmul as
+# the default CPU measurement times it (hardware.benchmark.cpu_training_gemm_gflops, the shapes below
+# the same as there), where it was measured. How close torch's GEMMs (oneDNN / MKL / its own kernels)
+# come to numpy's BLAS depends on the CPU and the libraries (0.8 on the reference EPYC, the fitted
+# ceiling), so the second generalises by construction; but it is not the default until a quiet run of
+# bench/step_time_accuracy.py shows it closer (each run reports both: `error_numpy_basis` /
+# `error_torch_basis`). Timed on a heavily shared 2-core Xeon (one thread, CPU time, a confounded
+# proxy), the torch basis predicted 30-45 % too fast where the numpy one was 17 % too fast.
+CPU_FP32_GEMM_BASIS = "numpy_peak"
+CPU_TRAINING_GEMM_TOKENS = 512
+CPU_TRAINING_GEMM_WIDTH = 1024
+# A second, narrow measurement (256 wide) sets how fast the rate falls for thin matrices on this CPU:
+# the width at half rate solves narrow / wide = s(256) / s(1024) with s(h) = h / (h + half), kept
+# within [0, CPU_MAX_HALF_HIDDEN] (noise must not turn a few percent into a cliff).
+CPU_TRAINING_GEMM_NARROW_WIDTH = 256
+CPU_MAX_HALF_HIDDEN = 1024.0
+# The training step's GEMMs against the isolated measured one (fitted by --calibrate where measured).
+CPU_TRAINING_GEMM_SHARE = 1.0
+# torch's training GEMMs as a share of numpy's peak on the reference machine: the peak SDPA's ceiling
+# (fitted there against numpy's peak) is read from when torch's own rate is measured.
+CPU_REFERENCE_TORCH_SHARE = 0.84
 # SDPA (flash attention for CPU) forward + backward reaches ceiling x s / (s + half) of the fp32
 # peak: fitted on timings of head_dim 32..128, seq 128..1024 (39 GFLOP/s at s=256, 79 at 1024).
 CPU_ATTENTION_CEILING = 0.49  # fitted (micro-benchmark: 0.5)
@@ -203,6 +225,58 @@ def emulated_gemm_seconds(sf: F.StepFlops, attn_fwd: float, gemm_flops: float, p
                   + weight_grad * shares["weight_grad"]) / peak_flops
 
 
+def gemm_shape_factor(precision: str, hidden: float, tokens: float, half_tokens: float,
+                      half_hidden: float | None = None) -> float:
+    """Share of a large GEMM's rate reached by a model `hidden` wide on `tokens` rows (thin tiles)."""
+    if half_hidden is None:
+        half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
+    return hidden / (hidden + half_hidden) * tokens / (tokens + half_tokens)
+
+
+def measured_half_hidden(rates: DeviceRates) -> float:
+    """The width at half rate from torch's wide and narrow training-matmul rates (see above); the
+    reference CPU's where the narrow one was not measured."""
+    wide, narrow = rates.training_gemm_flops, rates.training_gemm_narrow_flops
+    if not wide or not narrow:
+        return CPU_GEMM_HALF_HIDDEN["fp32"]
+    q, n, w = narrow / wide, CPU_TRAINING_GEMM_NARROW_WIDTH, CPU_TRAINING_GEMM_WIDTH
+    if q >= 1.0:
+        return 0.0
+    if q * w <= n:
+        return CPU_MAX_HALF_HIDDEN
+    return min(CPU_MAX_HALF_HIDDEN, n * w * (1.0 - q) / (q * w - n))
+
+
+def torch_fp32_peak(rates: DeviceRates) -> float:
+    """The fp32 peak the model's ceilings apply to: numpy's measured peak, or on the torch basis (where
+    torch's own training matmul was measured), the peak that makes the GEMM curve pass through that
+    measurement. SDPA's tiles run on torch's GEMMs too, so attention follows the same basis."""
+    if not _torch_basis(rates):
+        return rates.peak_flops["fp32"]
+    # the reference machine's relation of the two (its shape curve), so its attention stays as fitted
+    at_measured = gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens)
+    return rates.training_gemm_flops / (CPU_REFERENCE_TORCH_SHARE * at_measured)
+
+
+def _torch_basis(rates: DeviceRates) -> bool:
+    return CPU_FP32_GEMM_BASIS == "torch_training" and bool(rates.training_gemm_flops)
+
+
+def _at_measured_shape(rates: DeviceRates) -> float:
+    return gemm_shape_factor("fp32", CPU_TRAINING_GEMM_WIDTH, CPU_TRAINING_GEMM_TOKENS, rates.half_tokens,
+                             measured_half_hidden(rates))
+
+
+def gemm_flops_per_second(rates: DeviceRates, precision: str, peak_flops: float, hidden: int, tokens: int) -> float:
+    """The training GEMMs' rate: fp32 where torch's training matmul was measured, that rate carried
+    from its shape to this one; else the ceiling and shape terms applied to `peak_flops`."""
+    if precision == "fp32" and _torch_basis(rates):
+        shape = gemm_shape_factor("fp32", hidden, tokens, rates.half_tokens, measured_half_hidden(rates))
+        return rates.training_gemm_flops * CPU_TRAINING_GEMM_SHARE * shape / _at_measured_shape(rates)
+    shape = gemm_shape_factor(precision, hidden, tokens, rates.half_tokens)
+    return peak_flops * CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * shape
+
+
 def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.StepFlops, precision: str,
              peak_flops: float) -> CpuStep:
     """Cost every term of one training step of `setup` on the CPU described by `rates`."""
@@ -219,13 +293,11 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     attn_passes = 3.0 + (1.0 if setup.grad_checkpointing in ("full", "selective") else 0.0)
     attn_flops = attn_fwd * attn_passes + (attn_fwd if ref_tokens else 0.0)
     context = min(seq, spec.sliding_window or seq)
-    attn_rate = rates.peak_flops["fp32"] * CPU_ATTENTION_CEILING * context / (context + CPU_ATTENTION_HALF_SEQ)
+    attn_rate = torch_fp32_peak(rates) * CPU_ATTENTION_CEILING * context / (context + CPU_ATTENTION_HALF_SEQ)
     if precision != "fp32":
         attn_rate *= min(1.0, spec.head_dim / CPU_ATTENTION_16BIT_FULL_HEAD_DIM)
 
-    half_hidden = CPU_GEMM_HALF_HIDDEN.get(precision, CPU_GEMM_HALF_HIDDEN["fp32"])
-    gemm_eff = (CPU_GEMM_CEILING.get(precision, CPU_GEMM_CEILING["fp32"]) * h / (h + half_hidden)
-                * tokens / (tokens + rates.half_tokens))
+    gemm_rate = gemm_flops_per_second(rates, precision, peak_flops, h, tokens)
     gemm_flops = sf.total_flops - attn_flops
     if full_ckpt:
         # Checkpointing wraps the decoder layers only: the LM head is not run again (step_flops
@@ -234,7 +306,7 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     if precision == "bf16" and peak_flops < rates.peak_flops.get("fp32", 0.0):
         gemm_s = emulated_gemm_seconds(sf, attn_fwd, max(gemm_flops, 0.0), peak_flops)
     else:
-        gemm_s = max(gemm_flops, 0.0) / (peak_flops * gemm_eff)
+        gemm_s = max(gemm_flops, 0.0) / gemm_rate
 
     # Elementwise traffic, in forward-equivalent passes: forward 1 + backward 2 (+1 recompute).
     ffn = F.active_ffn_width(spec)
@@ -302,14 +374,17 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
             per_tensor = CPU_OPTIMIZER_OPS_PER_TENSOR
         for n, c in tensors:  # a tensor's param, grad and two states (16 B/param) stream together
             optimizer_s += c * (stream_seconds(n * per_param, n * 16.0, rates) + per_tensor * CPU_OP_SECONDS)
+    # The fresh-page cost measured on this machine where it was (a VM's faults also run in the hypervisor).
+    touch_per_byte = (rates.first_touch_seconds_per_byte if rates.first_touch_seconds_per_byte is not None
+                      else CPU_FIRST_TOUCH_SECONDS_PER_BYTE)
     return CpuStep(
         gemm_seconds=gemm_s,
         attention_seconds=attn_flops / attn_rate,
         elementwise_seconds=elementwise_s,
         vocabulary_seconds=vocabulary_s,
         dispatch_seconds=dispatch_s,
-        first_touch_seconds=fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
-        step_first_touch_seconds=step_fresh * CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
+        first_touch_seconds=fresh * touch_per_byte,
+        step_first_touch_seconds=step_fresh * touch_per_byte,
         optimizer_seconds=optimizer_s,
         dropout_seconds=dropout_s,
     )

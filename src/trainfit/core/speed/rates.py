@@ -122,6 +122,11 @@ class DeviceRates:
     network_label: str = ""  # "ib-ndr (assumed)"
     # CPU: seconds per element of a training-mode dropout (profile benchmark); None where unmeasured.
     dropout_seconds_per_element: float | None = None
+    # CPU: torch's fp32 training-matmul rate at the benchmark's shape (FLOP/s; hardware.benchmark.
+    # cpu_training_gemm_gflops) and the cost of a fresh page per byte; None where unmeasured.
+    training_gemm_flops: float | None = None
+    training_gemm_narrow_flops: float | None = None  # the same, 256 wide (sets the thin-matrix fall-off)
+    first_touch_seconds_per_byte: float | None = None
     # The machine these rates were read from (None for catalog rates): terms that depend on what fits
     # in memory (a paged optimizer's states evicted to RAM) run the memory model on it.
     profile: HardwareProfile | None = field(default=None, compare=False, repr=False)
@@ -364,6 +369,12 @@ def cpu_rates(profile: HardwareProfile, threads: float | None = None) -> DeviceR
         cache_bytes=float(profile.cpu.l3_cache_bytes or profile.cpu.l2_cache_bytes or 0),
         dropout_seconds_per_element=(bench.cpu_dropout_ns_per_element * 1e-9
                                      if bench and bench.cpu_dropout_ns_per_element else None),
+        training_gemm_flops=(bench.cpu_fp32_training_gflops * 1e9
+                             if bench and bench.cpu_fp32_training_gflops else None),
+        training_gemm_narrow_flops=(bench.cpu_fp32_training_narrow_gflops * 1e9
+                                    if bench and bench.cpu_fp32_training_narrow_gflops else None),
+        first_touch_seconds_per_byte=(bench.cpu_first_touch_ns_per_page * 1e-9 / 4096
+                                      if bench and bench.cpu_first_touch_ns_per_page is not None else None),
     )
 
 
@@ -372,3 +383,51 @@ def device_rates(profile: HardwareProfile, device: str) -> DeviceRates:
     if device == "cpu" or not profile.gpus:
         return cpu_rates(profile)
     return replace(gpu_rates(profile), profile=profile)
+
+
+def _when(bench) -> str:
+    return f"{bench.measured_at.replace('T', ' ')[:16]} UTC" if bench.measured_at else "at an unknown time"
+
+
+def rates_source(profile: HardwareProfile, device: str) -> dict:
+    """Which rates the predictions for `device` ("cpu", "cuda", ...) on `profile` use, where they
+    come from and when they were measured: {"source", "measured_at", "cached", "reliable", the
+    figures, "text" (one line), "warning" (a measurement taken under load, else None)}."""
+    bench = profile.benchmark
+    out: dict = {"device": device, "source": "datasheet", "measured_at": None, "cached": False, "reliable": None,
+                 "warning": None}
+    if device == "cpu" or not profile.gpus:
+        r = cpu_rates(profile)
+        figures = {"cpu_fp32_gflops": round(r.peak_flops["fp32"] / 1e9, 1),
+                   "cpu_bf16_gflops": round(r.peak_flops["bf16"] / 1e9, 1),
+                   "memory_bandwidth_gbps": round(r.memory_bandwidth_bytes_per_s / GB, 1)}
+        numbers = (f"fp32 {figures['cpu_fp32_gflops']:,.0f} GFLOP/s, bf16 {figures['cpu_bf16_gflops']:,.0f} GFLOP/s, "
+                   f"RAM {figures['memory_bandwidth_gbps']:.1f} GB/s")
+        if r.training_gemm_flops:
+            figures["cpu_fp32_training_gflops"] = round(r.training_gemm_flops / 1e9, 1)
+            numbers += f", torch fp32 training matmul {figures['cpu_fp32_training_gflops']:,.0f} GFLOP/s"
+        if not r.measured or bench is None:
+            text = f"CPU rates estimated from cores x clock x vector width, not measured: {numbers}"
+            return {**out, **figures, "text": text}
+        check = bench.load_check
+        out.update(figures, source="measured", measured_at=bench.measured_at, cached=bench.cached,
+                   reliable=None if check is None else check.reliable)
+        kept = ", kept in trainfit's cache" if bench.cached else ""
+        if check is not None and not check.reliable and bench.cached:
+            kept = ", reused while the machine stays busy"
+        text = f"CPU rates measured on this machine {_when(bench)}{kept}: {numbers}"
+        if check is not None and not check.reliable:
+            out["warning"] = (f"the CPU rates were measured under load ({check.reason}): step times and run times "
+                              "may be too slow; run `trainfit profile --benchmark` when the machine is quiet")
+            text += " (measured under load: not this machine's quiet rates)"
+        elif check is None:
+            text += " (load not checked)"
+        return {**out, "text": text}
+    gpu = profile.gpus[0]
+    if bench is not None and bench.gpu_tflops:
+        tflops = ", ".join(f"{k} {v:,.0f} TFLOP/s" for k, v in bench.gpu_tflops.items())
+        out.update(source="measured", measured_at=bench.measured_at, reliable=True, gpu_tflops=dict(bench.gpu_tflops))
+        return {**out, "text": f"GPU rates measured on this machine {_when(bench)} (profile --benchmark): {tflops}"}
+    tflops = ", ".join(f"{k} {v:,.0f} TFLOP/s" for k, v in gpu.peak_tflops.items())
+    out["gpu_tflops"] = dict(gpu.peak_tflops)
+    return {**out, "text": f"GPU rates: {gpu.name} datasheet peaks ({tflops or 'unknown'}), not measured"}
