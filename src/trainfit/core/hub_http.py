@@ -93,6 +93,7 @@ class Session:
         self._lock = threading.Lock()
         self.bytes_read = 0
         self.requests = 0
+        self.doing = ""  # the answer last asked for, named when the deadline passes
 
     # -- time -------------------------------------------------------------------------------
 
@@ -110,11 +111,11 @@ class Session:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def get(self, url: str, what: str, max_bytes: int, *, compressed_ok: bool = True) -> bytes:
-        """The whole body of a GET, at most `max_bytes` after decompressing (more is refused)."""
-        encoding = "gzip, deflate" if compressed_ok else "identity"
-        with self._open("GET", url, what, {"Accept-Encoding": encoding}) as response:
-            return self._read(response, what, max_bytes, prefix=False)
+    def get(self, url: str, what: str, max_bytes: int, *, refused_model: bool = True) -> bytes:
+        """The whole body of a GET, at most `max_bytes` after decompressing (more is refused: exit 2
+        when `refused_model`, the answer being a file of the repository, else 4)."""
+        with self._open("GET", url, what, {"Accept-Encoding": "gzip, deflate"}) as response:
+            return self._read(response, what, max_bytes, prefix=False, refused_model=refused_model)
 
     def get_range(self, url: str, what: str, start: int, end: int) -> bytes:
         """Bytes start..end (inclusive) of a file, or fewer when the file is shorter. A server that
@@ -141,6 +142,7 @@ class Session:
     def _open(self, method: str, url: str, what: str, headers: dict[str, str], follow: bool = True) -> Any:
         """The response to `method url` after at most max_redirects redirects (followed here, so that
         no redirect's body is ever read); HubStatusError for an error status. A context manager."""
+        self.doing = what
         for _ in range(self.limits.max_redirects + 1):
             request = self._client.build_request(method, url, headers={**self._headers_for(url), **headers},
                                                  timeout=self._timeout(what))
@@ -166,13 +168,13 @@ class Session:
             return dict(self.headers)
         return {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
 
-    def _read(self, response: Any, what: str, max_bytes: int, *, prefix: bool) -> bytes:
+    def _read(self, response: Any, what: str, max_bytes: int, *, prefix: bool, refused_model: bool = True) -> bytes:
         """The body, counted as it arrives (before and after decompressing) and charged to the
         lookup's total. `prefix`: keep the first max_bytes and stop reading; else more is refused."""
         decoder = _decoder(response.headers.get("content-encoding"), what)
         declared = _content_length(response.headers.get("content-length"))
         if not prefix and decoder is None and declared is not None and declared > max_bytes:
-            raise _too_large(what, max_bytes, f"the server announces {declared:,} bytes")
+            raise _too_large(what, max_bytes, f"the server announces {declared:,} bytes", refused_model)
         body = bytearray()
         raw_bytes = 0
         for chunk in response.iter_raw():  # each network read as it comes, so the deadline is checked between them
@@ -186,12 +188,12 @@ class Session:
                 except zlib.error:
                     raise HubLimitError(f"{what}: the server's compressed answer is corrupt") from None
                 if decoder.unconsumed_tail and not prefix:
-                    raise _too_large(what, max_bytes, "after decompressing")
+                    raise _too_large(what, max_bytes, "after decompressing", refused_model)
             if len(body) > max_bytes or raw_bytes > max(max_bytes, _CHUNK_BYTES) * 2:
                 if prefix:
                     del body[max_bytes:]
                     break
-                raise _too_large(what, max_bytes, "after decompressing" if decoder else "")
+                raise _too_large(what, max_bytes, "after decompressing" if decoder else "", refused_model)
         self._charge(len(body), what)
         return bytes(body)
 
@@ -287,9 +289,9 @@ def _mib(n_bytes: int) -> str:
     return f"{n_bytes / (1 << 20):g} MiB"
 
 
-def _too_large(what: str, max_bytes: int, detail: str) -> HubLimitError:
+def _too_large(what: str, max_bytes: int, detail: str, refused_model: bool) -> HubLimitError:
     return HubLimitError(f"{what} is larger than {_mib(max_bytes)}" + (f" ({detail})" if detail else "")
-                         + ", trainfit's limit for it", refused_model=True)
+                         + ", trainfit's limit for it", refused_model=refused_model)
 
 
 def deadline_message(deadline_seconds: float, what: str) -> str:

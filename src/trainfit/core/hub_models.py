@@ -195,7 +195,7 @@ class _Hub:
 
         def run() -> None:
             try:
-                outcome["entry"] = self.fetch(limits, started)
+                outcome["entry"] = self.fetch(limits, started, outcome)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                 outcome["error"] = exc
 
@@ -203,17 +203,22 @@ class _Hub:
         worker.start()
         worker.join(max(0.0, started + limits.deadline_seconds - time.monotonic()))
         if worker.is_alive():
-            raise UnavailableError(hub_http.deadline_message(limits.deadline_seconds,
-                                                             f"{self.ref}: the Hugging Face Hub at {self.endpoint}"),
-                                   hint=_DEADLINE_HINT)
+            session = outcome.get("session")
+            doing = (session.doing if session and session.doing
+                     else f"{self.ref}: the Hugging Face Hub at {self.endpoint}")
+            raise UnavailableError(hub_http.deadline_message(limits.deadline_seconds, doing), hint=_DEADLINE_HINT)
         if "error" in outcome:
             raise outcome["error"]
         return outcome["entry"]
 
-    def fetch(self, limits: hub_http.Limits, started: float | None = None) -> dict[str, Any]:
-        """config.json and the checked safetensors headers from the Hub, pinned to one commit."""
+    def fetch(self, limits: hub_http.Limits, started: float | None = None,
+              shared: dict[str, Any] | None = None) -> dict[str, Any]:
+        """config.json and the checked safetensors headers from the Hub, pinned to one commit.
+        `shared` receives the session (what it is waiting for, when the deadline passes)."""
         hf = _import_hub()
         session = hub_http.Session(limits, self.endpoint, hf.build_hf_headers(), started)
+        if shared is not None:
+            shared["session"] = session
         with self._errors(session):
             info = self._model_info(session)
             sha = info.get("sha") if isinstance(info.get("sha"), str) else None
@@ -236,8 +241,8 @@ class _Hub:
         """The Hub API's JSON about the repository at the revision (huggingface_hub's model_info)."""
         what = f"{self.ref}: model info from {self.endpoint}"
         url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{urllib.parse.quote(self.revision, safe='')}"
-        return hub_http.parse_document(session.get(url, what, session.limits.model_info_bytes), what,
-                                       refused_model=False)
+        data = session.get(url, what, session.limits.model_info_bytes, refused_model=False)
+        return hub_http.parse_document(data, what, refused_model=False)
 
     def _siblings(self, info: dict[str, Any]) -> set[str] | None:
         """The repository's file names, or None when the endpoint lists none."""
@@ -366,8 +371,8 @@ class _Hub:
             if not _is_network_error(exc):
                 raise
             if session.remaining_seconds() <= 0.05:  # the last read's timeout was the deadline's rest
-                raise UnavailableError(hub_http.deadline_message(session.limits.deadline_seconds,
-                                                                 f"{self.ref}: the Hugging Face Hub at {self.endpoint}"),
+                doing = session.doing or f"{self.ref}: the Hugging Face Hub at {self.endpoint}"
+                raise UnavailableError(hub_http.deadline_message(session.limits.deadline_seconds, doing),
                                        hint=_DEADLINE_HINT) from None
             reason = _first_line(exc)[:200]
             if "timeout" in type(exc).__name__.lower() or isinstance(exc, TimeoutError):
