@@ -350,12 +350,18 @@ class _Handler(BaseHTTPRequestHandler):
         return self.answer(206, data[start:end + 1], headers, head)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # a client that hung up mid-answer: expected here
+        pass
+
+
 @contextlib.contextmanager
 def serve() -> Iterator[FakeHub]:
     """A FakeHub listening on 127.0.0.1 (its `endpoint`) until the block ends."""
     fake = FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
+    server = _QuietServer(("127.0.0.1", 0), _Handler)
     server.hub = fake  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -38,11 +38,15 @@ class Limits:
 
     deadline_seconds: float = 60.0
     read_timeout_seconds: float = 10.0
-    model_info_bytes: int = 8 << 20  # the API's JSON about the repository (a few kB; big repos list 10^4 files)
+    model_info_bytes: int = 4 << 20  # the API's JSON about the repository (a few kB; ~60 B per file listed)
     config_bytes: int = 1 << 20  # config.json: a few kB for any real model
     index_bytes: int = 16 << 20  # model.safetensors.index.json: ~9 MB for DeepSeek-V3's 91k tensors
-    header_bytes: int = 16 << 20  # one safetensors JSON header (a shard's is ~0.1-2 MB)
+    header_bytes: int = 8 << 20  # one safetensors JSON header (a shard's is ~0.1-2 MB)
     total_bytes: int = 32 << 20  # everything one lookup reads, after decompressing
+    # Keys and values (":" and "," counted) of one JSON document: parsed JSON takes ~10x its bytes
+    # when made of the smallest items. DeepSeek-V3's index has ~2x 91k; a header of the smallest
+    # tensor entries, 9 per entry, ~1.2M in header_bytes.
+    max_json_items: int = 1_500_000
     max_shards: int = 1024  # safetensors files whose headers are read (DeepSeek-V3: 163, Llama-3.1-405B: 191)
     max_redirects: int = 5
     parallel_requests: int = 8
@@ -180,6 +184,7 @@ class Session:
         for chunk in response.iter_raw():  # each network read as it comes, so the deadline is checked between them
             self.check_deadline(what)
             raw_bytes += len(chunk)
+            before = len(body)
             if decoder is None:
                 body += chunk[: max_bytes + 1 - len(body)]
             else:
@@ -194,7 +199,7 @@ class Session:
                     del body[max_bytes:]
                     break
                 raise _too_large(what, max_bytes, "after decompressing" if decoder else "", refused_model)
-        self._charge(len(body), what)
+            self._charge(len(body) - before, what)  # as it arrives: parallel reads share the one total
         return bytes(body)
 
     def _charge(self, n_bytes: int, what: str) -> None:
@@ -299,8 +304,19 @@ def deadline_message(deadline_seconds: float, what: str) -> str:
             "(TRAINFIT_HUB_DEADLINE)")
 
 
-def parse_document(data: bytes, what: str, *, refused_model: bool) -> dict[str, Any]:
-    """A JSON object from a Hub answer: valid UTF-8 JSON, an object, at most MAX_JSON_DEPTH deep."""
+def check_items(data: bytes, what: str, max_items: int, *, refused_model: bool) -> None:
+    """Refuse JSON of more than max_items keys and values before parsing it (":" and "," counted,
+    those inside strings too: an overestimate, and a count at C speed)."""
+    items = data.count(b":") + data.count(b",")
+    if items > max_items:
+        raise HubLimitError(f"{what}: holds about {items:,} JSON items, more than the {max_items:,} trainfit "
+                            "parses", refused_model=refused_model)
+
+
+def parse_document(data: bytes, what: str, max_items: int, *, refused_model: bool) -> dict[str, Any]:
+    """A JSON object from a Hub answer: at most max_items items, valid UTF-8 JSON, an object, at
+    most MAX_JSON_DEPTH deep."""
+    check_items(data, what, max_items, refused_model=refused_model)
     try:
         doc = json.loads(data)
     except RecursionError:

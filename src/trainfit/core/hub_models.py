@@ -1,14 +1,14 @@
 """Models on the Hugging Face Hub that are not in the catalog ("owner/name", "owner/name@revision").
 
 `load_hub_model` fetches the repository's config.json and, for the exact parameter count and the
-stored dtype, only the JSON headers of its safetensors files (HTTP Range requests made by
-huggingface_hub), never the weights. Which files count is what transformers loads: the shards
+stored dtype, only the JSON headers of its safetensors files (HTTP Range requests), never the
+weights. Which files count is what transformers loads: the shards
 listed in model.safetensors.index.json, else model.safetensors. Parsing and validation are
 model_loader's, the same as for a local model directory; nothing from the repository is executed.
 
-What was fetched (config.json, the checked headers, the commit) is kept as one small JSON file per
-(endpoint, repository, revision) under trainfit's cache directory, so a second call makes no
-request and works offline. Only what passed every check is cached.
+What was fetched (config.json, each header's elements per dtype, the commit) is kept as one small
+JSON file per (endpoint, repository, revision) under trainfit's cache directory, so a second call
+makes no request and works offline. Only what passed every check is cached.
 
 The server is not trusted: one lookup has one deadline (TRAINFIT_HUB_DEADLINE, default 60 s) and
 every answer is read as a counted stream with a cap per kind of file and for the whole lookup
@@ -46,7 +46,7 @@ DEFAULT_REVISION = "main"
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: each safetensors file as its elements per dtype (1 kept whole headers)
 # The limits of one lookup (tests replace it with smaller ones); the deadline and the per-read
 # timeout come from the environment (read_limits).
 LIMITS = hub_http.Limits()
@@ -150,8 +150,8 @@ class _Hub:
         except (OSError, ValueError, RecursionError):
             return None
         ok = (isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT and isinstance(entry.get("repo_id"), str)
-              and isinstance(entry.get("config"), dict) and isinstance(entry.get("headers"), dict)
-              and all(isinstance(h, dict) for h in entry["headers"].values()))
+              and isinstance(entry.get("config"), dict) and isinstance(entry.get("shards"), dict)
+              and all(_is_dtype_elements(counts) for counts in entry["shards"].values()))
         return entry if ok else None
 
     def write_cache(self, entry: dict[str, Any]) -> None:
@@ -168,13 +168,13 @@ class _Hub:
     # -- the spec ---------------------------------------------------------------------------
 
     def spec(self, entry: dict[str, Any]) -> ModelSpec:
-        """The ModelSpec of a fetched or cached entry; the headers are checked again either way."""
+        """The ModelSpec of a fetched or cached entry; the config and the parameter total are
+        checked again either way."""
         sha = entry.get("sha") if isinstance(entry.get("sha"), str) else None
         spec = model_loader.spec_from_config(entry["config"], origin=self._origin(CONFIG_FILE),
                                              model_id=entry["repo_id"])
-        headers = [model_loader.parse_header(json.dumps(h).encode(), self._origin(name))
-                   for name, h in entry["headers"].items()]
-        spec = model_loader.with_safetensors_params(spec, entry["config"], model_loader.params_from_headers(headers))
+        counted = model_loader.params_from_dtype_elements(list(entry["shards"].values()))
+        spec = model_loader.with_safetensors_params(spec, entry["config"], counted)
         commit = f", commit {sha}" if sha else ""
         return dataclasses.replace(spec, source=f"{self._url(CONFIG_FILE)} (Hugging Face Hub, revision "
                                                 f"{self.revision}{commit})")
@@ -220,40 +220,37 @@ class _Hub:
         if shared is not None:
             shared["session"] = session
         with self._errors(session):
-            info = self._model_info(session)
-            sha = info.get("sha") if isinstance(info.get("sha"), str) else None
+            repo_id, sha, files = self._model_info(session)
             pinned = sha or self.revision  # every file from the same commit, even if the branch moves meanwhile
-            files = self._siblings(info)
             if files is not None and CONFIG_FILE not in files:
                 raise self._no_config()
             config = self._get_json(session, CONFIG_FILE, pinned, limits.config_bytes)
             # Refuse an unsupported or remote-code config before fetching any header.
             model_loader.spec_from_config(config, origin=self._origin(CONFIG_FILE), model_id=self.repo_id)
             shards = self._shards(session, files, pinned)
-            found = session.map_parallel(lambda name: self._header(session, name, pinned), shards)
-        headers = dict(zip(shards, found))
-        info_id = info.get("id")
-        repo_id = info_id if isinstance(info_id, str) and parse_ref(info_id) else self.repo_id
+            parse_one_at_a_time = threading.Lock()  # a parsed header is ~10x its bytes: one in memory at a time
+            counts = session.map_parallel(lambda name: self._header(session, name, pinned, parse_one_at_a_time),
+                                          shards)
         return {"format": CACHE_FORMAT, "endpoint": self.endpoint, "repo_id": repo_id, "revision": self.revision,
-                "sha": sha, "config": config, "headers": headers}
+                "sha": sha, "config": config, "shards": dict(zip(shards, counts))}
 
-    def _model_info(self, session: hub_http.Session) -> dict[str, Any]:
-        """The Hub API's JSON about the repository at the revision (huggingface_hub's model_info)."""
+    def _model_info(self, session: hub_http.Session) -> tuple[str, str | None, set[str] | None]:
+        """(repository id, commit, file names or None when the endpoint lists none) from the Hub
+        API's JSON about the repository at the revision (huggingface_hub's model_info)."""
         what = f"{self.ref}: model info from {self.endpoint}"
         url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{urllib.parse.quote(self.revision, safe='')}"
         data = session.get(url, what, session.limits.model_info_bytes, refused_model=False)
-        return hub_http.parse_document(data, what, refused_model=False)
-
-    def _siblings(self, info: dict[str, Any]) -> set[str] | None:
-        """The repository's file names, or None when the endpoint lists none."""
+        info = hub_http.parse_document(data, what, session.limits.max_json_items, refused_model=False)
+        sha = info.get("sha") if isinstance(info.get("sha"), str) and len(info["sha"]) <= 100 else None
+        info_id = info.get("id")
+        repo_id = info_id if isinstance(info_id, str) and parse_ref(info_id) else self.repo_id
         siblings = info.get("siblings")
         if siblings is None:
-            return None
+            return repo_id, sha, None
         if not (isinstance(siblings, list) and all(isinstance(s, dict) and isinstance(s.get("rfilename"), str)
                                                    for s in siblings)):
-            raise hub_http.HubLimitError(f"{self.ref}: model info from {self.endpoint}: 'siblings' is not a list "
-                                         "of files")
-        return {s["rfilename"] for s in siblings}
+            raise hub_http.HubLimitError(f"{what}: 'siblings' is not a list of files")
+        return repo_id, sha, {s["rfilename"] for s in siblings}
 
     def _shards(self, session: hub_http.Session, files: set[str] | None, revision: str) -> list[str]:
         """The safetensors files transformers would load: the index's shards, else model.safetensors."""
@@ -266,7 +263,8 @@ class _Hub:
             index = self._get_json(session, INDEX_FILE, revision, session.limits.index_bytes)
         else:
             return [SINGLE_FILE] if SINGLE_FILE in files else []
-        names = model_loader.shard_names(index.get("weight_map"), self._origin(INDEX_FILE))
+        names = model_loader.shard_names(index.pop("weight_map", None), self._origin(INDEX_FILE))
+        del index  # the weight map is the big part: 10^5 tensor names for the largest models
         if len(names) > session.limits.max_shards:
             raise BadInputError(f"{self._origin(INDEX_FILE)}: lists {len(names):,} shard files; trainfit reads the "
                                 f"headers of at most {session.limits.max_shards:,}",
@@ -276,10 +274,11 @@ class _Hub:
                 raise BadInputError(f"{self._origin(INDEX_FILE)}: lists {name!r}, which the repository does not have")
         return names
 
-    def _header(self, session: hub_http.Session, name: str, revision: str) -> dict[str, Any]:
+    def _header(self, session: hub_http.Session, name: str, revision: str, parse_lock: threading.Lock
+                ) -> dict[str, int]:
         """One file's safetensors header from two range reads at most (the first 100 kB, then the
         rest when the header is longer), checked by model_loader.parse_header like a local file's.
-        Only what the parameter count needs is kept: each tensor's dtype, shape and offsets."""
+        Only what the parameter count needs is kept: elements per dtype."""
         origin, url = self._origin(name), self._resolve(name, revision)
         try:
             first = session.get_range(url, origin, 0, _FIRST_RANGE_BYTES - 1)
@@ -304,12 +303,13 @@ class _Hub:
                     raise
         if len(raw) < length:
             raise BadInputError(f"{origin}: safetensors header length exceeds the file (corrupt file?)")
-        doc = hub_http.parse_document(raw, f"{origin}: safetensors header", refused_model=True)
-        tensors = {tensor: ({k: info.get(k) for k in ("dtype", "shape", "data_offsets")}
-                            if isinstance(info, dict) else info)
-                   for tensor, info in doc.items() if tensor != "__metadata__"}
-        del doc, raw, first
-        return model_loader.parse_header(json.dumps(tensors).encode(), origin)
+        del first
+        hub_http.check_items(raw, f"{origin}: safetensors header", session.limits.max_json_items, refused_model=True)
+        with parse_lock:
+            try:
+                return model_loader.dtype_elements(model_loader.parse_header(raw, origin))
+            except ValueError:  # an integer of more than 4,300 digits
+                raise BadInputError(f"{origin}: safetensors header holds a number too long to be real") from None
 
     def _get_json(self, session: hub_http.Session, filename: str, revision: str, max_bytes: int,
                   missing_ok: bool = False) -> dict[str, Any] | None:
@@ -325,7 +325,7 @@ class _Hub:
             if filename == CONFIG_FILE:
                 raise self._no_config() from None
             raise BadInputError(f"{self.ref}: {filename} not found in the repository") from None
-        return hub_http.parse_document(data, origin, refused_model=True)
+        return hub_http.parse_document(data, origin, session.limits.max_json_items, refused_model=True)
 
     def _resolve(self, filename: str, revision: str) -> str:
         """huggingface_hub's hf_hub_url: {endpoint}/{repo}/resolve/{revision}/{file}."""
@@ -416,6 +416,11 @@ _DEADLINE_HINT = (f"set {DEADLINE_ENV} to more seconds on a slow connection; a m
                   "works offline (HF_HUB_OFFLINE=1)")
 _LIMIT_HINT = ("trainfit reads only config.json, the shard index and safetensors headers, each a small file in a "
                "real model repository")
+
+
+def _is_dtype_elements(counts: Any) -> bool:
+    return isinstance(counts, dict) and all(isinstance(d, str) and type(n) is int and n >= 0
+                                            for d, n in counts.items())
 
 
 def _is_network_error(exc: BaseException) -> bool:
