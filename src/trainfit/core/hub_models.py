@@ -363,7 +363,8 @@ class _Hub:
         except TrainfitError:
             raise
         except hub_http.HubLimitError as exc:
-            hint = _DEADLINE_HINT if isinstance(exc, hub_http.HubDeadlineError) else _LIMIT_HINT
+            hint = (_DEADLINE_HINT if isinstance(exc, hub_http.HubDeadlineError)
+                    else _LIMIT_HINT if exc.refused_model else _SERVER_HINT)
             raise exc.as_trainfit_error(hint) from None
         except hub_http.HubStatusError as exc:
             raise self._status_error(exc, api=f"{self.endpoint}/api/" in exc.url) from None
@@ -414,6 +415,8 @@ class _Hub:
 
 _DEADLINE_HINT = (f"set {DEADLINE_ENV} to more seconds on a slow connection; a model fetched once is cached and "
                   "works offline (HF_HUB_OFFLINE=1)")
+_SERVER_HINT = ("the server does not answer as the Hugging Face Hub does: check HF_ENDPOINT, or try again later; "
+                "HF_HUB_OFFLINE=1 uses only cached models")
 _LIMIT_HINT = ("trainfit reads only config.json, the shard index and safetensors headers, each a small file in a "
                "real model repository")
 
