@@ -471,3 +471,39 @@ def test_the_total_bytes_of_a_lookup_are_capped(hub, capsys, monkeypatch):
     rc, err, _ = _timed_estimate(capsys)
     assert rc == 2 and "more than 0.00381" in err and "in all" in err
     assert _cached_files() == []
+
+
+def test_the_token_goes_to_the_endpoint_only_not_where_a_redirect_points(hub, monkeypatch):
+    seen: dict[str, str | None] = {}
+
+    def recording(label: str, body: bytes):
+        def send(h, head):
+            seen[label] = h.headers.get("Authorization")
+            h.answer(200, body, {"Content-Type": "application/json"}, head)
+        return send
+
+    with serve() as cdn:
+        def to_cdn(h, head):  # what the Hub does for large files: a redirect to another host
+            h.start(302, {"Location": f"{cdn.endpoint}/{REPO}/resolve/main/config.json", "Content-Length": "0"})
+
+        def same_host(h, head):  # a renamed repository: a relative redirect on the same host
+            h.start(307, {"Location": f"/{REPO}/resolve/main/real.safetensors", "Content-Length": "0"})
+
+        cdn.add(REPO, {"config.json": recording("cdn", json.dumps(CONFIG).encode())})
+        files = single_file_repo()
+        hub.add(REPO, {"config.json": to_cdn, "model.safetensors": same_host,
+                       "real.safetensors": recording("same-host", files["model.safetensors"])})
+        monkeypatch.setenv("HF_TOKEN", GRANTED)
+        assert resolve_model(REPO).exact_params == n_params(mistral_tensors())
+    assert seen == {"cdn": None, "same-host": f"Bearer {GRANTED}"}
+
+
+def test_a_partial_answer_from_the_wrong_offset_is_exit_4(hub, capsys):
+    data = single_file_repo()["model.safetensors"]
+
+    def shifted(h, head):  # 206 for bytes 0-..., but from byte 8: the length would be read from JSON
+        h.answer(206, data[8:100_009], {"Content-Range": f"bytes 8-100008/{len(data)}"}, head)
+
+    hub.add(REPO, {**single_file_repo(), "model.safetensors": shifted})
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 4 and "does not start at byte 0" in err

@@ -129,7 +129,8 @@ class Session:
             if response.status_code == 206:
                 first = _content_range_start(response.headers.get("content-range"))
                 if first != start:
-                    raise HubLimitError(f"{what}: the server answered bytes from {first} for a request from {start}")
+                    raise HubLimitError(f"{what}: the server's partial answer does not start at byte {start} "
+                                        "(Content-Range missing or elsewhere)")
                 return self._read(response, what, end - start + 1, prefix=True)
             return self._read(response, what, end + 1, prefix=True)[start:]  # 200: the file from byte 0
 
