@@ -457,7 +457,11 @@ def test_a_bad_download_timeout_in_a_fresh_process_is_one_line(hub):
     (encoded(json.dumps(CONFIG).encode(), "br"), "Content-Encoding 'br'"),
     (encoded(json.dumps(CONFIG).encode(), "gzip, gzip"), "Content-Encoding 'gzip, gzip'"),
     (sized(10**10, status=500), "answered HTTP 500"),
-], ids=["redirect-loop", "brotli", "double-gzip", "error-with-10-GB-body"])
+    (lambda h, head: h.answer(302, b"", {}, head), "HTTP 302 without a redirect to follow"),
+    (lambda h, head: h.answer(304, b"", {"Location": "/x"}, head), "HTTP 304 without a redirect to follow"),
+    (lambda h, head: h.answer(302, b"", {"Location": "file:///etc/passwd"}, head), "not http(s)"),
+], ids=["redirect-loop", "brotli", "double-gzip", "error-with-10-GB-body", "302-without-location", "304",
+        "redirect-to-a-file-url"])
 def test_protocol_abuse_is_exit_4(hub, capsys, behaviour, message):
     hub.add(REPO, {**single_file_repo(), "config.json": behaviour})
     rc, err, seconds = _timed_estimate(capsys)

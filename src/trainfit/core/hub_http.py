@@ -155,9 +155,12 @@ class Session:
                 self.requests += 1
             response = self._client.send(request, stream=True, follow_redirects=False)
             status = response.status_code
-            if follow and status in (301, 302, 303, 307, 308) and response.headers.get("location"):
+            if follow and 300 <= status < 400:
                 response.close()
-                url = urllib.parse.urljoin(url, response.headers["location"])
+                location = response.headers.get("location")
+                if status not in (301, 302, 303, 307, 308) or not location:
+                    raise HubLimitError(f"{what}: HTTP {status} without a redirect to follow")
+                url = urllib.parse.urljoin(url, location)
                 if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
                     raise HubLimitError(f"{what}: redirected to a URL that is not http(s)")
                 continue
@@ -195,11 +198,13 @@ class Session:
                     raise HubLimitError(f"{what}: the server's compressed answer is corrupt") from None
                 if decoder.unconsumed_tail and not prefix:
                     raise _too_large(what, max_bytes, "after decompressing", refused_model)
-            if len(body) > max_bytes or raw_bytes > max(max_bytes, _CHUNK_BYTES) * 2:
+            raw_too_large = raw_bytes > max(max_bytes, _CHUNK_BYTES) * 2  # compressed, yet larger than the cap
+            if len(body) > max_bytes or raw_too_large:
                 if prefix:
                     del body[max_bytes:]
                     break
-                raise _too_large(what, max_bytes, "after decompressing" if decoder else "", refused_model)
+                detail = "before decompressing" if raw_too_large else "after decompressing" if decoder else ""
+                raise _too_large(what, max_bytes, detail, refused_model)
             self._charge(len(body) - before, what)  # as it arrives: parallel reads share the one total
         return bytes(body)
 
@@ -273,9 +278,8 @@ def _decoder(encoding: str | None, what: str) -> Any:
 
 
 def _content_length(value: str | None) -> int | None:
-    if value is None or not value.strip().isdigit() or len(value.strip()) > 20:
-        return None
-    return int(value)
+    text = (value or "").strip()
+    return int(text) if _is_ascii_number(text) else None
 
 
 def _content_range_start(value: str | None) -> int | None:
@@ -283,7 +287,12 @@ def _content_range_start(value: str | None) -> int | None:
     if not value or not value.startswith("bytes "):
         return None
     first = value[6:].split("-", 1)[0].strip()
-    return int(first) if first.isdigit() and len(first) <= 20 else None
+    return int(first) if _is_ascii_number(first) else None
+
+
+def _is_ascii_number(text: str) -> bool:
+    """Digits 0-9 only ('²' and '١' are digits to str.isdigit, and int() refuses the first)."""
+    return 0 < len(text) <= 20 and text.isascii() and text.isdigit()
 
 
 def _origin(url: str) -> str:
