@@ -443,13 +443,26 @@ def test_a_bad_timeout_in_the_environment_is_exit_2_before_any_request(hub, caps
     assert hub.requests() == []
 
 
-def test_a_bad_download_timeout_in_a_fresh_process_is_one_line(hub):
-    # huggingface_hub reads HF_HUB_DOWNLOAD_TIMEOUT with int() at import: checked before it is imported.
+@pytest.mark.parametrize("variable,value,message", [
+    ("HF_HUB_DOWNLOAD_TIMEOUT", "nan", "environment variable HF_HUB_DOWNLOAD_TIMEOUT"),
+    ("HF_HUB_ETAG_TIMEOUT", "abc", "huggingface_hub refused the environment"),
+])
+def test_a_bad_hub_setting_in_a_fresh_process_is_one_line(hub, variable, value, message):
+    # huggingface_hub reads these with int() when it is imported (here: not yet imported).
     hub.add(REPO, single_file_repo())
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_DOWNLOAD_TIMEOUT": "nan"}
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", variable: value}
     r = subprocess.run([sys.executable, "-m", "trainfit", "estimate", REPO, "--hardware", "cpu"],
                        capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "HF_HUB_DOWNLOAD_TIMEOUT" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr and message in r.stderr
+
+
+@pytest.mark.parametrize("token", ["hf_caf\u00e9", "hf_a\x01b"])
+def test_a_token_http_cannot_carry_is_exit_2(hub, capsys, monkeypatch, token):
+    hub.add(REPO, single_file_repo())
+    monkeypatch.setenv("HF_TOKEN", token)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "HF_TOKEN" in err
+    assert hub.requests() == []
 
 
 @pytest.mark.parametrize("behaviour,message", [

@@ -215,8 +215,7 @@ class _Hub:
               shared: dict[str, Any] | None = None) -> dict[str, Any]:
         """config.json and the checked safetensors headers from the Hub, pinned to one commit.
         `shared` receives the session (what it is waiting for, when the deadline passes)."""
-        hf = _import_hub()
-        session = hub_http.Session(limits, self.endpoint, hf.build_hf_headers(), started)
+        session = hub_http.Session(limits, self.endpoint, _request_headers(), started)
         if shared is not None:
             shared["session"] = session
         with self._errors(session):
@@ -433,11 +432,22 @@ def _is_network_error(exc: BaseException) -> bool:
     return root in {"requests", "urllib3", "httpx", "httpx2", "httpcore", "ssl"} or isinstance(exc, OSError)
 
 
-def _import_hub() -> Any:
-    """huggingface_hub, imported on the first fetch only: its request headers (token, user agent)."""
+def _request_headers() -> dict[str, str]:
+    """huggingface_hub's request headers (user agent, the token of HF_TOKEN or 'hf auth login'),
+    each a value HTTP can carry. huggingface_hub is imported here, on the first fetch only."""
     try:
-        from huggingface_hub import utils
+        from huggingface_hub.utils import build_hf_headers
+
+        headers = build_hf_headers()
     except ImportError:
         raise UnavailableError("fetching a model from the Hugging Face Hub needs the package 'huggingface_hub'",
                                hint="install it with: pip install 'huggingface_hub>=1.0'") from None
-    return utils
+    except ValueError as exc:  # it reads HF_HUB_ETAG_TIMEOUT and others with int() at import
+        raise BadInputError(f"huggingface_hub refused the environment: {_first_line(exc)[:120]}",
+                            hint="check the HF_* environment variables (numbers where it expects them)") from None
+    for name, value in headers.items():
+        if not (isinstance(value, str) and value.isascii() and value.isprintable()):
+            what = "HF_TOKEN (or the token saved by 'hf auth login')" if name.lower() == "authorization" else name
+            raise BadInputError(f"{what}: holds characters an HTTP header cannot carry (non-ASCII or control)",
+                                hint="a Hugging Face token is ASCII letters and digits, 'hf_...'")
+    return headers
