@@ -524,3 +524,21 @@ def test_a_partial_answer_from_the_wrong_offset_is_exit_4(hub, capsys):
     hub.add(REPO, {**single_file_repo(), "model.safetensors": shifted})
     rc, err, _ = _timed_estimate(capsys)
     assert rc == 4 and "does not start at byte 0" in err
+
+
+@pytest.mark.parametrize("endpoint", ["ftp://x", "http://[bad", "x", "http://127.0.0.1:99999", "http://:80"])
+def test_an_endpoint_that_is_not_an_http_url_is_exit_2(capsys, monkeypatch, endpoint):
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "HF_ENDPOINT" in err
+
+
+@pytest.mark.parametrize("proxy,code", [("ftp://proxy", 2), ("socks5://127.0.0.1:1", 4)])
+def test_proxy_settings_the_client_cannot_use_are_one_line(hub, capsys, monkeypatch, proxy, code):
+    hub.add(REPO, single_file_repo())
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == code and "proxy" in err

@@ -93,7 +93,14 @@ class Session:
         self.headers = headers
         self.deadline = (time.monotonic() if started is None else started) + limits.deadline_seconds
         self._httpx = _import_httpx()
-        self._client = self._httpx.Client(follow_redirects=False, timeout=None)
+        try:  # the proxy settings of the environment (HTTPS_PROXY, ALL_PROXY...) are read here
+            self._client = self._httpx.Client(follow_redirects=False, timeout=None)
+        except ImportError as exc:  # a socks:// proxy without httpx[socks]
+            raise UnavailableError(f"the HTTP client cannot use the proxy settings: {str(exc)[:160]}",
+                                   hint="install the missing package, or unset the *_PROXY variables") from None
+        except ValueError as exc:  # a proxy URL of an unknown scheme
+            raise BadInputError(f"the proxy settings (HTTPS_PROXY, ALL_PROXY...) are refused: {str(exc)[:160]}",
+                                hint="give an http://, https:// or socks5:// proxy URL") from None
         self._lock = threading.Lock()
         self.bytes_read = 0
         self.requests = 0

@@ -91,6 +91,7 @@ def load_hub_model(repo_id: str, revision: str | None = None, *,
         return hub.spec(entry)
     if _offline():
         raise hub.offline_error()
+    _check_endpoint(hub.endpoint)
     entry = hub.fetch_within_deadline(read_limits())
     spec = hub.spec(entry)  # every check (the parameter total too) before anything is cached
     hub.write_cache(entry)
@@ -110,6 +111,18 @@ def read_limits() -> hub_http.Limits:
                                                                      LIMITS.deadline_seconds),
                                read_timeout_seconds=_env_seconds(TIMEOUT_ENV, _TIMEOUT_BOUND,
                                                                  LIMITS.read_timeout_seconds))
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """HF_ENDPOINT is an http(s) URL with a host (and a valid port), else exit 2 naming it."""
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+    except ValueError:  # "http://[bad", a port over 65535
+        ok = False
+    if not ok:
+        raise BadInputError(f"environment variable HF_ENDPOINT: {endpoint[:80]!r} is not an http(s) URL with a host",
+                            hint=f"unset it for {DEFAULT_ENDPOINT}, or give a mirror such as https://hf-mirror.com")
 
 
 def _env_seconds(name: str, bound: Bound, default: float) -> float:
@@ -444,7 +457,7 @@ def _request_headers() -> dict[str, str]:
                                hint="install it with: pip install 'huggingface_hub>=1.0'") from None
     except ValueError as exc:  # it reads HF_HUB_ETAG_TIMEOUT and others with int() at import
         raise BadInputError(f"huggingface_hub refused the environment: {_first_line(exc)[:120]}",
-                            hint="check the HF_* environment variables (numbers where it expects them)") from None
+                            hint="check the HF_* environment variables: timeouts are whole seconds") from None
     for name, value in headers.items():
         if not (isinstance(value, str) and value.isascii() and value.isprintable()):
             what = "HF_TOKEN (or the token saved by 'hf auth login')" if name.lower() == "authorization" else name
