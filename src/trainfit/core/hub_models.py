@@ -83,8 +83,9 @@ def load_hub_model(repo_id: str, revision: str | None = None, *,
                    suggestions: Callable[[], list[str]] = list) -> ModelSpec:
     """A ModelSpec for a Hub repository: from trainfit's cache, else from the Hub (then cached).
     `suggestions` gives catalog names close to the reference, for the hints of the errors.
-    BadInputError: no such repository / revision / config.json, a config or header trainfit
-    refuses. UnavailableError: offline and not cached, Hub unreachable, access refused."""
+    BadInputError: no such repository / revision / config.json, a config, index or header trainfit
+    refuses (too large, malformed), a bad HF_ENDPOINT / timeout setting. UnavailableError: offline
+    and not cached, Hub unreachable, access refused, the deadline passed, an unusable answer."""
     hub = _Hub(repo_id, revision or DEFAULT_REVISION, suggestions)
     entry = hub.read_cache()
     if entry is not None:
