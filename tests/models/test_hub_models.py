@@ -542,3 +542,15 @@ def test_proxy_settings_the_client_cannot_use_are_one_line(hub, capsys, monkeypa
     monkeypatch.delenv("no_proxy", raising=False)
     rc, err, _ = _timed_estimate(capsys)
     assert rc == code and "proxy" in err
+
+
+def test_a_refused_shard_is_reported_at_once_while_another_still_drips(hub, capsys, monkeypatch):
+    files = sharded_repo(2)
+    first, second = sorted(f for f in files if f.endswith(".safetensors"))
+    files[first] = raw_safetensors({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}})
+    files[second] = drip(files[second], 0.2)
+    hub.add(REPO, files)
+    monkeypatch.setenv("TRAINFIT_HUB_DEADLINE", "30")
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 2 and "unknown dtype" in err and first in err
+    assert seconds < 5

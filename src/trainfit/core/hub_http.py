@@ -105,6 +105,7 @@ class Session:
         self.bytes_read = 0
         self.requests = 0
         self.doing = ""  # the answer last asked for, named when the deadline passes
+        self.cancelled = False
 
     # -- time -------------------------------------------------------------------------------
 
@@ -112,6 +113,8 @@ class Session:
         return self.deadline - time.monotonic()
 
     def check_deadline(self, what: str) -> None:
+        if self.cancelled:  # another request of the lookup failed: its error is the one reported
+            raise HubLimitError(f"{what}: given up, another request of the lookup failed")
         if self.remaining_seconds() <= 0:
             raise HubDeadlineError(deadline_message(self.limits.deadline_seconds, what))
 
@@ -224,14 +227,17 @@ class Session:
                                 "trainfit's limit for one model's metadata", refused_model=True)
 
     def map_parallel(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
-        """fn over items on up to parallel_requests daemon threads (never joined at exit: a lookup
-        given up at its deadline cannot hold the process); the first error is raised."""
+        """fn over items on up to parallel_requests daemon threads (never joined: a lookup given up
+        cannot hold the process). The first error is raised at once, without waiting for the
+        requests still under way; they stop at their next read (the session is cancelled)."""
         if len(items) <= 1:
             return [fn(item) for item in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
+        left = [len(items)]
         queue: Iterator[int] = iter(range(len(items)))
         lock = threading.Lock()
+        finished = threading.Event()
 
         def work() -> None:
             while True:
@@ -244,14 +250,17 @@ class Session:
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller below
                     with lock:
                         errors.append(exc)
+                    self.cancelled = True
+                    finished.set()
                     return
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        finished.set()
 
-        threads = [threading.Thread(target=work, daemon=True, name="trainfit-hub")
-                   for _ in range(min(self.limits.parallel_requests, len(items)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for _ in range(min(self.limits.parallel_requests, len(items))):
+            threading.Thread(target=work, daemon=True, name="trainfit-hub").start()
+        finished.wait()
         if errors:
             raise errors[0]
         return results

@@ -218,6 +218,8 @@ class _Hub:
         worker.join(max(0.0, started + limits.deadline_seconds - time.monotonic()))
         if worker.is_alive():
             session = outcome.get("session")
+            if session is not None:
+                session.cancelled = True  # its threads stop at their next read
             doing = (session.doing if session and session.doing
                      else f"{self.ref}: the Hugging Face Hub at {self.endpoint}")
             raise UnavailableError(hub_http.deadline_message(limits.deadline_seconds, doing), hint=_DEADLINE_HINT)
