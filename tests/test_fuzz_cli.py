@@ -7,12 +7,16 @@ failure reproduces), and hold each run to the CLI's contract:
   may write anything);
 * every run finishes within CASE_SECONDS.
 
+A second test points the Hub commands at a fake Hub (bench/_fake_hub.py) whose answers are drawn
+from hostile behaviours: slow, endless, compressed, oversized, nested, of the wrong shape.
+
 Runs in-process (`trainfit.cli.main.main`), so several hundred cases take about a minute.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -22,10 +26,12 @@ import struct
 import time
 from pathlib import Path
 
+import _fake_hub as fh
 import pytest
 import yaml
 
 from trainfit.cli.main import main
+from trainfit.core import hub_models
 
 SEED = 20261123
 CASES = 1200
@@ -397,3 +403,115 @@ def test_symlinked_output_trees_are_never_written_through(tmp_path, monkeypatch)
         if code == 0 and any(str(v).startswith("->") for k, v in _tree(out).items() if "/" not in k):
             failures.append(f"{what}: wrote with a linked mode folder in place")
     assert not failures, "\n".join(failures)
+
+
+# -- hostile Hub answers --------------------------------------------------------------------------
+
+HUB_CASES = 40
+HUB_DEADLINE_SECONDS = 1.0
+
+
+def _hostile_json(rng: random.Random, honest: bytes, honest_share: float = 0.0) -> object:
+    """An answer where a JSON document is expected: honest, or wrong in one of many ways."""
+    if rng.random() < honest_share:
+        return honest
+    return rng.choice([
+        lambda: fh.drip(honest, rng.uniform(0.05, 0.3)),
+        lambda: fh.drip_headers(rng.uniform(0.05, 0.3)),
+        lambda: fh.endless_chunked(),
+        lambda: fh.sized(rng.choice([2 << 20, 10**9, 10**12])),
+        lambda: fh.gzip_bomb(rng.choice([10**8, 10**10]), honest[:rng.randrange(len(honest))]),
+        lambda: fh.nested(rng.randint(65, 20_000)),
+        lambda: rng.choice([b"[]", b"null", b"42", b'"x"', b"{", b"", b"\xff\xfe", b'{"a": 1' + b"9" * 5000 + b"}"]),
+        lambda: rng.randbytes(rng.randrange(1, 4096)),
+        lambda: fh.encoded(honest, rng.choice(["br", "zstd", "gzip, gzip", "compress", "deflate"])),
+        lambda: fh.redirect_loop(),
+        lambda: fh.sized(rng.choice([0, 10**10]), status=rng.choice([400, 401, 403, 404, 416, 429, 500, 503])),
+        lambda: fh.slow(honest, rng.uniform(0.5, 2.0)),
+    ])()
+
+
+def _hostile_info(rng: random.Random, name: str, files: dict) -> object:
+    doc = {"id": name, "sha": hashlib.sha1(name.encode()).hexdigest(),  # the fake's commit for `name`
+           "siblings": [{"rfilename": f} for f in files]}
+    mutated = rng.choice([
+        {}, {"siblings": rng.choice([None, {}, [1], [{"rfilename": 5}], "x", [{"rfilename": "../x"}]])},
+        {"id": rng.choice([5, None, "a/b/c", "x" * 500])}, {"sha": rng.choice([5, [], "z" * 10_000])},
+    ])
+    return _hostile_json(rng, json.dumps({**doc, **mutated}).encode(), honest_share=0.3)
+
+
+def _hostile_weights(rng: random.Random) -> dict:
+    """model.safetensors, or an index and its shards, honest or hostile."""
+    header = fh.safetensors_header(fh.mistral_tensors())
+    if rng.random() < 0.5:
+        weights = rng.choice([
+            lambda: fh.safetensors_bytes(fh.mistral_tensors()),
+            lambda: fh.ignores_range(header, 10**10),
+            lambda: fh.gzip_bomb(10**10, rng.choice([header[:8], struct.pack("<Q", 2**63), b""])),
+            lambda: fh.slow_ranges(header + bytes(64), rng.uniform(0.3, 2.0)),
+            lambda: fh.drip(header, 0.1),
+            lambda: struct.pack("<Q", rng.choice([0, 2, 10**6, 2**40, 2**64 - 1])) + rng.randbytes(rng.randrange(64)),
+            lambda: fh.safetensors_header({"w": [rng.choice([2**40, 2**20, -1, 0]), 2**40]}),
+            lambda: struct.pack("<Q", 20_000) + fh.nested(10_000)[:20_000],
+        ])()
+        return {"model.safetensors": weights}
+    n_shards = rng.choice([2, 3, 5, 1025, 3000])
+    shards = {f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors": fh.slow_ranges(header, rng.uniform(0, 0.5))
+              for i in range(n_shards)}
+    index = json.dumps({"weight_map": {f"w{i}": name for i, name in enumerate(shards)}}).encode()
+    return {**shards, "model.safetensors.index.json": _hostile_json(rng, index, honest_share=0.5)}
+
+
+def _hub_cases(rng: random.Random) -> list[tuple[str, object, dict, list[str]]]:
+    cases = []
+    for n in range(HUB_CASES):
+        name = f"fuzz/case-{n}"
+        # Honest answers early on half of the time, so that the later requests are reached too.
+        files = {"config.json": _hostile_json(rng, json.dumps(fh.CONFIG).encode(), honest_share=0.6),
+                 **_hostile_weights(rng)}
+        info = _hostile_info(rng, name, files) if rng.random() < 0.3 else None
+        cmd = rng.choice([["estimate", name, "--hardware", "cpu"], ["models", "show", name],
+                          ["plan", name, "--hardware", "rtx-4090", "--mode", "balanced"],
+                          ["cloud", name, "--examples", "1000"]])
+        cases.append((name, info, files, cmd + (["--json"] if rng.random() < 0.3 else [])))
+    return cases
+
+
+def test_hub_commands_survive_hostile_servers(tmp_path, monkeypatch):
+    """Every Hub command against a server drawn from hostile behaviours: an answer or a clean
+    refusal (exit 0, 2, 3 or 4, one line, no traceback) within the lookup's deadline."""
+    import dataclasses
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINFIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_DOWNLOAD_TIMEOUT", raising=False)
+    monkeypatch.setenv("TRAINFIT_HUB_DEADLINE", str(HUB_DEADLINE_SECONDS))
+    # Smaller caps than the defaults, so that every bomb and flood is cut within a few MiB.
+    monkeypatch.setattr(hub_models, "LIMITS", dataclasses.replace(
+        hub_models.LIMITS, model_info_bytes=1 << 20, index_bytes=1 << 20, header_bytes=1 << 20, total_bytes=4 << 20))
+    rng = random.Random(SEED + 35)
+    failures = []
+    with fh.serve() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        for name, info, files, argv in _hub_cases(rng):
+            hub.add(name, files, info=info)
+            try:
+                code, stderr, seconds = _run(argv)
+            except _Timeout:
+                failures.append(f"{argv}: still running after {CASE_SECONDS} s")
+                continue
+            except Exception as exc:  # noqa: BLE001 - the point: nothing may escape main()
+                failures.append(f"{argv}: {type(exc).__name__}: {exc}")
+                continue
+            if code not in (0, 2, 3, 4):
+                failures.append(f"{argv}: exit {code}: {stderr[-300:]}")
+            if "Traceback" in stderr or (code and len(stderr.strip().splitlines()) != 1):
+                failures.append(f"{argv}: not one line on stderr: {stderr[-300:]}")
+            if seconds > HUB_DEADLINE_SECONDS + 3:
+                failures.append(f"{argv}: {seconds:.1f} s, over the {HUB_DEADLINE_SECONDS:g} s deadline")
+    assert not failures, f"{len(failures)} of {HUB_CASES} cases broke the contract:\n" + "\n".join(failures[:25])

@@ -1,28 +1,27 @@
 """Hub models (core/hub_models) against a fake Hugging Face Hub served on 127.0.0.1.
 
-The fake answers the routes huggingface_hub calls (`/api/models/{repo}/revision/{rev}` and
-`/{repo}/resolve/{rev}/{file}` with HEAD, GET and Range), so the real client runs unmocked.
+The fake (bench/_fake_hub.py) answers the routes the Hub client calls
+(`/api/models/{repo}/revision/{rev}` and `/{repo}/resolve/{rev}/{file}` with HEAD, GET and Range),
+so the real client runs unmocked, against honest and hostile answers.
 Every test points HF_ENDPOINT at a local address and the caches at tmp_path: nothing reaches
 the internet or the user's caches.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
-import math
 import os
-import re
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _fake_hub import (CONFIG, EXTRA, GRANTED, REPO, drip, drip_headers, encoded, endless_chunked, gzip_bomb,
+                       ignores_range, mistral_tensors, n_params, nested, raw_safetensors, redirect_loop,
+                       safetensors_bytes, safetensors_header, serve, sharded_repo, single_file_repo, sized,
+                       slow_ranges, unused_port)
 
 from trainfit.cli.main import main
 from trainfit.core import hub_models
@@ -30,166 +29,7 @@ from trainfit.core.model_catalog import resolve_model
 from trainfit.core.params import count_params
 from trainfit.errors import BadInputError, UnavailableError
 
-REPO = "acme/tiny-mistral"
-GRANTED = "hf_granted"
-CONFIG = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
-          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "head_dim": 16, "vocab_size": 1000, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5,
-          "tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": None,
-          "torch_dtype": "float32"}  # the headers say BF16: the stored dtype must come from them
-# A tensor beyond the config's shapes, so the count can only be right when read from the headers.
-EXTRA = {"multi_modal_projector.weight": [7, 3]}
-_ITEM = {"F32": 4, "BF16": 2, "F16": 2}
-
-
-def mistral_tensors(cfg: dict = CONFIG) -> dict[str, list[int]]:
-    h, i, v, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    t = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h], "lm_head.weight": [v, h]}
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{n}."
-        t.update({p + "self_attn.q_proj.weight": [q, h], p + "self_attn.k_proj.weight": [kv, h],
-                  p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, q],
-                  p + "mlp.gate_proj.weight": [i, h], p + "mlp.up_proj.weight": [i, h],
-                  p + "mlp.down_proj.weight": [h, i], p + "input_layernorm.weight": [h],
-                  p + "post_attention_layernorm.weight": [h]})
-    return {**t, **EXTRA}
-
-
-def n_params(tensors: dict[str, list[int]]) -> int:
-    return sum(math.prod(s) for s in tensors.values())
-
-
-def safetensors_bytes(tensors: dict[str, list[int]], dtype: str = "BF16", metadata: dict | None = None) -> bytes:
-    """A real safetensors file (zero weights): 8-byte little-endian header length, JSON header, data."""
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    for name, shape in tensors.items():
-        size = math.prod(shape) * _ITEM[dtype]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + bytes(offset)
-
-
-def raw_safetensors(header: bytes | dict, length: int | None = None, data: int = 64) -> bytes:
-    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("<Q", len(raw) if length is None else length) + raw + bytes(data)
-
-
-def single_file_repo(cfg: dict = CONFIG) -> dict[str, bytes]:
-    return {"config.json": json.dumps(cfg).encode(), "model.safetensors": safetensors_bytes(mistral_tensors(cfg)),
-            "README.md": b"# tiny"}
-
-
-def sharded_repo() -> dict[str, bytes]:
-    tensors = mistral_tensors()
-    names = list(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    files = {"config.json": json.dumps(CONFIG).encode()}
-    weight_map = {}
-    for shard, members in shards.items():
-        files[shard] = safetensors_bytes({n: tensors[n] for n in members})
-        weight_map.update({n: shard for n in members})
-    index = {"metadata": {"total_size": 1}, "weight_map": weight_map}
-    files["model.safetensors.index.json"] = json.dumps(index).encode()
-    return files
-
-
-class FakeHub:
-    """Repositories in memory, and a log of every request: (method, path, Range header)."""
-
-    def __init__(self):
-        self.repos: dict[str, dict] = {}
-        self.log: list[tuple[str, str, str | None]] = []
-        self.lock = threading.Lock()
-        self.endpoint = ""
-
-    def add(self, repo_id: str, files: dict[str, bytes], *, gated: bool = False, lists_files: bool = True) -> str:
-        sha = hashlib.sha1(repo_id.encode()).hexdigest()
-        self.repos[repo_id] = {"files": files, "gated": gated, "sha": sha, "revisions": {"main", "v1", sha},
-                               "lists_files": lists_files}
-        return sha
-
-    def requests(self) -> list[tuple[str, str, str | None]]:
-        with self.lock:
-            return list(self.log)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the Hub; every answer has a Content-Length
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def do_HEAD(self):
-        self._handle(head=True)
-
-    def do_GET(self):
-        self._handle(head=False)
-
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None, head: bool = False):
-        self.send_response(status)
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-
-    def _error(self, status: int, code: str, message: str, head: bool):
-        self._send(status, json.dumps({"error": message}).encode(),
-                   {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message}, head)
-
-    def _handle(self, head: bool):
-        hub: FakeHub = self.server.hub  # type: ignore[attr-defined]
-        path = urllib.parse.urlsplit(self.path).path
-        with hub.lock:
-            hub.log.append((self.command, urllib.parse.unquote(path), self.headers.get("Range")))
-        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path):
-            repo, revision = hub.repos.get(m.group(1)), urllib.parse.unquote(m.group(2) or "main")
-            if repo is None:
-                return self._error(404, "RepoNotFound", "Repository not found", head)
-            if revision not in repo["revisions"]:
-                return self._error(404, "RevisionNotFound", "Invalid rev id: " + revision, head)
-            doc = {"id": m.group(1), "sha": repo["sha"], "private": False,
-                   "gated": "manual" if repo["gated"] else False, "downloads": 0, "likes": 0, "tags": [],
-                   "lastModified": "2024-07-18T00:00:00.000Z"}
-            if repo["lists_files"]:
-                doc["siblings"] = [{"rfilename": f} for f in repo["files"]]
-            return self._send(200, json.dumps(doc).encode(), {"Content-Type": "application/json"}, head)
-        if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
-            repo = hub.repos.get(m.group(1))
-            revision, filename = urllib.parse.unquote(m.group(2)), urllib.parse.unquote(m.group(3))
-            if repo is None:
-                return self._error(404, "RepoNotFound", "Repository not found", head)
-            if revision not in repo["revisions"]:
-                return self._error(404, "RevisionNotFound", "Invalid rev id: " + revision, head)
-            if repo["gated"] and self.headers.get("Authorization") != f"Bearer {GRANTED}":
-                return self._error(401, "GatedRepo", "Access to model is restricted", head)
-            if filename not in repo["files"]:
-                return self._error(404, "EntryNotFound", "Entry not found", head)
-            data = repo["files"][filename]
-            headers = {"X-Repo-Commit": repo["sha"], "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
-                       "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-            rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
-            if rng is None:
-                return self._send(200, data, headers, head)
-            start = int(rng.group(1))
-            end = min(int(rng.group(2)) if rng.group(2) else len(data) - 1, len(data) - 1)
-            if start >= len(data):
-                return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"}, head)
-            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            return self._send(206, data[start:end + 1], headers, head)
-        return self._send(404, b"not found", {}, head)
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_unused_port = unused_port
 
 
 @pytest.fixture(autouse=True)
@@ -212,17 +52,9 @@ def _isolated(tmp_path, monkeypatch):
 
 @pytest.fixture
 def hub(monkeypatch):
-    fake = FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.hub = fake  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    fake.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serve() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
+        yield fake
 
 
 def _estimate(capsys, ref: str, *extra: str) -> tuple[int, str, str]:
@@ -471,3 +303,254 @@ def test_corrupt_cache_file_is_fetched_again(hub):
 ])
 def test_parse_ref(ref, expected):
     assert hub_models.parse_ref(ref) == expected
+
+
+# -- a hostile Hub: one deadline, every answer capped, shapes refused ------------------------------
+
+
+def _limits(monkeypatch, **changes):
+    monkeypatch.setattr(hub_models, "LIMITS", dataclasses.replace(hub_models.LIMITS, **changes))
+
+
+def _timed_estimate(capsys, ref: str = REPO) -> tuple[int, str, float]:
+    start = time.monotonic()
+    rc, out, err = _estimate(capsys, ref)
+    assert out == "" or rc == 0
+    return rc, _one_line_error(err) if rc else err, time.monotonic() - start
+
+
+def _cached_files() -> list:
+    return list((hub_models.cache_dir() / "hub").rglob("*.json")) if (hub_models.cache_dir() / "hub").exists() else []
+
+
+def test_a_refused_model_is_not_cached_nor_served_offline(hub, capsys, monkeypatch):
+    files = single_file_repo()
+    files["model.safetensors"] = safetensors_header({**mistral_tensors(), "huge.weight": [2**40, 2**40]}) + bytes(64)
+    hub.add(REPO, files)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "1.21e+24 parameters" in err
+    assert _cached_files() == []  # cached only after every check passed
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 4 and "offline" in err  # not served from the cache: it was never cached
+
+
+def test_a_byte_every_so_often_meets_the_deadline(hub, capsys, monkeypatch):
+    # Each read is quick (0.1 s, far under the 10 s per-read timeout); the whole would take 40 s.
+    hub.add(REPO, {**single_file_repo(), "config.json": drip(json.dumps(CONFIG).encode(), 0.1)})
+    monkeypatch.setenv("TRAINFIT_HUB_DEADLINE", "1.5")
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 4 and "1.5 s deadline" in err and "TRAINFIT_HUB_DEADLINE" in err and "config.json" in err
+    assert seconds < 1.5 + 1.0
+
+
+def test_headers_dribbled_forever_meet_the_deadline(hub, capsys, monkeypatch):
+    hub.add(REPO, single_file_repo(), info=drip_headers(0.05))
+    monkeypatch.setenv("TRAINFIT_HUB_DEADLINE", "1")
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 4 and "1 s deadline" in err
+    assert seconds < 1 + 1.0
+
+
+def test_slow_shards_meet_the_deadline(hub, capsys, monkeypatch):
+    files = sharded_repo(12)
+    for name in [f for f in files if f.endswith(".safetensors")]:
+        files[name] = slow_ranges(files[name], 0.5)
+    hub.add(REPO, files)
+    _limits(monkeypatch, parallel_requests=2)  # 6 rounds of 0.5 s: over the deadline
+    monkeypatch.setenv("TRAINFIT_HUB_DEADLINE", "1.5")
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 4 and "1.5 s deadline" in err
+    assert seconds < 1.5 + 1.0
+
+
+def test_an_index_of_3000_shards_is_refused_before_any_header(hub, capsys):
+    weight_map = {f"w{i}": f"model-{i + 1:05d}-of-03000.safetensors" for i in range(3000)}
+    files = {"config.json": json.dumps(CONFIG).encode(),
+             "model.safetensors.index.json": json.dumps({"weight_map": weight_map}).encode()}
+    hub.add(REPO, {**files, **{name: b"" for name in weight_map.values()}})
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "lists 3,000 shard files" in err and "at most 1,024" in err
+    assert not any(rng for _, _, rng in hub.requests())
+
+
+def test_an_endless_chunked_config_is_cut_at_its_cap(hub, capsys):
+    hub.add(REPO, {**single_file_repo(), "config.json": endless_chunked()})
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 2 and "config.json is larger than 1 MiB" in err
+    assert seconds < 10
+
+
+def test_a_500_mb_config_is_refused_from_its_content_length(hub, capsys):
+    hub.add(REPO, {**single_file_repo(), "config.json": sized(500_000_000)})
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 2 and "config.json is larger than 1 MiB" in err and "announces 500,000,000 bytes" in err
+    assert seconds < 10
+
+
+def test_a_server_ignoring_range_is_read_only_as_far_as_the_header(hub, capsys):
+    # 3 GB "weights" after a valid header: the first 100 kB are read, then the connection dropped.
+    files = single_file_repo()
+    files["model.safetensors"] = ignores_range(safetensors_header(mistral_tensors()), 3 * 10**9)
+    hub.add(REPO, files)
+    rc, out, err = _estimate(capsys, REPO)
+    assert rc == 0, err
+    assert json.loads(out)["params_total"] == n_params(mistral_tensors())
+
+
+@pytest.mark.parametrize("where,code,message", [
+    ("config.json", 2, "config.json is larger than 1 MiB (after decompressing)"),
+    ("info", 4, "model info from http://127.0.0.1:"),
+    ("model.safetensors", 2, "safetensors header of 50,000,000 bytes is larger than 8 MiB"),
+])
+def test_gzip_bombs_are_cut_after_decompressing(hub, capsys, where, code, message):
+    files = single_file_repo()
+    if where == "info":
+        hub.add(REPO, files, info=gzip_bomb(10**10, b'{"id": "'))
+    else:  # a safetensors file claiming a 50 MB header, then 10 GB of zeros, gzipped (~10 MB sent at most)
+        files[where] = gzip_bomb(10**10, (5 * 10**7).to_bytes(8, "little") if where != "config.json" else b'{"a":"')
+        hub.add(REPO, files)
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == code and message in err, err
+    assert seconds < 10
+
+
+@pytest.mark.parametrize("info", [b"[1, 2, 3]", b'"a string"', b"null", b"{not json", nested(5000), nested(100),
+                                  b'{"id": "acme/x", "siblings": {"rfilename": "config.json"}}',
+                                  b'{"siblings": [{"rfilename": 5}]}', b'{"x": 1' + b"1" * 5000 + b"}"],
+                         ids=["list", "string", "null", "not-json", "nested-5000", "nested-100", "siblings-object",
+                              "sibling-name-not-a-string", "5000-digit-number"])
+def test_model_info_of_the_wrong_shape_is_exit_4(hub, capsys, info):
+    hub.add(REPO, single_file_repo(), info=info)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 4 and "model info" in err
+
+
+@pytest.mark.parametrize("config", [nested(5000), nested(100), b"[1]"], ids=["nested-5000", "nested-100", "list"])
+def test_a_config_of_the_wrong_shape_is_exit_2(hub, capsys, config):
+    hub.add(REPO, {**single_file_repo(), "config.json": config})
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "config.json" in err
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_DOWNLOAD_TIMEOUT", "TRAINFIT_HUB_DEADLINE"])
+@pytest.mark.parametrize("value", ["nan", "abc", "-1", "0", "inf", "1e999"])
+def test_a_bad_timeout_in_the_environment_is_exit_2_before_any_request(hub, capsys, monkeypatch, variable, value):
+    hub.add(REPO, single_file_repo())
+    monkeypatch.setenv(variable, value)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and f"environment variable {variable}" in err
+    assert hub.requests() == []
+
+
+@pytest.mark.parametrize("variable,value,message", [
+    ("HF_HUB_DOWNLOAD_TIMEOUT", "nan", "environment variable HF_HUB_DOWNLOAD_TIMEOUT"),
+    ("HF_HUB_ETAG_TIMEOUT", "abc", "huggingface_hub refused the environment"),
+])
+def test_a_bad_hub_setting_in_a_fresh_process_is_one_line(hub, variable, value, message):
+    # huggingface_hub reads these with int() when it is imported (here: not yet imported).
+    hub.add(REPO, single_file_repo())
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", variable: value}
+    r = subprocess.run([sys.executable, "-m", "trainfit", "estimate", REPO, "--hardware", "cpu"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and message in r.stderr
+
+
+@pytest.mark.parametrize("token", ["hf_caf\u00e9", "hf_a\x01b"])
+def test_a_token_http_cannot_carry_is_exit_2(hub, capsys, monkeypatch, token):
+    hub.add(REPO, single_file_repo())
+    monkeypatch.setenv("HF_TOKEN", token)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "HF_TOKEN" in err
+    assert hub.requests() == []
+
+
+@pytest.mark.parametrize("behaviour,message", [
+    (redirect_loop(), "more than 5 redirects"),
+    (encoded(json.dumps(CONFIG).encode(), "br"), "Content-Encoding 'br'"),
+    (encoded(json.dumps(CONFIG).encode(), "gzip, gzip"), "Content-Encoding 'gzip, gzip'"),
+    (sized(10**10, status=500), "answered HTTP 500"),
+    (lambda h, head: h.answer(302, b"", {}, head), "HTTP 302 without a redirect to follow"),
+    (lambda h, head: h.answer(304, b"", {"Location": "/x"}, head), "HTTP 304 without a redirect to follow"),
+    (lambda h, head: h.answer(302, b"", {"Location": "file:///etc/passwd"}, head), "not http(s)"),
+], ids=["redirect-loop", "brotli", "double-gzip", "error-with-10-GB-body", "302-without-location", "304",
+        "redirect-to-a-file-url"])
+def test_protocol_abuse_is_exit_4(hub, capsys, behaviour, message):
+    hub.add(REPO, {**single_file_repo(), "config.json": behaviour})
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 4 and message in err
+    assert seconds < 10
+
+
+def test_the_total_bytes_of_a_lookup_are_capped(hub, capsys, monkeypatch):
+    hub.add(REPO, sharded_repo(4))
+    _limits(monkeypatch, total_bytes=4000)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "more than 0.00381" in err and "in all" in err
+    assert _cached_files() == []
+
+
+def test_the_token_goes_to_the_endpoint_only_not_where_a_redirect_points(hub, monkeypatch):
+    seen: dict[str, str | None] = {}
+
+    def recording(label: str, body: bytes):
+        def send(h, head):
+            seen[label] = h.headers.get("Authorization")
+            h.answer(200, body, {"Content-Type": "application/json"}, head)
+        return send
+
+    with serve() as cdn:
+        def to_cdn(h, head):  # what the Hub does for large files: a redirect to another host
+            h.start(302, {"Location": f"{cdn.endpoint}/{REPO}/resolve/main/config.json", "Content-Length": "0"})
+
+        def same_host(h, head):  # a renamed repository: a relative redirect on the same host
+            h.start(307, {"Location": f"/{REPO}/resolve/main/real.safetensors", "Content-Length": "0"})
+
+        cdn.add(REPO, {"config.json": recording("cdn", json.dumps(CONFIG).encode())})
+        files = single_file_repo()
+        hub.add(REPO, {"config.json": to_cdn, "model.safetensors": same_host,
+                       "real.safetensors": recording("same-host", files["model.safetensors"])})
+        monkeypatch.setenv("HF_TOKEN", GRANTED)
+        assert resolve_model(REPO).exact_params == n_params(mistral_tensors())
+    assert seen == {"cdn": None, "same-host": f"Bearer {GRANTED}"}
+
+
+def test_a_partial_answer_from_the_wrong_offset_is_exit_4(hub, capsys):
+    data = single_file_repo()["model.safetensors"]
+
+    def shifted(h, head):  # 206 for bytes 0-..., but from byte 8: the length would be read from JSON
+        h.answer(206, data[8:100_009], {"Content-Range": f"bytes 8-100008/{len(data)}"}, head)
+
+    hub.add(REPO, {**single_file_repo(), "model.safetensors": shifted})
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 4 and "does not start at byte 0" in err
+
+
+@pytest.mark.parametrize("endpoint", ["ftp://x", "http://[bad", "x", "http://127.0.0.1:99999", "http://:80"])
+def test_an_endpoint_that_is_not_an_http_url_is_exit_2(capsys, monkeypatch, endpoint):
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == 2 and "HF_ENDPOINT" in err
+
+
+@pytest.mark.parametrize("proxy,code", [("ftp://proxy", 2), ("socks5://127.0.0.1:1", 4)])
+def test_proxy_settings_the_client_cannot_use_are_one_line(hub, capsys, monkeypatch, proxy, code):
+    hub.add(REPO, single_file_repo())
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    rc, err, _ = _timed_estimate(capsys)
+    assert rc == code and "proxy" in err
+
+
+def test_a_refused_shard_is_reported_at_once_while_another_still_drips(hub, capsys, monkeypatch):
+    files = sharded_repo(2)
+    first, second = sorted(f for f in files if f.endswith(".safetensors"))
+    files[first] = raw_safetensors({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}})
+    files[second] = drip(files[second], 0.2)
+    hub.add(REPO, files)
+    monkeypatch.setenv("TRAINFIT_HUB_DEADLINE", "30")
+    rc, err, seconds = _timed_estimate(capsys)
+    assert rc == 2 and "unknown dtype" in err and first in err
+    assert seconds < 5

@@ -19,8 +19,10 @@ GIB = 1 << 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, or a shape "
-                   "('shape:125m'); omit with --params or --layers/--hidden/--heads")
+    p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, a shape "
+                   "('shape:125m'), or a Hugging Face Hub id 'owner/name[@revision]' (config.json and safetensors "
+                   "headers only; the lookup gives up after TRAINFIT_HUB_DEADLINE seconds, default 60); omit with "
+                   "--params or --layers/--hidden/--heads")
     p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default=DEFAULT_METHOD,
                    help=f"default {DEFAULT_METHOD} (as plan and cloud; sft = full)")
     p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default=None,

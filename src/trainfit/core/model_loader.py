@@ -339,17 +339,29 @@ def _header(path: Path) -> dict[str, Any]:
 def params_from_headers(headers: list[dict[str, Any]]) -> tuple[int | None, StoredDtype]:
     """(parameter count, dominant stored dtype) from checked safetensors headers (parse_header);
     (None, "float32") when there are none. Buffers saved by older checkpoints are not counted."""
-    if not headers:
-        return None, "float32"
-    total = 0
+    return params_from_dtype_elements([dtype_elements(header) for header in headers])
+
+
+def dtype_elements(header: dict[str, Any]) -> dict[str, int]:
+    """Elements per safetensors dtype of one checked header, buffers left out: all a header gives
+    the parameter count (a few bytes to keep, where the header may hold 10^5 tensors)."""
     by_dtype: dict[str, int] = {}
-    for header in headers:
-        for name, info in header.items():
-            if name == "__metadata__" or _is_buffer(name, info["shape"]):
-                continue
-            n = math.prod(info["shape"])
-            total += n
-            by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + n
+    for name, info in header.items():
+        if name == "__metadata__" or _is_buffer(name, info["shape"]):
+            continue
+        by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + math.prod(info["shape"])
+    return by_dtype
+
+
+def params_from_dtype_elements(shards: list[dict[str, int]]) -> tuple[int | None, StoredDtype]:
+    """params_from_headers from each file's dtype_elements."""
+    if not shards:
+        return None, "float32"
+    by_dtype: dict[str, int] = {}
+    for counts in shards:
+        for dtype, n in counts.items():
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + n
+    total = sum(by_dtype.values())
     if total > MAX_PARAMS:
         raise BadInputError(f"safetensors headers claim {total:.3g} parameters, above the {MAX_PARAMS:.0e} "
                             "any real model has (corrupt file?)")
