@@ -55,8 +55,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     from trainfit.hardware.profiler import build_profile, check_psu_watts
 
     check_psu_watts(args.psu_watts)
-    owned = not args.hardware
-    if args.hardware:
+    owned = args.hardware is None
+    if args.hardware is not None:  # '' is refused as every command refuses it, not this machine
         from trainfit.core.hardware_spec import resolve_hardware
 
         profile = resolve_hardware(args.hardware)
