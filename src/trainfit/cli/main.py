@@ -12,12 +12,14 @@ the one-line helps are repeated in COMMANDS below, and a test checks they equal 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from collections.abc import Collection, Sequence
 
 from trainfit import __version__
-from trainfit.errors import EXIT_BAD_INPUT, TrainfitError
+from trainfit.errors import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, TrainfitError
 
 # Command -> its module's HELP, in the order shown in --help (tests/test_cli_imports.py checks
 # that each equals trainfit.cli.cmd_<name>.HELP).
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a full disk behind `> file` shows here, not at interpreter exit
+        return code
     except TrainfitError as exc:
         print(f"trainfit: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -89,7 +93,51 @@ def main(argv: list[str] | None = None) -> int:
         print("trainfit: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _drop_stdout()
         return 0
+    except OSError as exc:
+        known = os_error_exit(exc)
+        if known is None:
+            raise
+        code, message = known
+        print(f"trainfit: error: {message}", file=sys.stderr)
+        return code
+
+
+# OSErrors that are the machine's or the user's doing, not a bug: a full disk (exit 4, with what to
+# do), a name the filesystem cannot hold or a place the user may not write (exit 2).
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_USER_PATH = {errno.ENAMETOOLONG: "a file name is too long for the filesystem (at most 255 bytes a part)",
+              errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+              errno.EROFS: "read-only filesystem"}
+
+
+def os_error_exit(exc: OSError) -> tuple[int, str] | None:
+    """(exit code, one-line message) for an OSError a user can act on; None for any other."""
+    where = f" ({_shown(exc.filename)})" if exc.filename else ""
+    if exc.errno in _DISK_FULL:
+        _drop_stdout()
+        return EXIT_UNAVAILABLE, (f"no space left on the device{where}: free some space (or write elsewhere) "
+                                  "and run the command again")
+    if exc.errno in _USER_PATH:
+        return EXIT_BAD_INPUT, f"{_USER_PATH[exc.errno]}{where}: give a path you can write"
+    return None
+
+
+def _shown(name: object) -> str:
+    text = str(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of what could not be written
+    (a closed pipe, a full disk) raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
+        pass
 
 
 if __name__ == "__main__":

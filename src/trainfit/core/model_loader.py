@@ -149,6 +149,10 @@ def check_plausible(spec: ModelSpec, origin: str, *, explicit_head_dim: bool = T
     if spec.num_heads % spec.num_kv_heads:
         raise BadInputError(f"{origin}: {spec.num_heads} attention heads are not a multiple of the "
                             f"{spec.num_kv_heads} key/value heads")
+    if spec.num_experts and not 1 <= spec.experts_per_token <= spec.num_experts:
+        raise BadInputError(f"{origin}: num_experts_per_tok ({spec.experts_per_token}) must be from 1 to the "
+                            f"number of experts ({spec.num_experts}); a token cannot be routed to more experts "
+                            "than the layer has")
     total = count_params(spec).total
     if total > MAX_PARAMS:
         raise BadInputError(f"{origin}: these dimensions make {total:.3g} parameters, above the {MAX_PARAMS:.0e} "
