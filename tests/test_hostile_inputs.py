@@ -353,3 +353,15 @@ def test_a_full_disk_during_a_checkpoint_exits_4_with_what_to_do_and_resumes(cap
     code, err = run_cli(capsys, "train", str(config), "--out", str(run), "--resume")
     assert code == 0, err
     assert json.loads((run / "summary.json").read_text())["global_step"] == 6
+
+
+def test_profile_and_metrics_with_a_5000_digit_integer(capsys, tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"schema_version": 1, "gpus": []}).replace("[]", f"[{HUGE_INT}]"))
+    err = refused(capsys, "estimate", "llama-3.2-1b", "--hardware", str(profile))
+    assert "4,300 digits" in err and "set_int_max_str_digits" not in err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("version: 1\n")
+    (run / "metrics.jsonl").write_text(f'{{"step": {HUGE_INT}, "loss": 1.0}}\n')
+    assert "4,300 digits" in refused(capsys, "report", str(run), "--out", str(tmp_path / "report"))

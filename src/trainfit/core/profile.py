@@ -282,6 +282,8 @@ class HardwareProfile:
             raise ValueError(f"not valid JSON: {exc}") from None
         except RecursionError:
             raise ValueError("nested too deeply to be a profile") from None
+        except ValueError:  # Python reads no integer of more than 4,300 digits
+            raise ValueError("holds an integer with more than 4,300 digits; no machine has that much of anything") from None
         return cls.from_dict(data)
 
     @classmethod
