@@ -129,10 +129,16 @@ def _from_hub(model_id: str, **kwargs):
     """Pretrained weights from the Hugging Face Hub (or its local cache)."""
     from transformers import AutoModelForCausalLM
 
+    from trainfit.train.hub_access import offline_hint, offline_reason
+
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    offline = offline_reason()  # one quick probe, not the Hub client's minute of retries
     try:
-        return AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(model_id, local_files_only=offline is not None, **kwargs)
     except OSError as exc:
+        if offline is not None:
+            raise UnavailableError(f"model.id: the weights of {model_id} are not in the Hugging Face cache and the "
+                                   f"Hub is not asked: {offline}", hint=offline_hint(model_id)) from None
         raise UnavailableError(f"model.id: cannot load {model_id} from the Hugging Face Hub or its cache: "
                                f"{str(exc).splitlines()[0]}",
                                hint="check the network (HF_HUB_OFFLINE), or download it and use model.path "

@@ -142,6 +142,10 @@ def resolve_device(cfg: RunConfig) -> str:
     if want == "cuda" and not torch.cuda.is_available():
         raise UnavailableError("training.device: cuda asked, but torch sees no CUDA device",
                                hint="use device: auto or cpu")
+    mps = getattr(torch.backends, "mps", None)
+    if want == "mps" and not (mps is not None and mps.is_available()):  # torch would quietly train on the CPU
+        raise UnavailableError("training.device: mps asked, but torch sees no Apple GPU (MPS needs macOS on Apple "
+                               "silicon)", hint="use device: auto or cpu")
     return want
 
 
