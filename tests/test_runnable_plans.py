@@ -161,3 +161,34 @@ def test_cloud_table_at_80_columns_keeps_hours_cost_class_and_whole_flavor_ids(c
     first_words = {line.split()[0] for line in lines if line.strip()}
     assert set(ids) <= first_words, sorted(set(ids) - first_words)[:5]  # every id whole, pastable
     assert "…" not in "".join(line.split()[0] for line in lines if line.strip())
+
+
+# ---------------------------------------------------------------- the pretraining model planned is the one trained
+def test_training_a_pretraining_plan_trains_the_model_planned(capsys, tmp_path):
+    """shape:1m is planned at 32,000 tokens of vocabulary; the shipped corpus gives its BPE only
+    about 850: the run keeps the planned embedding (the model that runs is the one planned) and
+    says what the corpus gave and how to get the smaller model instead."""
+    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.params import count_params
+
+    out = tmp_path / "plan"
+    code, _, err = run_cli(capsys, "plan", "shape:1m", "--method", "pretrain", "--hardware", "cpu", "--mode",
+                           "balanced", "--out", str(out))
+    assert code == 0, err
+    config = out / "balanced" / "run.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    planned_vocab = cfg["tokenizer"]["vocab_size"]
+    assert planned_vocab == 32000
+    # Only the run's length and batch are cut down, to train in seconds; the model is as written.
+    cfg["training"].update(micro_batch=1, grad_accum=1, seq_len=64)
+    cfg["schedule"] = {"max_steps": 1, "lr": 1e-3}
+    cfg["data"]["max_samples"] = 300
+    config.write_text(yaml.safe_dump(cfg))
+    code, _, err = run_cli(capsys, "train", str(config), "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["params_total"] == count_params(resolve_model("shape:1m")).total == 2_113_728
+    got = int(re.search(r"the corpus gave the byte-level BPE ([\d,]+) of the 32,000 tokens", err).group(1)
+              .replace(",", ""))
+    assert got < planned_vocab and f"--vocab {got}" in err and f"tokenizer.vocab_size: {got}" in err
+    assert "the corpus gave" in summary["tokenizer"]

@@ -309,13 +309,21 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
         return load_tokenizer(cfg.model.path, "model.path"), f"local: {cfg.model.path}"
     with args.main_process_first(local=False, desc="tokenizer"):
         if has_tokenizer_files(saved):
-            return _load_saved_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
-        log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
-        raw = load_raw_dataset(cfg)
-        check_columns(cfg, raw)  # before spending time on the tokenizer
-        train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
-                                  cfg.tokenizer.vocab_size, saved)
-        return load_tokenizer(saved), "byte-level BPE trained on the corpus"
+            tok, note = _load_saved_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
+        else:
+            log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
+            raw = load_raw_dataset(cfg)
+            check_columns(cfg, raw)  # before spending time on the tokenizer
+            train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
+                                      cfg.tokenizer.vocab_size, saved)
+            tok, note = load_tokenizer(saved), "byte-level BPE trained on the corpus"
+    from trainfit.train.model_build import short_vocabulary_note
+
+    short = short_vocabulary_note(cfg, len(tok))
+    if short:  # the model is still built at the planned size; the user learns what the corpus gave
+        log(f"warning: {short}")
+        note += f"; {short}"
+    return tok, note
 
 
 
