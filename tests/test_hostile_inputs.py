@@ -65,6 +65,12 @@ def _tiny_config(tmp_path: Path, name: str = "run.yaml", **sections) -> Path:
     ["plan", "llama-3.2-1b", "--hardware", LONG],
     ["analyze", "--hardware", LONG, "--profile-only"],
     ["estimate", "llama-3.2-1b", "--hardware", f"{LONG}.json"],
+    ["train", f"{LONG}.yaml"],
+    ["verify", f"{LONG}.yaml"],
+    ["train", str(EXAMPLES / "pretrain.yaml"), "--out", LONG],
+    ["profile", "--quick", "--out", LONG],
+    ["plan", "llama-3.2-1b", "--hardware", "rtx-4090", "--data", LONG],
+    ["plan", "llama-3.2-1b", "--hardware", "rtx-4090", "--out", LONG],
 ])
 def test_names_over_255_bytes_are_refused_in_one_short_line(capsys, argv):
     err = refused(capsys, *argv)

@@ -132,9 +132,11 @@ def _sigterm_as_interrupt():
 # OSErrors that are the machine's or the user's doing, not a bug: a full disk (exit 4, with what to
 # do), a name the filesystem cannot hold or a place the user may not write (exit 2).
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_USER_PATH = {errno.ENAMETOOLONG: "a file name is too long for the filesystem (at most 255 bytes a part)",
-              errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-              errno.EROFS: "read-only filesystem"}
+_USER_PATH = {errno.ENAMETOOLONG: ("a file name is too long for the filesystem", "each part of a path holds at most "
+                                                                              "255 bytes"),
+              errno.EACCES: ("permission denied", "give a path you may use"),
+              errno.EPERM: ("operation not permitted", "give a path you may use"),
+              errno.EROFS: ("read-only filesystem", "write somewhere else")}
 
 
 def os_error_exit(exc: OSError) -> tuple[int, str] | None:
@@ -145,7 +147,8 @@ def os_error_exit(exc: OSError) -> tuple[int, str] | None:
         return EXIT_UNAVAILABLE, (f"no space left on the device{where}: free some space (or write elsewhere) "
                                   "and run the command again")
     if exc.errno in _USER_PATH:
-        return EXIT_BAD_INPUT, f"{_USER_PATH[exc.errno]}{where}: give a path you can write"
+        what, hint = _USER_PATH[exc.errno]
+        return EXIT_BAD_INPUT, f"{what}{where}: {hint}"
     return None
 
 
