@@ -137,8 +137,8 @@ def host_template(spec: GpuSpec | None, count: int, ram_gib: int | None = None) 
 
 
 # ---------------------------------------------------------------------------- parsing
-_COUNT_RE = re.compile(r"^\s*([+-]?\d+)\s*[x×*]\s*(.*)$", re.IGNORECASE)
-_CPU_RE = re.compile(r"^cpu(?:-(\d+)\s*g(?:i)?b)?$", re.IGNORECASE)
+_COUNT_RE = re.compile(r"^\s*([+-]?[0-9]+)\s*[x×*]\s*(.*)$", re.IGNORECASE)
+_CPU_RE = re.compile(r"^cpu(?:-([0-9]+)\s*g(?:i)?b)?$", re.IGNORECASE)
 
 
 def resolve_hardware(spec: str) -> HardwareProfile:
@@ -149,7 +149,8 @@ def resolve_hardware(spec: str) -> HardwareProfile:
     text = (spec or "").strip()
     if not text:
         raise BadInputError("--hardware: empty", hint=f"use {FORMS}")
-    if any(c.isdigit() and not c.isascii() for c in text):  # int() reads '٢' as 2; the flags refuse it
+    is_path = text.lower().endswith(".json") or "/" in text or "\\" in text  # a file may be named in any script
+    if not is_path and any(c.isdigit() and not c.isascii() for c in text):  # int() reads '٢' as 2; flags refuse it
         raise BadInputError(f"--hardware '{_shown(text)}': write counts and sizes in ASCII digits (0-9)",
                             hint=f"use {FORMS}")
     from trainfit.core.multinode_spec import resolve_multinode
