@@ -10,7 +10,9 @@ failure reproduces), and hold each run to the CLI's contract:
 A second test points the Hub commands at a fake Hub (bench/_fake_hub.py) whose answers are drawn
 from hostile behaviours: slow, endless, compressed, oversized, nested, of the wrong shape.
 
-Runs in-process (`trainfit.cli.main.main`), so several hundred cases take about a minute.
+Runs in-process (`trainfit.cli.main.main`), so several hundred cases take about a minute. The
+generators include oversize documents (integers over 4,300 digits, YAML alias bombs), documents
+nested past any parser's limit, duplicate keys, names over 255 bytes, a FIFO and /dev/zero as data.
 """
 
 from __future__ import annotations
@@ -40,17 +42,22 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 BAD_NUMBERS = ["0", "-1", "-0.5", "nan", "NaN", "inf", "-inf", "1e999", "-1e999", "99999999999999999999999",
                "1e30", "", " ", "abc", "1.5.2", "0x10", "１", "1e", "--", "٣", "2**10", "1/2"]
-BAD_WORDS = ["", " ", "../../etc/passwd", "\u202e", "a" * 500, "nul\x01char", "--", "-x", "💥", "%s%n", "None"]
+BAD_WORDS = ["", " ", "../../etc/passwd", "\u202e", "a" * 500, "nul\x01char", "--", "-x", "💥", "%s%n", "None",
+             "b" * 300 + ".json", "x/" + "c" * 300]
 BAD_MODELS = ["", " ", "shape:", "shape:0", "shape:1e999", "shape:99999999999999999t", "shape:-5m",
               "shape:layers=-1,hidden=64,heads=4", "shape:layers=2,hidden=1000,heads=7",
               "shape:layers=2,hidden=99999999999999,heads=1", "shape:layers=90000,hidden=1000000,heads=1000",
               "shape:layers=2,hidden=64,heads=4,kv_heads=3", "shape:layers=x", "shape:foo=1", "1e999b", "0m",
-              "a/b/c/d", "./missing-dir", "owner/", "/", "~nouser/x", "qwen9.9-99b"]
+              "a/b/c/d", "./missing-dir", "owner/", "/", "~nouser/x", "qwen9.9-99b",
+              # names over 255 bytes, duplicate and non-ASCII keys, an absurd shape
+              "m" * 300, "./" + "m" * 300, "owner/" + "m" * 300, "shape:layers=2,layers=4,hidden=64,heads=4",
+              "shape:layers=٢,hidden=64,heads=4", "shape:layers=100000,hidden=1048576,heads=1024",
+              "shape:" + "9" * 5000]
 BAD_HARDWARE = ["", " ", "-3x rtx-4090", "0x a100-80gb", "99x h100-sxm", "17x h100-sxm", "cpu-0gb", "cpu-999999gb",
                 "rtx", "x", "1x", "2x m2-16gb", "nan x h100", "1.5x a100-80gb", "h100-sxm x 2",
                 "0 nodes x 8x h100-sxm", "2 nodes x cpu", "99999 nodes x 8x h100-sxm", "2 nodes x",
                 "2 nodes x 8x h100-sxm over nope", "2x 2x 2x a100-80gb", "rtx-4090 over ib-ndr", "a.json,b.json",
-                "2 nodes x m2-16gb"]
+                "2 nodes x m2-16gb", "h" * 300, "٢x rtx-4090", "cpu-٦٤gb", "2x " + "h" * 300, "h" * 300 + ".json"]
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +91,62 @@ def bad_files(tmp_path_factory) -> dict[str, Path]:
     files["a-directory.yaml"] = d / "a-directory.yaml"
     files["missing.yaml"] = d / "missing.yaml"
     files["proc"] = Path("/proc/version")
+    for i in range(3):  # seeded: each run of the test sees the same hostile documents
+        put(f"oversize-{i}.yaml", _oversize_document(rng, "yaml"))
+        put(f"oversize-{i}.json", _oversize_document(rng, "json"))
+        put(f"nested-{i}.json", _nested_document(rng, "json"))
+        put(f"nested-{i}.jsonl", _nested_document(rng, "jsonl"))
+        put(f"nested-{i}.yaml", _nested_document(rng, "yaml"))
+        put(f"duplicate-{i}.yaml", _duplicate_keys_config(rng))
+    os.mkfifo(d / "fifo.jsonl")
+    files["fifo.jsonl"] = d / "fifo.jsonl"
     files.update(_bad_model_dirs(d))
     files.update(_bad_run_dirs(d))
     return files
 
 
+def _oversize_document(rng: random.Random, kind: str) -> str:
+    """A small file that is huge once read: an integer over Python's 4,300-digit limit, or YAML
+    aliases that each repeat the one before ("billion laughs": 9**9 values from 1 KB)."""
+    digits = "9" * rng.choice([4301, 5000, 20000])
+    if kind == "json":
+        return json.dumps({"schema_version": 1, "gpus": []}).replace("[]", f"[{digits}]")
+    if rng.random() < 0.5:
+        return f"version: 1\nmethod: pretrain\nschedule: {{seed: {digits}}}\n"
+    levels = rng.choice([6, 9, 12])
+    parts = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    parts += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    key = rng.choice(["method", "version", "name", "flavors"])
+    return f"{key}: [" + ", ".join(parts) + "]\n"
+
+
+def _nested_document(rng: random.Random, kind: str) -> str:
+    """JSON / YAML / JSONL nested past any parser's recursion limit, or past what a real file holds."""
+    depth = rng.choice([150, 1000, 5000, 100_000])
+    if kind == "jsonl":
+        return '{"text": ' + "[" * depth + "]" * depth + "}\n"
+    if kind == "json" and rng.random() < 0.5:
+        return '{"a": ' * depth + "1" + "}" * depth
+    return "[" * depth + "]" * depth
+
+
+def _duplicate_keys_config(rng: random.Random) -> str:
+    """An example run config with one key written twice (a section, or a key inside one)."""
+    example = rng.choice(sorted(EXAMPLES.glob("*.yaml")))
+    text = example.read_text()
+    if rng.random() < 0.5:
+        return text + rng.choice(["schedule:\n  max_steps: 3\n", "method: sft\n", "version: 1\n",
+                                  "training:\n  seq_len: 64\n"])
+    return text + rng.choice(["extra: {a: 1, a: 2}\n", "data: {paths: [builtin:tiny-corpus], format: text, format: chat}\n"])
+
+
 def _safetensors(header: dict, data_bytes: int) -> bytes:
     raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * data_bytes
+
+
+def _raw_safetensors(header: str, data_bytes: int) -> bytes:
+    raw = header.encode()
     return struct.pack("<Q", len(raw)) + raw + b"\0" * data_bytes
 
 
@@ -103,17 +159,25 @@ def _bad_model_dirs(d: Path) -> dict[str, Path]:
         "model-huge": {**good, "hidden_size": 1 << 20, "num_hidden_layers": 100_000, "vocab_size": 1 << 24},
         "model-types": {**good, "hidden_size": "64", "num_hidden_layers": 2.5},
         "model-remote": {"model_type": "my_arch", "auto_map": {"AutoModel": "x.Y"}},
+        "model-experts": {**good, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 8},
     }
     out = {}
     for name, cfg in configs.items():
         (d / name).mkdir()
         (d / name / "config.json").write_text(json.dumps(cfg))
         out[name] = d / name
+    (d / "model-bigint").mkdir()  # an integer over 4,300 digits in config.json
+    (d / "model-bigint" / "config.json").write_text(json.dumps(good).replace('"vocab_size": 256',
+                                                                            '"vocab_size": ' + "9" * 5000))
+    out["model-bigint"] = d / "model-bigint"
     weights = {
         "model-traversal": None,
         "model-truncated": _safetensors({"w": {"dtype": "F32", "shape": [64, 64], "data_offsets": [0, 16384]}}, 10),
         "model-badshape": _safetensors({"w": {"dtype": "F32", "shape": ["64", -1], "data_offsets": [0, 0]}}, 0),
         "model-badlen": struct.pack("<Q", 1 << 60) + b"{}",
+        "model-bigshape": _raw_safetensors('{"w": {"dtype": "F32", "shape": [' + "9" * 5000 + ', 1], '
+                                           '"data_offsets": [0, 4]}}', 4),
+        "model-deepheader": _raw_safetensors('{"w": ' + "[" * 5000 + "]" * 5000 + "}", 0),
     }
     for name, blob in weights.items():
         (d / name).mkdir()
@@ -177,6 +241,9 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
     input_files = [f[k] for k in ("binary.yaml", "nul.yaml", "latin1.yaml", "empty.yaml", "list.yaml", "scalar.yaml",
                                   "broken.yaml", "deep.yaml", "anchors.yaml", "nan.json", "a-directory.yaml",
                                   "missing.yaml", "proc", "profile.json")]
+    input_files += [v for k, v in f.items() if k.startswith(("oversize-", "nested-", "duplicate-"))
+                    and not k.endswith(".jsonl")]
+    data_files = [v for k, v in f.items() if k.startswith("nested-")] + [f["fifo.jsonl"], "/dev/zero"]
     model_dirs = [v for k, v in f.items() if k.startswith("model-")]
     out_files = ["", " ", f["a-directory.yaml"], "/proc/version", "/proc/new-file", str(d / "no-such-dir" / "x.json"),
                  "/", f["binary.yaml"] + "/x"]
@@ -208,17 +275,21 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
         "plan": {"--seq-len": numbers, "--target-batch": numbers, "--examples": numbers, "--dataset-tokens": numbers,
                  "--epochs": numbers, "--memory-share": numbers, "--tokens-per-param": numbers, "--vocab": numbers,
                  "--usd-per-hour": numbers, "--budget": numbers, "--price-per-kwh": numbers,
-                 "--time-budget": lambda: rng.choice(["0h", "-1h", "nanh", "1e999h", "h", "5 parsecs", ""]),
-                 "--memory-budget": lambda: rng.choice(["0GiB", "-3GiB", "nanGiB", "1e999TiB", "GiB", "3 apples", ""]),
+                 "--time-budget": lambda: rng.choice(["0h", "-1h", "nanh", "1e999h", "h", "5 parsecs", "", "9" * 400 + "h"]),
+                 "--memory-budget": lambda: rng.choice(["0GiB", "-3GiB", "nanGiB", "1e999TiB", "GiB", "3 apples", "",
+                                                        "9" * 400 + "GiB", "9" * 400]),
                  "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
                  "--out": lambda: rng.choice(out_dirs), "--method": lambda: rng.choice(BAD_WORDS),
-                 "--data": lambda: rng.choice(["", " ", str(d / "no-such-data"), "builtin:nope"]),
+                 "--data": lambda: rng.choice(["", " ", str(d / "no-such-data"), "builtin:nope"] + data_files),
                  "--mode": lambda: rng.choice(BAD_WORDS),
                  "--pipeline": lambda: rng.choice(BAD_WORDS + ["sft+", "dpo+sft", "sft+dpo+sft", "+"]),
                  "--pairs": numbers, "--dataset": lambda: rng.choice(BAD_WORDS + ["a/b/c", "owner/x:", "owner/x:a:b"]),
                  "--flavor": lambda: rng.choice(BAD_WORDS[1:] + ["p4d.24xlarge"]), "--spot": None,
                  "--image-size": numbers, "--images-per-example": numbers},
-        "analyze": {"--psu-watts": numbers, "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files)},
+        "analyze": {"--psu-watts": numbers, "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
+                    "--examples": numbers, "--dataset-tokens": numbers,
+                    "--data": lambda: rng.choice(["", " ", str(d / "no-such-data"), "builtin:nope"] + data_files),
+                    "--dataset": lambda: rng.choice(BAD_WORDS + ["a/b/c", "owner/x:a:b"])},
         "profile": {"--psu-watts": numbers, "--out": lambda: rng.choice(out_files)},
         "models": {"--family": lambda: rng.choice(BAD_WORDS[1:])},
         "gpus": {"--vendor": lambda: rng.choice(BAD_WORDS), "--sort": lambda: rng.choice(BAD_WORDS)},

@@ -65,11 +65,7 @@ def _sample_lines(path: Path, budget_rows: int, budget_bytes: int) -> tuple[list
             line = raw.decode("utf-8", errors="replace").strip()
             if line:
                 if json_rows:
-                    try:
-                        lengths.append(row_tokens(json.loads(line)))
-                    except json.JSONDecodeError:
-                        raise BadInputError(f"--data: {path} line {len(lengths) + 1} is not JSON (a .jsonl file "
-                                            "has one JSON object per line)") from None
+                    lengths.append(row_tokens(_json_row(line, f"{path} line {len(lengths) + 1}")))
                 else:
                     lengths.append(row_tokens(line))
             if len(lengths) >= budget_rows or read >= budget_bytes:
@@ -77,12 +73,51 @@ def _sample_lines(path: Path, budget_rows: int, budget_bytes: int) -> tuple[list
     return lengths, read, True
 
 
+def _json_row(text: str, where: str) -> object:
+    """One JSON row (a JSONL line); BadInputError when the text is not JSON or is not a row."""
+    try:
+        return _loads(text, where)
+    except json.JSONDecodeError:
+        raise BadInputError(f"--data: {where} is not JSON (a .jsonl file has one JSON object per line)") from None
+
+
+def _loads(text: str, where: str) -> object:
+    """json.loads, with BadInputError for what no dataset holds: nesting deeper than
+    MAX_ROW_DEPTH and integers Python will not read (over 4,300 digits)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise BadInputError(f"--data: {where} is nested too deeply to be a dataset") from None
+    except ValueError:
+        raise BadInputError(f"--data: {where} holds an integer with more than 4,300 digits") from None
+    if _depth_over(value, MAX_ROW_DEPTH):
+        raise BadInputError(f"--data: {where} is nested more than {MAX_ROW_DEPTH} levels deep; a dataset is not")
+    return value
+
+
+MAX_ROW_DEPTH = 100  # chat rows nest 3-4 levels (list of messages, each a dict of strings)
+
+
+def _depth_over(value: object, limit: int) -> bool:
+    """True when `value` nests lists / dicts more than `limit` levels deep (iterative: no recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
 def _json_array(path: Path) -> list[int] | None:
     """A .json file holding one array of rows (datasets reads those too), when small enough."""
     if path.stat().st_size > SAMPLE_BYTES:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        data = _loads(path.read_text(encoding="utf-8", errors="replace"), str(path))
     except json.JSONDecodeError:
         return None
     return [row_tokens(r) for r in data] if isinstance(data, list) else None
@@ -125,6 +160,11 @@ def _local_info(paths: list[str]) -> DatasetInfo:
     missing = [str(p) for p in resolved if not p.exists()]
     if missing:
         raise BadInputError(f"--data: {missing[0]} does not exist")
+    # A FIFO or a device would block the sample read forever (or never end: /dev/zero).
+    special = [str(p) for p in resolved if not p.is_dir() and not p.is_file()]
+    if special:
+        raise BadInputError(f"--data: {special[0]} is not a regular file or a directory (a pipe or a device "
+                            "cannot be sized)", hint="give the data files themselves")
     saved = [p for p in resolved if _is_saved_dataset(p)]
     if saved:
         return _saved_info(saved, name, str(resolved[0]))
@@ -190,7 +230,7 @@ def _first_columns(files: list[Path]) -> tuple[str, ...]:
                 row = data[0] if isinstance(data, list) and data else None
             else:
                 row = json.loads(head.splitlines()[0]) if head else None
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError, IndexError, RecursionError):
             return ()
         return tuple(row) if isinstance(row, dict) else ()
     return ()

@@ -111,3 +111,19 @@ def require_extra(module: str, extra: str) -> None:
             f"this needs the optional dependency '{module}'",
             hint=f"install it with: pip install 'trainfit[{extra}]'",
         )
+
+
+def short_repr(value: object, limit: int = 40) -> str:
+    """A bad value as an error message quotes it: at most `limit` characters, however large or
+    deeply shared the value is (a YAML alias bomb repr()'d whole is gigabytes)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlevel, shortener.maxlist, shortener.maxtuple, shortener.maxdict = 2, 3, 3, 3
+    shortener.maxset = shortener.maxfrozenset = shortener.maxdeque = shortener.maxarray = 3
+    shortener.maxstring, shortener.maxother, shortener.maxlong = limit, limit, limit
+    try:
+        text = shortener.repr(value)
+    except (ValueError, RecursionError):  # an int over the 4,300-digit str() limit, a cycle
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainfit.errors import BadInputError
+from trainfit.errors import BadInputError, short_repr
 
 # Configs, price lists, profiles and calibration files are small; 64 MiB is far above any.
 MAX_TEXT_FILE_BYTES = 64 << 20
@@ -90,8 +90,7 @@ def _fmt(x: float) -> str:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return short_repr(value)
 
 
 def _count(high: float, low: float = 1, **kw: Any) -> Bound:
@@ -233,6 +232,19 @@ def read_text_file(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_T
         raise BadInputError(f"{label} is not UTF-8 text (invalid byte at offset {exc.start})") from None
 
 
+def path_kind(path: str | os.PathLike) -> str:
+    """'dir', 'file', 'other' (a pipe, a device, a socket) or 'none' for a user-given path. A name
+    the filesystem cannot hold (a part over 255 bytes: 'File name too long') or may not look at is
+    'none', not an OSError: such a path cannot be the user's file."""
+    import stat
+
+    try:
+        mode = os.stat(os.path.expanduser(os.fspath(path))).st_mode
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        return "none"
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
 def output_file(path: str | os.PathLike, flag: str) -> Path:
     """A file path the command may write: not empty, not a directory or a device, in an existing
     directory that can be written."""
@@ -282,27 +294,78 @@ def _is_pseudo_fs(directory: Path) -> bool:
 
 
 def parse_json(text: str | bytes, origin: str) -> Any:
-    """JSON from a user's file; BadInputError with the line and column when it is not JSON, or
-    nested deeper than the parser's recursion limit."""
+    """JSON from a user's file; BadInputError with the line and column when it is not JSON, holds
+    an integer too long to read, or is nested deeper than a real file is."""
     import json
 
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadInputError(f"{origin}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except UnicodeDecodeError:
         raise BadInputError(f"{origin}: not UTF-8 text") from None
     except RecursionError:
-        raise BadInputError(f"{origin}: nested too deeply to be a real file") from None
+        raise BadInputError(f"{origin}: {_TOO_DEEP}") from None
+    except ValueError as exc:  # Python refuses to read integers of more than 4,300 digits
+        raise BadInputError(f"{origin}: {_number_problem(exc)}") from None
+    _check_document(data, origin)
+    return data
 
 
 def parse_yaml(text: str, origin: str) -> Any:
-    """YAML (safe subset) from a user's file; BadInputError with the parser's first line otherwise."""
+    """YAML (safe subset) from a user's file; BadInputError with the parser's first line otherwise.
+    A key given twice in one mapping is refused (YAML would keep the last one silently), and so
+    is a document whose aliases expand to more values than a real file has ("billion laughs")."""
     from trainfit import yaml_io
 
     try:
-        return yaml_io.load_yaml(text)
+        data = yaml_io.load_yaml(text, unique_keys=True)
     except yaml_io.YAMLError as exc:
-        raise BadInputError(f"{origin}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise BadInputError(f"{origin}: not valid YAML: {_first_line(exc)}") from None
     except RecursionError:
-        raise BadInputError(f"{origin}: nested too deeply to be a real file") from None
+        raise BadInputError(f"{origin}: {_TOO_DEEP}") from None
+    except ValueError as exc:  # an integer over Python's 4,300-digit limit
+        raise BadInputError(f"{origin}: {_number_problem(exc)}") from None
+    _check_document(data, origin)
+    return data
+
+
+# A user's document: configs, price lists, profiles, dataset rows. Far above any real one.
+MAX_DOCUMENT_DEPTH = 100
+MAX_DOCUMENT_VALUES = 1_000_000
+_TOO_DEEP = f"nested more than {MAX_DOCUMENT_DEPTH} levels deep; a real file is not"
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _number_problem(exc: ValueError) -> str:
+    if "digits" in str(exc):
+        return "holds an integer with more than 4,300 digits; no setting is that large"
+    return f"cannot be read: {_first_line(exc)}"
+
+
+def _check_document(data: Any, origin: str) -> None:
+    """BadInputError when `data` nests deeper than MAX_DOCUMENT_DEPTH or, counting every value a
+    shared (aliased) part stands for, holds more than MAX_DOCUMENT_VALUES values."""
+    counted: dict[int, int] = {}  # id of a list / dict -> values under it (aliases share objects)
+
+    def values(node: Any, depth: int) -> int:
+        if depth > MAX_DOCUMENT_DEPTH:
+            raise BadInputError(f"{origin}: {_TOO_DEEP}")
+        if not isinstance(node, (list, dict)):
+            return 1
+        if id(node) in counted:
+            return counted[id(node)]
+        children = list(node.values()) if isinstance(node, dict) else node
+        total = 1 + len(node) if isinstance(node, dict) else 1
+        for child in children:
+            total += values(child, depth + 1)
+            if total > MAX_DOCUMENT_VALUES:
+                raise BadInputError(f"{origin}: expands to more than {MAX_DOCUMENT_VALUES:,} values (YAML aliases "
+                                    "repeating each other?); a real file is far smaller")
+        counted[id(node)] = total
+        return total
+
+    values(data, 0)

@@ -41,11 +41,56 @@ def safe_loader() -> type:
     return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
 
 
-def load_yaml(text: str, *, loader: type | None = None) -> Any:
-    """Parse one YAML document like `yaml.safe_load(text)`; `loader` forces a loader (tests)."""
+def load_yaml(text: str, *, loader: type | None = None, unique_keys: bool = False) -> Any:
+    """Parse one YAML document like `yaml.safe_load(text)`; `loader` forces a loader (tests).
+    With `unique_keys`, a key given twice in one mapping is a YAMLError naming the key and both
+    lines, where PyYAML keeps the last value silently (a second `schedule:` block would drop the
+    first's settings). Keys brought in by a merge (`<<: *base`) may still be overridden."""
     import yaml
 
-    return yaml.load(text, Loader=loader or safe_loader())  # noqa: S506 - a safe loader
+    chosen = loader or safe_loader()
+    if unique_keys:
+        chosen = _unique_keys_loader(chosen)
+    return yaml.load(text, Loader=chosen)  # noqa: S506 - a safe loader
+
+
+_UNIQUE_LOADERS: dict[type, type] = {}
+
+
+def _unique_keys_loader(base: type) -> type:
+    """`base` with a mapping constructor that refuses a key given twice."""
+    if base not in _UNIQUE_LOADERS:
+        import yaml
+
+        class UniqueKeyLoader(base):  # type: ignore[misc, valid-type]
+            def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+                if isinstance(node, yaml.MappingNode):
+                    _refuse_duplicate_keys(self, node)
+                return super().construct_mapping(node, deep=deep)
+
+        _UNIQUE_LOADERS[base] = UniqueKeyLoader
+    return _UNIQUE_LOADERS[base]
+
+
+def _refuse_duplicate_keys(loader: Any, node: Any) -> None:
+    import yaml
+
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key = loader.construct_object(key_node, deep=False)
+        line = key_node.start_mark.line + 1
+        try:
+            if key not in first_line:
+                first_line[key] = line
+                continue
+        except TypeError:  # an unhashable key: the constructor reports it
+            continue
+        shown = str(key) if len(str(key)) <= 40 else str(key)[:37] + "..."
+        raise yaml.constructor.ConstructorError(
+            None, None, f"key '{shown}' is given twice (lines {first_line[key]} and {line}); keep one",
+            key_node.start_mark)
 
 
 def cache_dir() -> str:

@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="plan a fine-tune of this model instead of the default goal "
                         "(pretraining from scratch)")
     parser.add_argument("--method", default=None, help="method for --model (default auto), or pretrain")
+    # The workload, as `trainfit plan` takes it: the plan's run time, steps and token budget need it,
+    # and its advice names these flags.
+    parser.add_argument("--examples", type=arg("examples"), help="training examples (DPO: pairs)")
+    parser.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
+    parser.add_argument("--data", action="append", help="data file or directory: its size and row lengths "
+                        "(repeatable)")
+    parser.add_argument("--dataset", metavar="HUB_ID", help="a Hub dataset ('owner/name'): its size metadata")
     parser.add_argument("--json", action="store_true", help="print the analysis as one JSON document")
 
 
@@ -44,7 +51,12 @@ def _plan_args(args: argparse.Namespace) -> argparse.Namespace:
     plan_args.method = args.method or ("auto" if args.model else "pretrain")
     plan_args.out = args.generate_configs
     plan_args.force = args.force
+    for name in WORKLOAD_FLAGS:
+        setattr(plan_args, name, getattr(args, name, None))
     return plan_args
+
+
+WORKLOAD_FLAGS = ("examples", "dataset_tokens", "data", "dataset")  # passed on to the plan as given
 
 
 def analyze(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,8 +67,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     from trainfit.hardware.profiler import build_profile, check_psu_watts
 
     check_psu_watts(args.psu_watts)
-    owned = not args.hardware
-    if args.hardware:
+    owned = args.hardware is None
+    if args.hardware is not None:  # '' is refused as every command refuses it, not this machine
         from trainfit.core.hardware_spec import resolve_hardware
 
         profile = resolve_hardware(args.hardware)
@@ -79,8 +91,9 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         files: dict[str, list[str]] = {}
         if plan_args.out:
             command = cmd_plan.command_line(_reproduce(plan_args))
-            files = cmd_plan.write_exports(result, req, Path(plan_args.out), force=plan_args.force, data=None,
-                                           command=command, flag="--generate-configs")
+            files = cmd_plan.write_exports(result, req, Path(plan_args.out), force=plan_args.force,
+                                           data=cmd_plan._data(plan_args.data), command=command,
+                                           flag="--generate-configs")
         doc["plan"] = cmd_plan.plan_document(result, files)
         doc["_plan"], doc["_files"] = result, files
     return doc
@@ -88,6 +101,10 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
 
 def _reproduce(plan_args: argparse.Namespace) -> list[str]:
     words = [plan_args.model] if plan_args.model else []
+    for name in WORKLOAD_FLAGS:
+        value = getattr(plan_args, name, None)
+        for item in (value if isinstance(value, list) else [] if value is None else [value]):
+            words += [f"--{name.replace('_', '-')}", str(item)]
     return words + ["--method", plan_args.method, "--out", str(plan_args.out)]
 
 

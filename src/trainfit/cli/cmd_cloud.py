@@ -105,17 +105,13 @@ def _render(r: CloudRanking, top: int) -> None:
 
     table = Table(title=f"{r.model_id} - {r.method}, {r.tokens_per_epoch:,} tokens x {r.epochs:g} epoch(s)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    # One line per flavor within 120 columns: (min, max) width per column; --json has every field in full.
-    widths = {"flavor": (12, 18), "GPUs": (8, 12), "$/h": (6, 6), "fits": (5, 5), "setting / why not": (18, 26),
-              "memory GiB": (10, 10), "hours": (5, 5), "cost": (8, 8), "class": (10, 10)}
-    if r.spot:  # the cost class gives way to the interruption figure, checkpoint interval and expected overhead
-        del widths["class"]
-        widths.update({"flavor": (12, 16), "GPUs": (8, 10), "setting / why not": (12, 16), "spot: M ckpt +": (17, 17)})
-    right = ("$/h", "hours", "cost", "memory GiB")
-    for col, (low, high) in widths.items():
-        table.add_column(col, justify="right" if col in right else "left",
-                         no_wrap=True, overflow="ellipsis", min_width=low, max_width=high)
     rows = r.results[:top] if top > 0 else r.results
+    widths, dropped = table_columns([x.flavor for x in rows], spot=r.spot, width=out.width)
+    right = ("$/h", "hours", "cost", "memory GiB")
+    for col, col_width in widths.items():
+        # The flavor id is never cut (it is pasted into `plan --flavor`); one longer than the terminal folds.
+        table.add_column(col, justify="right" if col in right else "left", no_wrap=col != "flavor",
+                         overflow="fold" if col == "flavor" else "ellipsis", width=col_width)
     for x in rows:
         gpus = f"{x.gpu_count}x {x.gpu}" if x.gpu else "cpu"
         mem = f"{x.memory_gib_per_device:.1f}/{x.capacity_gib_per_device:.0f}" if x.fits else (
@@ -128,8 +124,10 @@ def _render(r: CloudRanking, top: int) -> None:
             f"{x.hours:.1f}" if x.hours is not None else "-", f"${x.cost_usd:.2f}" if x.cost_usd is not None else "-",
         ]  # fmt: skip
         cells.append(_spot_cell(x) if r.spot else x.cost_class or "-")
-        table.add_row(*cells)
+        table.add_row(*[cell for col, cell in zip(ALL_COLUMNS(r.spot), cells) if col in widths])
     out.print(table)
+    if dropped:
+        out.print(f"({', '.join(dropped)} left out at {out.width} columns; --json or a wider terminal shows them)")
     out.print(f"[bold]Recommendation:[/bold] {r.recommendation}")
     for line in r.reasoning:
         out.print(f"  - {line}")
@@ -140,6 +138,46 @@ def _render(r: CloudRanking, top: int) -> None:
         out.print("Spot: hours and cost are expected values with interruptions. M: mean hours between interruptions "
                   "(* assumed from another provider's measurement); ckpt: minutes of training between checkpoints; "
                   "+: checkpoints, re-done work and restarts; 'on-demand': no spot price in the catalog.")
+
+
+# Width of each column (the setting column takes what is left, between its two figures): one line
+# per flavor within 120 columns; --json has every field in full.
+_WIDTHS = {"flavor": 18, "GPUs": 12, "$/h": 6, "fits": 5, "setting / why not": (12, 26),
+           "memory GiB": 10, "hours": 5, "cost": 8, "class": 10}
+# The cost class gives way to the interruption figure, checkpoint interval and expected overhead.
+_SPOT_WIDTHS = {"flavor": 16, "GPUs": 10, "$/h": 6, "fits": 5, "setting / why not": (12, 16),
+                "memory GiB": 10, "hours": 5, "cost": 8, "spot: M ckpt +": 17}
+# Left out first when the terminal is narrow; flavor, hours, cost and class / spot always stay.
+_DROP_ORDER = ("setting / why not", "GPUs", "$/h", "fits", "memory GiB")
+
+
+def ALL_COLUMNS(spot: bool) -> tuple[str, ...]:  # noqa: N802 - reads as the constant it stands for
+    return tuple(_SPOT_WIDTHS if spot else _WIDTHS)
+
+
+def _table_width(widths: dict[str, int]) -> int:
+    # rich's SIMPLE_HEAD box with pad_edge=False: an edge each side, a separator and two padding
+    # spaces between columns: 3n - 1 characters around n columns.
+    return sum(widths.values()) + 3 * len(widths) - 1
+
+
+def table_columns(flavor_ids: list[str], *, spot: bool, width: int) -> tuple[dict[str, int], list[str]]:
+    """The table's columns for a terminal `width` columns wide: (name -> width, the columns left
+    out). The flavor column is as wide as the longest id shown, so no id is cut."""
+    spec = dict(_SPOT_WIDTHS if spot else _WIDTHS)
+    spec["flavor"] = max([len("flavor"), *map(len, flavor_ids)])
+    dropped: list[str] = []
+    for col in (None, *_DROP_ORDER):
+        if col is not None:
+            del spec[col]
+            dropped.append(col)
+        widths = {k: (v[0] if isinstance(v, tuple) else v) for k, v in spec.items()}
+        if _table_width(widths) <= width:
+            break
+    setting = spec.get("setting / why not")
+    if isinstance(setting, tuple):  # the room left, up to the column's widest
+        widths["setting / why not"] = min(setting[1], setting[0] + width - _table_width(widths))
+    return widths, dropped
 
 
 def _spot_cell(x) -> str:

@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
+from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError, short_repr
 from trainfit.validate import arg
 
 HELP = "plan three configurations (conservative / balanced / extreme) and write their config files"
@@ -72,12 +72,12 @@ def parse_hours(text: str | None, flag: str = "--time-budget") -> float | None:
         return None
     m = _DURATION.match(str(text))
     if not m:
-        raise BadInputError(f"{flag}: {text!r} is not a duration (valid: 2h, 90m, 1.5d, or hours as a number > 0)")
+        raise BadInputError(f"{flag}: {short_repr(text)} is not a duration (valid: 2h, 90m, 1.5d, or hours as a number > 0)")
     value = float(m.group(1))
     unit = (m.group(2) or "h").lower()[0]
     hours = value * {"h": 1.0, "m": 1 / 60, "d": 24.0}[unit]
-    if hours <= 0:
-        raise BadInputError(f"{flag}: must be more than zero, got {text!r}")
+    if not 0 < hours < float("inf"):
+        raise BadInputError(f"{flag}: must be more than zero and finite, got {short_repr(text)}")
     return hours
 
 
@@ -86,10 +86,16 @@ def parse_bytes(text: str | None, flag: str = "--memory-budget") -> int | None:
         return None
     m = _SIZE.match(str(text))
     if not m:
-        raise BadInputError(f"{flag}: {text!r} is not a size (valid: 3GiB, 512MiB, 24GB)")
+        raise BadInputError(f"{flag}: {short_repr(text)} is not a size (valid: 3GiB, 512MiB, 24GB)")
     unit = (m.group(2) or "gib").lower()
     mult = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12}[unit]
-    return int(float(m.group(1)) * mult)
+    value = float(m.group(1)) * mult  # 400 digits is a float infinity, not an integer
+    if not 0 < value <= MAX_MEMORY_BUDGET_BYTES:
+        raise BadInputError(f"{flag}: must be more than 0 and at most 1024 TiB, got {short_repr(text)}")
+    return int(value)
+
+
+MAX_MEMORY_BUDGET_BYTES = 1 << 50  # 1024 TiB: far above any device's memory
 
 
 def _hardware(spec: str | None):

@@ -41,14 +41,19 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
     if max_steps is not None and max_steps < 1:
         raise BadInputError(f"--max-steps: must be >= 1, got {max_steps}")
     from trainfit.train.pipeline_run import is_pipeline_file, train_pipeline_file
+    from trainfit.validate import output_dir
+
+    def check_out() -> None:
+        # Before any work: the default runs/<name> in a read-only directory is refused now, not
+        # after seconds of loading with a PermissionError.
+        output_dir(out if out is not None else default_run_dir(config),
+                   "--out" if out is not None else f"the default run directory {default_run_dir(config)} (give --out DIR)")
 
     if is_pipeline_file(config):  # a meta-config (docs/pipeline.md): its phases in order
+        check_out()
         return train_pipeline_file(config, out, resume=resume, max_steps=max_steps, verify=verify, quiet=quiet, log=log)
-    cfg = load_run_config(config)
-    if out is not None:
-        from trainfit.validate import output_dir
-
-        output_dir(out, "--out")
+    cfg = load_run_config(config)  # a bad config is named first: it is the first thing to fix
+    check_out()
     report = None
     if verify:
         from trainfit.cli.cmd_verify import render_report

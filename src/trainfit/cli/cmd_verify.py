@@ -54,6 +54,10 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
     if steps < 1 or warmup < 0:
         raise BadInputError("--steps must be >= 1 and --warmup >= 0")
     cfg = load_run_config(config)  # a bad config fails before torch is imported
+    from trainfit.errors import require_extra
+
+    for module in ("torch", "transformers", "trl"):  # a core-only install: exit 4 naming the extra, as train does
+        require_extra(module, "train")
     from trainfit.train.verify import verify_run
 
     return verify_run(cfg, warmup=warmup, timed=steps, save=save, log=log)

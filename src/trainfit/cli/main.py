@@ -12,12 +12,14 @@ the one-line helps are repeated in COMMANDS below, and a test checks they equal 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from collections.abc import Collection, Sequence
 
 from trainfit import __version__
-from trainfit.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, Interrupted, TrainfitError
+from trainfit.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, Interrupted, TrainfitError
 
 # Command -> its module's HELP, in the order shown in --help (tests/test_cli_imports.py checks
 # that each equals trainfit.cli.cmd_<name>.HELP).
@@ -84,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     # 143); train and verify handle both signals themselves (trainfit.train.safety).
     previous = _sigterm_as_interrupt() if command not in ("train", "verify") else None
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a full disk behind `> file` shows here, not at interpreter exit
+        return code
     except TrainfitError as exc:
         print(f"trainfit: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -95,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         print("trainfit: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
+        _drop_stdout()
         return 0
+    except OSError as exc:
+        known = os_error_exit(exc)
+        if known is None:
+            raise
+        code, message = known
+        print(f"trainfit: error: {message}", file=sys.stderr)
+        return code
     finally:
         if previous is not None:
             import signal
@@ -115,6 +127,45 @@ def _sigterm_as_interrupt():
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _raise_interrupted)
+
+
+# OSErrors that are the machine's or the user's doing, not a bug: a full disk (exit 4, with what to
+# do), a name the filesystem cannot hold or a place the user may not write (exit 2).
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_USER_PATH = {errno.ENAMETOOLONG: ("a file name is too long for the filesystem", "each part of a path holds at most "
+                                                                              "255 bytes"),
+              errno.EACCES: ("permission denied", "give a path you may use"),
+              errno.EPERM: ("operation not permitted", "give a path you may use"),
+              errno.EROFS: ("read-only filesystem", "write somewhere else")}
+
+
+def os_error_exit(exc: OSError) -> tuple[int, str] | None:
+    """(exit code, one-line message) for an OSError a user can act on; None for any other."""
+    where = f" ({_shown(exc.filename)})" if exc.filename else ""
+    if exc.errno in _DISK_FULL:
+        _drop_stdout()
+        return EXIT_UNAVAILABLE, (f"no space left on the device{where}: free some space (or write elsewhere) "
+                                  "and run the command again")
+    if exc.errno in _USER_PATH:
+        what, hint = _USER_PATH[exc.errno]
+        return EXIT_BAD_INPUT, f"{what}{where}: {hint}"
+    return None
+
+
+def _shown(name: object) -> str:
+    text = str(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of what could not be written
+    (a closed pipe, a full disk) raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
+        pass
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from typing import Literal
 
 from trainfit import yaml_io
 from trainfit.core.spot import InterruptionFigure, mean_hours_from_events, mean_hours_from_share
-from trainfit.errors import BadInputError, close_matches
+from trainfit.errors import BadInputError, close_matches, short_repr
 
 FlavorKind = Literal["gpu", "cpu", "tpu"]
 KINDS = ("gpu", "cpu", "tpu")
@@ -132,22 +132,22 @@ def _coerce(row: dict, where: str, sources: dict[str, str]) -> dict:
             try:
                 number = float(value)
             except (TypeError, ValueError):
-                raise BadInputError(f"{where}: column '{key}' must be a number, got {value!r}") from None
+                raise BadInputError(f"{where}: column '{key}' must be a number, got {short_repr(value)}") from None
             if not 0 <= number <= _MAX_COLUMN_VALUE:  # NaN fails this too
                 raise BadInputError(f"{where}: column '{key}' must be a number from 0 to {_MAX_COLUMN_VALUE:.0e}, "
-                                    f"got {value!r}")
+                                    f"got {short_repr(value)}")
             low, high = _INTERRUPTION_HOURS_RANGE
             if key == "spot_interruption_hours" and not low <= number <= high:
                 raise BadInputError(f"{where}: column '{key}' must be mean hours between interruptions from "
-                                    f"{low:g} to {high:.0e}, got {value!r}")
+                                    f"{low:g} to {high:.0e}, got {short_repr(value)}")
             if _NUMERIC[key] is int:
                 if number != int(number):
-                    raise BadInputError(f"{where}: column '{key}' must be a whole number, got {value!r}")
+                    raise BadInputError(f"{where}: column '{key}' must be a whole number, got {short_repr(value)}")
                 number = int(number)
             out[key] = number
         elif key == "kind":
             if value not in KINDS:
-                raise BadInputError(f"{where}: kind {value!r} is not one of {', '.join(KINDS)}")
+                raise BadInputError(f"{where}: kind {short_repr(value)} is not one of {', '.join(KINDS)}")
             out[key] = value
         elif key == "source":
             out[key] = sources.get(str(value), str(value))
@@ -211,7 +211,7 @@ INTERRUPTION_KEYS = ("provider", "events", "running_hours", "share", "window_hou
 def _positive(rec: dict, key: str, where: str) -> float:
     value = rec.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < _MAX_COLUMN_VALUE:
-        raise BadInputError(f"{where}: '{key}' must be a positive number, got {value!r}")
+        raise BadInputError(f"{where}: '{key}' must be a positive number, got {short_repr(value)}")
     return float(value)
 
 
@@ -240,7 +240,7 @@ def parse_interruptions(records: object, origin: str, sources: dict[str, str]) -
         else:
             fraction, window = _positive(rec, "share", where), _positive(rec, "window_hours", where)
             if fraction >= 1:
-                raise BadInputError(f"{where}: 'share' must be below 1, got {fraction!r}")
+                raise BadInputError(f"{where}: 'share' must be below 1, got {short_repr(fraction)}")
             mean = mean_hours_from_share(fraction, window)
             basis = (f"{fraction:.0%} of instances interrupted within {window:g} h: "
                      f"M = {window:g} / -ln(1 - {fraction:g}) = {mean:,.0f} h")
@@ -268,7 +268,7 @@ def _shipped() -> tuple[tuple[Flavor, ...], tuple[tuple[str, str], ...], tuple[t
     interruptions = parse_interruptions(data.get("interruptions", {}), origin, sources)
     default = data.get("default_spot_interruption")
     if default not in interruptions:
-        raise BadInputError(f"{origin}: default_spot_interruption {default!r} is not in interruptions")
+        raise BadInputError(f"{origin}: default_spot_interruption {short_repr(default)} is not in interruptions")
     known = _gpu_ids()
     flavors, skipped = [], []
     for fields in parse_flavors(data["flavors"], origin, sources):

@@ -20,7 +20,7 @@ from importlib import resources
 
 from trainfit import yaml_io
 from trainfit.core.gpu_spec import GpuClass, GpuSpec, Precision, Vendor
-from trainfit.errors import BadInputError, close_matches
+from trainfit.errors import BadInputError, close_matches, short_repr
 
 GIB = 1024**3
 
@@ -295,7 +295,7 @@ def get_gpu(catalog_id: str) -> GpuSpec:
         raise BadInputError(f"GPU '{catalog_id}' is ambiguous", hint=f"one of: {choices}")
     near = close_matches(key, ids, n=4)
     hint = f"did you mean: {', '.join(near)}?" if near else "list them with: trainfit gpus"
-    raise BadInputError(f"unknown GPU '{catalog_id}' (not in the catalog)", hint=hint)
+    raise BadInputError(f"unknown GPU {short_repr(catalog_id)} (not in the catalog)", hint=hint)
 
 
 _DROP_WORDS = {"nvidia", "geforce", "corporation", "amd", "ati", "intel(r)", "intel", "tm", "r",

@@ -137,8 +137,8 @@ def host_template(spec: GpuSpec | None, count: int, ram_gib: int | None = None) 
 
 
 # ---------------------------------------------------------------------------- parsing
-_COUNT_RE = re.compile(r"^\s*([+-]?\d+)\s*[x×*]\s*(.*)$", re.IGNORECASE)
-_CPU_RE = re.compile(r"^cpu(?:-(\d+)\s*g(?:i)?b)?$", re.IGNORECASE)
+_COUNT_RE = re.compile(r"^\s*([+-]?[0-9]+)\s*[x×*]\s*(.*)$", re.IGNORECASE)
+_CPU_RE = re.compile(r"^cpu(?:-([0-9]+)\s*g(?:i)?b)?$", re.IGNORECASE)
 
 
 def resolve_hardware(spec: str) -> HardwareProfile:
@@ -149,6 +149,10 @@ def resolve_hardware(spec: str) -> HardwareProfile:
     text = (spec or "").strip()
     if not text:
         raise BadInputError("--hardware: empty", hint=f"use {FORMS}")
+    is_path = text.lower().endswith(".json") or "/" in text or "\\" in text  # a file may be named in any script
+    if not is_path and any(c.isdigit() and not c.isascii() for c in text):  # int() reads '٢' as 2; flags refuse it
+        raise BadInputError(f"--hardware '{_shown(text)}': write counts and sizes in ASCII digits (0-9)",
+                            hint=f"use {FORMS}")
     from trainfit.core.multinode_spec import resolve_multinode
 
     multi = resolve_multinode(text, resolve_single=_resolve_single)
@@ -159,13 +163,15 @@ def resolve_hardware(spec: str) -> HardwareProfile:
 
 def _resolve_single(text: str) -> HardwareProfile:
     """One machine: a catalog spec or a saved profile file."""
-    if text.lower().endswith(".json") or "/" in text or "\\" in text or Path(text).is_file():
+    from trainfit.validate import path_kind
+
+    if text.lower().endswith(".json") or "/" in text or "\\" in text or path_kind(text) == "file":
         return _load_profile_file(text)
     cpu = _CPU_RE.match(text)
     if cpu:
         ram_gib = int(cpu.group(1)) if cpu.group(1) else None
         if ram_gib is not None and not 1 <= ram_gib <= 65536:
-            raise BadInputError(f"--hardware '{text}': RAM must be 1..65536 GiB", hint=f"use {FORMS}")
+            raise BadInputError(f"--hardware '{_shown(text)}': RAM must be 1..65536 GiB", hint=f"use {FORMS}")
         return _cpu_profile(text.lower(), ram_gib)
     count, name = 1, text
     match = _COUNT_RE.match(text)
@@ -173,23 +179,23 @@ def _resolve_single(text: str) -> HardwareProfile:
         count, name = int(match.group(1)), match.group(2).strip()
         if not 1 <= count <= MAX_GPUS_PER_MACHINE:
             raise BadInputError(
-                f"--hardware '{text}': GPU count must be 1..{MAX_GPUS_PER_MACHINE}",
+                f"--hardware '{_shown(text)}': GPU count must be 1..{MAX_GPUS_PER_MACHINE}",
                 hint=f"use {FORMS}",
             )
     if not name:
-        raise BadInputError(f"--hardware '{text}': no GPU named", hint=f"use {FORMS}")
+        raise BadInputError(f"--hardware '{_shown(text)}': no GPU named", hint=f"use {FORMS}")
     try:
         gpu = get_gpu(name)
     except BadInputError as exc:
         near = close_matches(name.lower(), [g.id for g in all_gpus()], n=4)
         did = f"did you mean {', '.join(near)}? " if near else ""
         raise BadInputError(
-            f"--hardware '{text}': {exc.message}",
+            f"--hardware '{_shown(text)}': {exc.message}",
             hint=f"{did}valid forms: {FORMS}; list GPUs with: trainfit gpus",
         ) from None
     if count > 1 and gpu.gpu_class in ("apple", "laptop", "integrated"):
         raise BadInputError(
-            f"--hardware '{text}': {gpu.id} is a {gpu.gpu_class} GPU, one per machine",
+            f"--hardware '{_shown(text)}': {gpu.id} is a {gpu.gpu_class} GPU, one per machine",
             hint=f"use '{gpu.id}' without a count",
         )
     # Canonical spelling in the source, so a saved profile says exactly what it stands for.
@@ -199,9 +205,11 @@ def _resolve_single(text: str) -> HardwareProfile:
 def _load_profile_file(path_text: str) -> HardwareProfile:
     from trainfit.validate import read_text_file
 
+    from trainfit.validate import path_kind
+
     path = Path(path_text).expanduser()
-    if not path.exists():
-        raise BadInputError(f"--hardware: profile file {path_text} not found", hint=f"use {FORMS}")
+    if path_kind(path) == "none":
+        raise BadInputError(f"--hardware: profile file {_shown(path_text)} not found", hint=f"use {FORMS}")
     raw = read_text_file(path, "--hardware profile")
     try:
         profile = HardwareProfile.from_json(raw)
@@ -211,6 +219,11 @@ def _load_profile_file(path_text: str) -> HardwareProfile:
             hint="write one with: trainfit profile --json > profile.json",
         ) from None
     return dataclasses.replace(profile, source=f"file:{path_text}")
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """The spec as a message quotes it: a 300-byte --hardware is cut, not echoed whole."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------- synthesis

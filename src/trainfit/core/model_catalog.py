@@ -12,7 +12,7 @@ from typing import Any
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.core.serde import SerdeError, from_jsonable
-from trainfit.errors import BadInputError, close_matches
+from trainfit.errors import BadInputError, close_matches, short_repr
 
 CATALOG_FILE = "models.yaml"
 _ENTRY_ONLY_KEYS = {"variants"}
@@ -142,7 +142,7 @@ def get_model(name_or_alias: str) -> ModelSpec:
     if spec is None:
         similar = _similar(name_or_alias)
         hint = f"did you mean: {', '.join(similar)}" if similar else "see 'trainfit models' for the list"
-        raise BadInputError(f"unknown model {name_or_alias!r}", hint=hint + "; a local directory, a config.json "
+        raise BadInputError(f"unknown model {short_repr(name_or_alias)}", hint=hint + "; a local directory, a config.json "
                             "or a shape such as 'shape:125m' also work")
     return spec
 
@@ -169,8 +169,10 @@ def resolve_model(ref: str) -> ModelSpec:
         raise BadInputError("model: empty reference", hint="give a catalog id, a directory, a config.json or a shape")
     if ref.lower().startswith("shape:"):
         return model_shapes.parse_shape(ref[len("shape:"):])
+    from trainfit.validate import path_kind
+
     path = Path(os.path.expanduser(ref))
-    if path.exists():
+    if path_kind(path) != "none":  # a name too long for any filesystem is no local path either
         return model_loader.load_local(path)
     if ref.lower() in _index():
         return _index()[ref.lower()]
@@ -182,5 +184,5 @@ def resolve_model(ref: str) -> ModelSpec:
     if hub_ref is not None:  # not in the catalog, or a revision asked for
         return hub_models.load_hub_model(*hub_ref, suggestions=lambda: _similar(hub_ref[0]))
     if _looks_like_path(ref):
-        raise BadInputError(f"model: {ref!r} does not exist (no such file or directory)")
+        raise BadInputError(f"model: {short_repr(ref)} does not exist (no such file or directory)")
     return get_model(ref)

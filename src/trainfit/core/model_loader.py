@@ -18,7 +18,7 @@ from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
 from trainfit.core.model_loader_families import FAMILY_FIELDS
 from trainfit.core.dropout_config import dropout_fields
 from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
-from trainfit.errors import BadInputError
+from trainfit.errors import BadInputError, short_repr
 from trainfit.validate import parse_json, read_text_file
 
 # Per model_type: config defaults transformers applies when a key is absent.
@@ -48,13 +48,13 @@ class _Cfg:
         if value is None:
             raise BadInputError(f"{self.origin}: missing key '{key}'")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise BadInputError(f"{self.origin}: key '{key}' must be a positive integer, got {value!r}")
+            raise BadInputError(f"{self.origin}: key '{key}' must be a positive integer, got {short_repr(value)}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:
         value = self.get(key, default)
         if not isinstance(value, bool):
-            raise BadInputError(f"{self.origin}: key '{key}' must be true or false, got {value!r}")
+            raise BadInputError(f"{self.origin}: key '{key}' must be true or false, got {short_repr(value)}")
         return value
 
 
@@ -87,7 +87,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
     if model_type not in SUPPORTED_ARCHITECTURES:
         remote = " (it needs trust_remote_code, which trainfit never runs)" if "auto_map" in data else ""
         counted = _meta_count_note(data)
-        raise BadInputError(f"{origin}: key 'model_type': {model_type!r} is not supported{remote}{counted}",
+        raise BadInputError(f"{origin}: key 'model_type': {short_repr(model_type)} is not supported{remote}{counted}",
                             hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     if model_type in FAMILY_FIELDS:
         spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg), source=origin,
@@ -149,6 +149,10 @@ def check_plausible(spec: ModelSpec, origin: str, *, explicit_head_dim: bool = T
     if spec.num_heads % spec.num_kv_heads:
         raise BadInputError(f"{origin}: {spec.num_heads} attention heads are not a multiple of the "
                             f"{spec.num_kv_heads} key/value heads")
+    if spec.num_experts and not 1 <= spec.experts_per_token <= spec.num_experts:
+        raise BadInputError(f"{origin}: num_experts_per_tok ({spec.experts_per_token}) must be from 1 to the "
+                            f"number of experts ({spec.num_experts}); a token cannot be routed to more experts "
+                            "than the layer has")
     total = count_params(spec).total
     if total > MAX_PARAMS:
         raise BadInputError(f"{origin}: these dimensions make {total:.3g} parameters, above the {MAX_PARAMS:.0e} "
@@ -158,12 +162,12 @@ def check_plausible(spec: ModelSpec, origin: str, *, explicit_head_dim: bool = T
 def _activation(cfg: _Cfg, key: str, default: str) -> str:
     name = cfg.get(key, default)
     if not isinstance(name, str):
-        raise BadInputError(f"{cfg.origin}: key '{key}' must be a string, got {name!r}")
+        raise BadInputError(f"{cfg.origin}: key '{key}' must be a string, got {short_repr(name)}")
     if name in _ACTS:
         return _ACTS[name]
     if name.startswith("gelu"):
         return "gelu"
-    raise BadInputError(f"{cfg.origin}: key '{key}': activation {name!r} is not supported",
+    raise BadInputError(f"{cfg.origin}: key '{key}': activation {short_repr(name)} is not supported",
                         hint=f"supported: {', '.join(_ACTS)}")
 
 

@@ -24,7 +24,7 @@ import re
 from trainfit.core.model_loader import check_plausible
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import count_params
-from trainfit.errors import BadInputError
+from trainfit.errors import BadInputError, short_repr
 from trainfit.validate import check
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
@@ -47,7 +47,7 @@ def parse_param_count(text: str) -> int:
     m = _SIZE.match(str(text))
     value = float(m.group(1)) * _MULT[m.group(2).lower()] if m else math.nan
     if not math.isfinite(value):
-        raise BadInputError(f"parameter count {text!r} is not understood",
+        raise BadInputError(f"parameter count {short_repr(text)} is not understood",
                             hint="write it like 125m, 1.3b, 7B or 350000000")
     return int(round(value))
 
@@ -102,7 +102,7 @@ def shape_for_params(n_params: int | str, vocab_size: int = 32000, *, max_positi
     """A sensible Llama-style shape whose exact parameter count is close to `n_params`."""
     target = parse_param_count(n_params) if isinstance(n_params, str) else n_params
     if isinstance(target, bool) or not isinstance(target, int) or not MIN_SHAPE_PARAMS <= target <= MAX_SHAPE_PARAMS:
-        raise BadInputError(f"shape: parameter count must be from 1m to 10t, got {n_params!r}")
+        raise BadInputError(f"shape: parameter count must be from 1m to 10t, got {short_repr(n_params)}")
     tie = target < _TIE_BELOW_PARAMS if tie_embeddings is None else tie_embeddings
     aspect = _aspect(target)
     emb = vocab_size * (1 if tie else 2)
@@ -158,14 +158,18 @@ def parse_shape(text: str) -> ModelSpec:
         key, _, raw = part.partition("=")
         key = key.strip().lower()
         if key not in keys:
-            raise BadInputError(f"shape: unknown key {key!r}", hint=f"valid keys: {', '.join(sorted(keys))}")
+            raise BadInputError(f"shape: unknown key {short_repr(key)}", hint=f"valid keys: {', '.join(sorted(keys))}")
+        if key in values:  # 'layers=2,layers=4' is a typo, not a choice: the last one would win silently
+            raise BadInputError(f"shape: '{key}' is given twice; give it once")
+        if not raw.isascii():  # int() reads '٣' and '３' as digits; the command-line flags refuse them
+            raise BadInputError(f"shape: '{key}' must be written in ASCII digits, got {short_repr(raw.strip())}")
         if key == "tie":
             values[key] = raw.strip().lower() in ("1", "true", "yes")
             continue
         try:
             values[key] = int(parse_param_count(raw)) if key == "vocab" else int(raw)
         except ValueError:
-            raise BadInputError(f"shape: '{key}' must be an integer, got {raw.strip()!r}") from None
+            raise BadInputError(f"shape: '{key}' must be an integer, got {short_repr(raw.strip())}") from None
     missing = [k for k in ("layers", "hidden", "heads") if k not in values]
     if missing:
         _bad_shape(text, f"missing {', '.join(missing)}")
@@ -178,5 +182,5 @@ def parse_shape(text: str) -> ModelSpec:
 
 
 def _bad_shape(text: str, why: str = "empty") -> ModelSpec:
-    raise BadInputError(f"shape {text!r}: {why}",
+    raise BadInputError(f"shape {short_repr(text)}: {why}",
                         hint="use a size like shape:125m or dims like shape:layers=12,hidden=768,heads=12")

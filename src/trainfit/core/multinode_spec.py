@@ -23,8 +23,8 @@ from trainfit.core.profile import HardwareProfile, NodesInfo
 from trainfit.errors import BadInputError
 
 _OVER_RE = re.compile(r"^(.*?)\s+over\s+(\S+)\s*$", re.IGNORECASE)
-_NODES_RE = re.compile(r"^\s*([+-]?\d+)\s*nodes?\s*(?:[x×*]|of)\s*(.+)$", re.IGNORECASE)
-_COUNT_OF_COUNTS_RE = re.compile(r"^\s*([+-]?\d+)\s*[x×*]\s*(\d+\s*[x×*]\s*\S.*)$", re.IGNORECASE)
+_NODES_RE = re.compile(r"^\s*([+-]?[0-9]+)\s*nodes?\s*(?:[x×*]|of)\s*(.+)$", re.IGNORECASE)
+_COUNT_OF_COUNTS_RE = re.compile(r"^\s*([+-]?[0-9]+)\s*[x×*]\s*([0-9]+\s*[x×*]\s*\S.*)$", re.IGNORECASE)
 MAX_NODES = 1024  # a large training cluster; more is a typo more often than a plan
 KEY = "--hardware"
 

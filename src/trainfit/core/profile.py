@@ -311,6 +311,8 @@ class HardwareProfile:
             raise ValueError(f"not valid JSON: {exc}") from None
         except RecursionError:
             raise ValueError("nested too deeply to be a profile") from None
+        except ValueError:  # Python reads no integer of more than 4,300 digits
+            raise ValueError("holds an integer with more than 4,300 digits; no machine has that much of anything") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -323,9 +325,66 @@ class HardwareProfile:
                 f"schema_version {version!r} is not supported (this trainfit reads {SCHEMA_VERSION})"
             )
         try:
-            return from_jsonable(cls, data)
+            profile = from_jsonable(cls, data)
         except SerdeError as exc:
             raise ValueError(str(exc)) from None
+        problems = value_problems(profile)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ValueError(problems[0] + more)
+        return profile
+
+
+# What a saved profile's numbers may be. Types are checked by serde; these are the values every
+# estimate divides by or multiplies with, so a hand-edited 0, -5 or 1e30 would print nonsense.
+MAX_PROFILE_BYTES = 1 << 50  # 1 PiB: far above any machine's RAM, GPU memory or disk
+MAX_PROFILE_CORES = 1 << 20
+MAX_PROFILE_RATE = 1e9  # TFLOPS, GB/s, MB/s, W: a million times any real device
+# Zero here is not "unknown" (that is None) but a machine nothing could run on.
+_POSITIVE = {"vram_total_bytes", "total_bytes", "logical_cores", "physical_cores", "usable_cores",
+             "memory_bandwidth_gbps", "gpu_bandwidth_gbps", "cpu_fp32_gflops", "cpu_bf16_gflops",
+             "peak_tflops", "gpu_tflops", "network_gbps", "count"}
+
+
+def value_problems(obj: object, path: str = "") -> list[str]:
+    """One message per number of a profile that no machine has: NaN or infinity anywhere, a
+    negative size, count or rate, zero memory, cores or bandwidth, or sizes above 1 PiB."""
+    import dataclasses
+    import math
+
+    problems: list[str] = []
+    if not dataclasses.is_dataclass(obj):
+        return problems
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        here = f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(value):
+            problems.extend(value_problems(value, here))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                problems.extend(value_problems(item, f"{here}[{i}]"))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, (int, float)) and not isinstance(item, bool):
+                    problems.extend(_number_problem(f.name, item, f"{here}.{key}", math))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            problems.extend(_number_problem(f.name, value, here, math))
+    return problems
+
+
+def _number_problem(name: str, value: float, where: str, math) -> list[str]:  # noqa: ANN001 - the module
+    if not math.isfinite(value):
+        return [f"{where}: must be a finite number, got {value}"]
+    if name in _POSITIVE and value <= 0:
+        return [f"{where}: must be more than 0, got {value:g}"]
+    if name.endswith("_bytes") and not 0 <= value <= MAX_PROFILE_BYTES:
+        return [f"{where}: must be from 0 to {MAX_PROFILE_BYTES:,} bytes (1 PiB), got {value:g}"]
+    if name.endswith("_cores") and value > MAX_PROFILE_CORES:
+        return [f"{where}: must be at most {MAX_PROFILE_CORES:,}, got {value:g}"]
+    rate = name.endswith(("_tflops", "_gflops", "_gbps", "_mbps", "_watts", "_seconds", "_mhz"))
+    if rate and not 0 <= value <= MAX_PROFILE_RATE:
+        return [f"{where}: must be from 0 to {MAX_PROFILE_RATE:.0e}, got {value:g}"]
+    return []
 
 
 def os_reserve_bytes(total_bytes: int, *, desktop: bool, in_cgroup: bool) -> int:

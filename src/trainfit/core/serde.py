@@ -13,6 +13,8 @@ import types
 import typing
 from typing import Any, TypeVar
 
+from trainfit.errors import short_repr
+
 T = TypeVar("T")
 
 
@@ -62,7 +64,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         raise SerdeError(errors[0] if errors else f"{path}: unexpected null")
     if origin is typing.Literal:
         if value not in args:
-            raise SerdeError(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
+            raise SerdeError(f"{path}: {short_repr(value)} is not one of {', '.join(map(repr, args))}")
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -86,7 +88,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             return tp(value)
         except ValueError:
             valid = ", ".join(repr(m.value) for m in tp)
-            raise SerdeError(f"{path}: {value!r} is not one of {valid}") from None
+            raise SerdeError(f"{path}: {short_repr(value)} is not one of {valid}") from None
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise SerdeError(f"{path}: expected a list, got {type(value).__name__}")
@@ -100,18 +102,18 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return {k: _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SerdeError(f"{path}: expected a number, got {value!r}")
+            raise SerdeError(f"{path}: expected a number, got {short_repr(value)}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SerdeError(f"{path}: expected an integer, got {value!r}")
+            raise SerdeError(f"{path}: expected an integer, got {short_repr(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise SerdeError(f"{path}: expected true/false, got {value!r}")
+            raise SerdeError(f"{path}: expected true/false, got {short_repr(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise SerdeError(f"{path}: expected a string, got {value!r}")
+            raise SerdeError(f"{path}: expected a string, got {short_repr(value)}")
         return value
     return value

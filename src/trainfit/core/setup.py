@@ -44,13 +44,13 @@ Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
 
 def parse_method(value: object, *, key: str = "--method", allowed: tuple[str, ...] = METHODS) -> Method:
     """A method name from the one vocabulary (aliases accepted); BadInputError naming `key` otherwise."""
-    from trainfit.errors import BadInputError
+    from trainfit.errors import BadInputError, short_repr
 
-    name = METHOD_ALIASES.get(str(value), value)
+    name = METHOD_ALIASES.get(value, value) if isinstance(value, str) else value
     if name not in allowed:
         aliases = [a for a, m in METHOD_ALIASES.items() if m in allowed]
         valid = ", ".join(list(allowed) + [f"{a} (= {METHOD_ALIASES[a]})" for a in aliases])
-        raise BadInputError(f"{key}: {value!r} is not a method (valid: {valid})")
+        raise BadInputError(f"{key}: {short_repr(value)} is not a method (valid: {valid})")
     return name  # type: ignore[return-value]
 
 

@@ -161,6 +161,8 @@ def _parse(path: Path, n: int, raw: bytes) -> dict[str, Any]:
         raise BadInputError(f"{where}: not valid JSON (column {exc.colno}: {exc.msg})", hint=_HINT) from None
     except RecursionError:
         raise BadInputError(f"{where}: nested too deeply to be a metrics record", hint=_HINT) from None
+    except ValueError:  # an integer over Python's 4,300-digit limit
+        raise BadInputError(f"{where}: holds an integer with more than 4,300 digits", hint=_HINT) from None
     if not isinstance(rec, dict):
         raise BadInputError(f"{where}: a JSON {_json_type(rec)}, expected an object", hint=_HINT)
     return rec

@@ -52,6 +52,27 @@ def shape_spec(shape: ShapeConfig, vocab_size: int) -> ModelSpec:
     )
 
 
+def shape_vocab_size(cfg: RunConfig, tokenizer_tokens: int) -> int:
+    """The vocabulary a pretraining shape is built with: tokenizer.vocab_size, the figure the plan
+    was made for, when trainfit trains the tokenizer on the corpus, even where a small corpus
+    gives the BPE fewer tokens (a 700 KB corpus stops at about 850 of 32,000): the model that
+    runs is the model planned, its extra rows unused. A tokenizer given by path brings its own size."""
+    if cfg.model.shape is not None and cfg.tokenizer.path is None:
+        return max(tokenizer_tokens, cfg.tokenizer.vocab_size)
+    return tokenizer_tokens
+
+
+def short_vocabulary_note(cfg: RunConfig, tokenizer_tokens: int) -> str | None:
+    """A warning when the corpus gave the BPE fewer tokens than tokenizer.vocab_size (None otherwise)."""
+    planned = shape_vocab_size(cfg, tokenizer_tokens)
+    if planned <= tokenizer_tokens:
+        return None
+    return (f"the corpus gave the byte-level BPE {tokenizer_tokens:,} of the {planned:,} tokens asked "
+            f"(tokenizer.vocab_size): the model keeps {planned:,} embedding rows as planned, "
+            f"{planned - tokenizer_tokens:,} of them never used; set tokenizer.vocab_size: {tokenizer_tokens} (and "
+            f"plan with --vocab {tokenizer_tokens}) for the smaller model this corpus supports, or give more text")
+
+
 def _spec_from_dir(path: str) -> tuple[ModelSpec | None, str]:
     try:
         from trainfit.core.model_catalog import resolve_model
@@ -77,7 +98,7 @@ def build_model(cfg: RunConfig, tokenizer, *, quantization_config: Any = None) -
     m = cfg.model
     vocab = len(tokenizer)
     if m.shape is not None:
-        spec, note = shape_spec(m.shape, vocab), "pretraining shape"
+        spec, note = shape_spec(m.shape, shape_vocab_size(cfg, vocab)), "pretraining shape"
         hf_cfg = build_hf_config(spec)
     elif m.id is not None:
         try:
@@ -129,10 +150,16 @@ def _from_hub(model_id: str, **kwargs):
     """Pretrained weights from the Hugging Face Hub (or its local cache)."""
     from transformers import AutoModelForCausalLM
 
+    from trainfit.train.hub_access import offline_hint, offline_reason
+
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    offline = offline_reason()  # one quick probe, not the Hub client's minute of retries
     try:
-        return AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(model_id, local_files_only=offline is not None, **kwargs)
     except OSError as exc:
+        if offline is not None:
+            raise UnavailableError(f"model.id: the weights of {model_id} are not in the Hugging Face cache and the "
+                                   f"Hub is not asked: {offline}", hint=offline_hint(model_id)) from None
         raise UnavailableError(f"model.id: cannot load {model_id} from the Hugging Face Hub or its cache: "
                                f"{str(exc).splitlines()[0]}",
                                hint="check the network (HF_HUB_OFFLINE), or download it and use model.path "

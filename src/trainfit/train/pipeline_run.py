@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trainfit.errors import BadInputError, TrainfitError, unknown_keys
+from trainfit.errors import BadInputError, TrainfitError, short_repr, unknown_keys
 from trainfit.train.run_config import ModelConfig, RunConfig, parse_run_config
 
 PIPELINE_CONFIG_VERSION = 1
@@ -78,7 +78,7 @@ def parse_pipeline(raw: Any, *, base_dir: Path | None = None, source: str = "") 
     errors.extend(unknown_keys(raw, _TOP_KEYS))
     version = raw.get("version")
     if type(version) is not int or version != PIPELINE_CONFIG_VERSION:
-        errors.append(f"version: {version!r} is not supported (this trainfit reads pipeline version "
+        errors.append(f"version: {short_repr(version)} is not supported (this trainfit reads pipeline version "
                       f"{PIPELINE_CONFIG_VERSION})")
     pipeline, name = raw.get("pipeline", ""), raw.get("name", "")
     if not isinstance(pipeline, str):
@@ -118,22 +118,22 @@ def _parse_phase(item: Any, i: int, earlier: list[str], base_dir: Path | None, e
     name = item.get("name")
     ok = True
     if not isinstance(name, str) or not _PHASE_NAME.match(name) or name in _RESERVED:
-        errors.append(f"{where}.name: {name!r} is not a phase name (letters, digits, '.', '_', '-'; it names the "
+        errors.append(f"{where}.name: {short_repr(name)} is not a phase name (letters, digits, '.', '_', '-'; it names the "
                       "phase's run directory)")
         ok = False
     elif name in earlier:
-        errors.append(f"{where}.name: {name!r} is used by an earlier phase (each phase has its own run directory)")
+        errors.append(f"{where}.name: {short_repr(name)} is used by an earlier phase (each phase has its own run directory)")
         ok = False
     else:
         where = f"phases.{name}"
     start = item.get("start_from")
     if start is not None and (not isinstance(start, str) or start not in earlier):
-        errors.append(f"{where}.start_from: {start!r} is not an earlier phase (valid: "
+        errors.append(f"{where}.start_from: {short_repr(start)} is not an earlier phase (valid: "
                       f"{', '.join(earlier) or 'none: the first phase starts from its own model'})")
         ok = False
     adapters = item.get("adapters", "merge")
     if adapters not in ADAPTER_HAND_OFFS:
-        errors.append(f"{where}.adapters: {adapters!r} is not one of merge, stack")
+        errors.append(f"{where}.adapters: {short_repr(adapters)} is not one of merge, stack")
         ok = False
     elif adapters == "stack":
         errors.append(f"{where}.{STACK_REFUSED}")

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from trainfit.core.model_shapes import MAX_SHAPE_PARAMS, MIN_SHAPE_PARAMS
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.core.setup import TRAIN_METHODS, Method, PrecisionMode, TrainingSetup, parse_method
-from trainfit.errors import BadInputError, TrainfitError, unknown_keys
+from trainfit.errors import BadInputError, TrainfitError, short_repr, unknown_keys
 
 CONFIG_VERSION = 1
 BUILTIN_DATA = {
@@ -294,7 +294,7 @@ def parse_count(value: int | str) -> int:
         return value
     m = _SIZE.match(str(value))
     if not m:
-        raise ValueError(f"{value!r} is not a count like 8m, 125m, 1.5b or 8000000")
+        raise ValueError(f"{short_repr(value)} is not a count like 8m, 125m, 1.5b or 8000000")
     mult = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}[m.group(2).lower()]
     return int(float(m.group(1)) * mult)
 
@@ -338,7 +338,7 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     errors.extend(unknown_keys(raw, sorted(top)))
     version = raw.get("version")
     if type(version) is not int or version != CONFIG_VERSION:  # `true` == 1 in Python, not in a schema
-        errors.append(f"version: {version!r} is not supported (this trainfit reads version: {CONFIG_VERSION})")
+        errors.append(f"version: {short_repr(version)} is not supported (this trainfit reads version: {CONFIG_VERSION})")
     method = raw.get("method")
     try:
         method = parse_method(method, key="method", allowed=TRAIN_METHODS)
@@ -408,13 +408,15 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
         if sh.params is not None:
             try:
                 if not MIN_SHAPE_PARAMS <= parse_count(sh.params) <= MAX_SHAPE_PARAMS:
-                    errs.append(f"model.shape.params: must be from 1m to 10t, got {sh.params!r}")
+                    errs.append(f"model.shape.params: must be from 1m to 10t, got {short_repr(sh.params)}")
             except ValueError as exc:
                 errs.append(f"model.shape.params: {exc}")
         if sh.hidden and sh.heads and sh.hidden % sh.heads:
             errs.append(f"model.shape: hidden ({sh.hidden}) must be a multiple of heads ({sh.heads})")
         if sh.heads and sh.kv_heads and sh.heads % sh.kv_heads:
             errs.append(f"model.shape.kv_heads: heads ({sh.heads}) must be a multiple of kv_heads ({sh.kv_heads})")
+        elif sh.params is None and all(explicit) and not sh.hidden % sh.heads:
+            errs.extend(_implausible_shape(sh, cfg.tokenizer.vocab_size))
     if cfg.tokenizer.path is not None and not Path(cfg.tokenizer.path).is_dir():
         errs.append(f"tokenizer.path: {cfg.tokenizer.path} is not a directory")
     if not cfg.data.paths:
@@ -423,13 +425,16 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
     for i, p in enumerate(cfg.data.paths):
         if p.startswith("builtin:"):
             if p[8:] not in BUILTIN_DATA:
-                errs.append(f"data.paths[{i}]: unknown {p!r} (valid: "
+                errs.append(f"data.paths[{i}]: unknown {short_repr(p)} (valid: "
                             f"{', '.join('builtin:' + k for k in BUILTIN_DATA)})")
         elif not Path(p).exists():
             errs.append(f"data.paths[{i}]: {p} does not exist")
+        elif not (Path(p).is_dir() or Path(p).is_file()):  # a pipe blocks, a device never ends
+            errs.append(f"data.paths[{i}]: {p} is not a regular file or a directory (a pipe or a device "
+                        "cannot be read as a dataset)")
     fmt = cfg.data_format
     if cfg.method == "dpo" and fmt != "preference":
-        errs.append(f"data.format: dpo needs 'preference' data (prompt/chosen/rejected), got {fmt!r}")
+        errs.append(f"data.format: dpo needs 'preference' data (prompt/chosen/rejected), got {short_repr(fmt)}")
     if cfg.method != "dpo" and fmt == "preference":
         errs.append(f"data.format: 'preference' data is for method dpo, not {cfg.method}")
     if cfg.method == "pretrain" and fmt == "chat":
@@ -451,7 +456,7 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
             errs.append("training.dpo_reference: with training.quant the reference is the quantized base with the "
                         "adapters off (lora-base); 'separate' would load a second copy")
     elif cfg.method != "qlora" and t.quant != "none":
-        errs.append(f"training.quant: {t.quant!r} is for method qlora, or dpo with training.lora "
+        errs.append(f"training.quant: {short_repr(t.quant)} is for method qlora, or dpo with training.lora "
                     f"(got method {cfg.method})")
     if t.dpo_reference == "lora-base" and not (cfg.method == "dpo" and t.lora):
         errs.append("training.dpo_reference: 'lora-base' needs method dpo with training.lora set")
@@ -465,6 +470,19 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
 
     errs.extend(model_knob_errors(cfg))  # loss, gptq/awq quant, dora, image_size, images_per_example
     return errs
+
+
+def _implausible_shape(shape: ShapeConfig, vocab_size: int) -> list[str]:
+    """The refusal `estimate` gives a shape beyond any real model (1.3e18 parameters), here before
+    the runner spends seconds allocating it. The vocabulary is the tokenizer's target size."""
+    from trainfit.core.model_loader import check_plausible
+    from trainfit.train.model_build import shape_spec
+
+    try:
+        check_plausible(shape_spec(shape, vocab_size), "model.shape")
+    except BadInputError as exc:
+        return [exc.message]
+    return []
 
 
 def _data_errors(cfg: RunConfig) -> list[str]:

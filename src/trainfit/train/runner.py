@@ -142,6 +142,10 @@ def resolve_device(cfg: RunConfig) -> str:
     if want == "cuda" and not torch.cuda.is_available():
         raise UnavailableError("training.device: cuda asked, but torch sees no CUDA device",
                                hint="use device: auto or cpu")
+    mps = getattr(torch.backends, "mps", None)
+    if want == "mps" and not (mps is not None and mps.is_available()):  # torch would quietly train on the CPU
+        raise UnavailableError("training.device: mps asked, but torch sees no Apple GPU (MPS needs macOS on Apple "
+                               "silicon)", hint="use device: auto or cpu")
     return want
 
 
@@ -305,13 +309,21 @@ def get_tokenizer(cfg: RunConfig, run_dir: Path, args, log: Log):
         return load_tokenizer(cfg.model.path, "model.path"), f"local: {cfg.model.path}"
     with args.main_process_first(local=False, desc="tokenizer"):
         if has_tokenizer_files(saved):
-            return _load_saved_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
-        log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
-        raw = load_raw_dataset(cfg)
-        check_columns(cfg, raw)  # before spending time on the tokenizer
-        train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
-                                  cfg.tokenizer.vocab_size, saved)
-        return load_tokenizer(saved), "byte-level BPE trained on the corpus"
+            tok, note = _load_saved_tokenizer(saved), f"trained on the corpus earlier in this run ({saved})"
+        else:
+            log(f"training a byte-level BPE tokenizer ({cfg.tokenizer.vocab_size} tokens) on the corpus")
+            raw = load_raw_dataset(cfg)
+            check_columns(cfg, raw)  # before spending time on the tokenizer
+            train_bpe_tokenizer(text_iterator(cfg, raw, cfg.tokenizer.train_max_bytes),
+                                      cfg.tokenizer.vocab_size, saved)
+            tok, note = load_tokenizer(saved), "byte-level BPE trained on the corpus"
+    from trainfit.train.model_build import short_vocabulary_note
+
+    short = short_vocabulary_note(cfg, len(tok))
+    if short:  # the model is still built at the planned size; the user learns what the corpus gave
+        log(f"warning: {short}")
+        note += f"; {short}"
+    return tok, note
 
 
 

@@ -56,9 +56,15 @@ def load_tokenizer(path: str | Path, key: str = "tokenizer.path", *, hub: bool =
     when the tokenizer has none."""
     from transformers import AutoTokenizer
 
+    from trainfit.train.hub_access import offline_hint, offline_reason
+
+    offline = offline_reason() if hub else None  # one quick probe, not the Hub client's minute of retries
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=not hub)
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=not hub or offline is not None)
     except (OSError, ValueError) as exc:
+        if offline is not None:
+            raise UnavailableError(f"{key}: {path} is not in the Hugging Face cache and the Hub is not asked: "
+                                   f"{offline}", hint=offline_hint(str(path))) from None
         if hub:
             raise UnavailableError(f"{key}: cannot load the tokenizer of {path} from the Hugging Face Hub or its "
                                    f"cache: {str(exc).splitlines()[0]}") from None

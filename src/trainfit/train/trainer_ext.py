@@ -20,14 +20,48 @@ DeepSpeed) is the library's own code path.
 
 from __future__ import annotations
 
+import errno
 import secrets
 import shutil
 from pathlib import Path
 
-from trainfit.errors import BadInputError, TrainfitError
+from trainfit.errors import BadInputError, TrainfitError, UnavailableError
 from trainfit.train import checkpoints as ck
 
 _WEIGHTS = "the model weights (model*.safetensors / adapter_model.safetensors)"
+
+
+# How a full disk surfaces while a checkpoint is written: an OSError from Python and safetensors
+# ("os error 28"), torch.save's zip writer ("unexpected pos ..." / "file write failed").
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_DISK_FULL_WORDS = ("no space left", "unexpected pos", "file write failed", "os error 28", "disk quota")
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """True when `exc` (or an exception it was raised from) says the disk is full."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+            return True
+        if isinstance(exc, (OSError, RuntimeError)) and any(w in str(exc).lower() for w in _DISK_FULL_WORDS):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _disk_full_error(ckpt_dir: Path, step: int) -> UnavailableError:
+    free = ""
+    try:
+        free = f" ({shutil.disk_usage(ckpt_dir).free / (1 << 30):.2f} GiB free there)"
+    except OSError:
+        pass
+    done = ck.latest_complete(ckpt_dir, log=lambda message: None)
+    last = f"checkpoint-{done.step}" if done else "the start (no complete checkpoint yet)"
+    return UnavailableError(
+        f"the disk filled up while writing the checkpoint of step {step} in {ckpt_dir}{free}; the half-written "
+        f"checkpoint was removed and the complete ones are intact",
+        hint=f"free some space (or lower checkpointing.keep_last), then run the same command with --resume to "
+             f"continue from {last}")
 
 
 def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
@@ -58,9 +92,11 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
             self._tf_stage_root = str(stage_root)
             try:
                 super()._save_checkpoint(model, trial)
-            except BaseException:
+            except BaseException as exc:
                 if self.args.world_size <= 1:  # our own half-written staging dir: never a checkpoint
                     shutil.rmtree(stage_root, ignore_errors=True)
+                if disk_full(exc):
+                    raise _disk_full_error(ckpt_dir, step) from None
                 raise
             finally:
                 self._tf_stage_root = None
