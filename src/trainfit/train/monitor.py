@@ -234,6 +234,8 @@ class Monitor:
     predicted_peak_bytes: the memory model's prediction, shown by the dashboard.
     leak_warning: run the leak detector (`leak_detector` to tune it).
     on_event: called with every event record the monitor writes (e.g. to print warnings).
+    memory_fn: () -> (bytes, kind), the reading the leak detector takes at a step end (default:
+    torch's CUDA allocator when CUDA is in use, else the process RSS).
     """
 
     def __init__(self, metrics_path: str | os.PathLike | None = None, *,
@@ -241,7 +243,8 @@ class Monitor:
                  sampler: Any = None, predicted_peak_bytes: int | None = None, leak_warning: bool = True,
                  leak_detector: LeakDetector | None = None, history_samples: int = 3600,
                  history_steps: int = 10_000, on_event: Callable[[dict[str, Any]], None] | None = None,
-                 leak_read_seconds: float | None = None, leak_check_seconds: float = 5.0) -> None:
+                 leak_read_seconds: float | None = None, leak_check_seconds: float = 5.0,
+                 memory_fn: Callable[[], tuple[int | None, str]] | None = None) -> None:
         if not interval_seconds > 0:
             raise ValueError(f"interval_seconds must be positive, got {interval_seconds!r}")
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
@@ -257,6 +260,7 @@ class Monitor:
         self.leak_check_seconds = leak_check_seconds
         self._last_read_request = self._last_fit = float("-inf")
         self._on_event = on_event
+        self._memory_fn = memory_fn  # (bytes, kind) for the leak detector; None: _read_memory
         self._lock = threading.Lock()
         self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
         self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
@@ -357,7 +361,7 @@ class Monitor:
         kind = None
         if memory_bytes is None and self._want_memory and self.leak_detector is not None:
             self._want_memory = False
-            memory_bytes, kind = self._read_memory()
+            memory_bytes, kind = self._memory_fn() if self._memory_fn is not None else self._read_memory()
         point = StepPoint(step, now, step_seconds, tokens, samples, self._tokens_seen)
         with self._lock:
             if self._first_step is None:
@@ -837,14 +841,15 @@ def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | Non
                   total_steps: int | None = None, interval_seconds: float | None = None,
                   interactive: bool = False, settings: Any = None, tokens_fn: Callable[[], float] | None = None,
                   progress: Any = None, shape: Any = None,
-                  say: Callable[[str], None] | None = _say) -> Any:
+                  say: Callable[[str], None] | None = _say, **monitor_kwargs: Any) -> Any:
     """The MonitorCallback (a transformers TrainerCallback) `trainfit train` adds to its Trainer.
 
     settings: the run config's `monitoring:` section (RunConfig.monitoring); interval_seconds,
     when given, overrides its interval. total_steps: the --max-steps stop (None: the schedule's
     end). interactive: the runner's terminal decision (the dashboard's `auto`). tokens_fn: the
     running token count (called at logging steps). progress: the Progress callback (the dashboard
-    shares its rich console). Samples go to RUN_DIR/metrics.jsonl.
+    shares its rich console). Samples go to RUN_DIR/metrics.jsonl. monitor_kwargs: more Monitor
+    arguments (sampler, memory_fn, leak_detector, leak_read_seconds, on_event).
     """
     enabled = getattr(settings, "enabled", True)
     interval = interval_seconds if interval_seconds is not None else getattr(
@@ -853,7 +858,8 @@ def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | Non
     return monitor_callback_class()(
         Path(run_dir) / "metrics.jsonl", interval_seconds=interval, total_steps=total_steps, dashboard=dash,
         tokens_fn=tokens_fn, shape=shape, progress=progress, say=say, enabled=enabled,
-        predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True))
+        predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True),
+        **monitor_kwargs)
 
 
 # ---- text helpers (also used by the dashboard) ------------------------------------------------

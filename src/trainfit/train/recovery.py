@@ -767,6 +767,11 @@ class RecoverySession:
             rng_restore(snap)
             trainer._tf_force_save = True
             trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+            if step in getattr(trainer, "_tf_refused_saves", ()):  # non-finite parameters: not a good state
+                latest = self._bcast(self._latest_checkpoint() if self.rank == 0 else None)
+                self.say(f"recovery: the state of step {step} has non-finite parameters; continuing from "
+                         f"{Path(latest).name if latest else 'the start'} instead")
+                return latest
             trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         except Exception as exc:  # noqa: BLE001  (e.g. out of memory again while saving, a full disk)
             if self.world > 1:
@@ -860,13 +865,17 @@ class RecoveryCallback(TrainerCallback):
             return
         requests = s._take_requests()
         nonfinite = trainer._tf_take_nonfinite() if hasattr(trainer, "_tf_take_nonfinite") else False
-        flags = [int(nonfinite), int("shrink" in requests), int("fallback" in requests)]
+        # NaN / inf gradients can come with a finite loss (an overflow in the backward pass): the
+        # gradient norm the Trainer computed for this step is checked as well
+        bad_grads = trainer._tf_take_grad_nonfinite() if hasattr(trainer, "_tf_take_grad_nonfinite") else False
+        flags = [int(nonfinite or bad_grads), int("shrink" in requests), int("fallback" in requests),
+                 int(nonfinite)]
         if s.world > 1:
             flags = _all_reduce_max(flags, trainer.args.device)
         reasons = requests
         step = state.global_step  # the last completed step (this one is not counted yet)
         if flags[0]:
-            self._nonfinite(trainer, state, step)
+            self._nonfinite(trainer, state, step, what="loss" if flags[3] else "gradient")
         else:
             s.policy.observe(step + 1, False)
         if s.pending is None and flags[2]:
@@ -885,7 +894,7 @@ class RecoveryCallback(TrainerCallback):
                 s.pending = ("shrink", reason, step + 1)
         s.phase = "optimizer"
 
-    def _nonfinite(self, trainer, state, step: int) -> None:
+    def _nonfinite(self, trainer, state, step: int, what: str = "loss") -> None:
         s = self.s
         decision = s.policy.observe(step + 1, True)
         scaler = getattr(trainer.accelerator, "scaler", None)
@@ -897,8 +906,10 @@ class RecoveryCallback(TrainerCallback):
                 s._checkpoint_now(trainer)
         if scaler is None:  # drop this update (a GradScaler skips it by itself)
             trainer.model.zero_grad(set_to_none=True)
-        s._event("nonfinite_loss", step + 1, f"the loss of step {step + 1} is not finite: its update is skipped "
-                                             f"({s.policy.run} in a row; at {s.policy.streak} the precision falls back)",
+        said = (f"the loss of step {step + 1} is not finite" if what == "loss" else
+                f"the gradients of step {step + 1} are not finite (its loss is)")
+        s._event(f"nonfinite_{what}", step + 1, f"{said}: its update is skipped ({s.policy.run} in a row; at "
+                                                f"{s.policy.streak} the precision falls back)",
                  precision=s.cfg.training.precision, streak=s.policy.run)
         if decision == "fallback" and s.pending is None:
             s.pending = ("fallback", f"{s.policy.run} non-finite losses in a row (steps {s.policy.first_bad_step}-"

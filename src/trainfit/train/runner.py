@@ -462,6 +462,9 @@ def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, trainer_args: t
     from trainfit.train.trainer_ext import with_trainfit
 
     config_name, kwargs = trainer_args
+    # A NaN / inf loss is logged as what it is: Transformers' filter would log the average of the
+    # earlier steps instead, and metrics.jsonl (and `trainfit report`) would show a healthy run.
+    kwargs = {**kwargs, "logging_nan_inf_filter": False}
     args = getattr(importlib.import_module(CONFIG_MODULES[config_name]), config_name)(**kwargs)
     keep = cfg.checkpointing.keep_last
     if cfg.method == "pretrain":
@@ -687,9 +690,12 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
 
         # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
         # process only; the predicted peak is filled in once the model is built).
+        # TRAINFIT_FAKE_MACHINE: a scripted machine instead of this one (tests, demos)
+        fake_machine = faults.fake_machine_from_env(lambda: monitor.monitor.current_step)
         monitor = build_monitor(run_dir, settings=cfg.monitoring, total_steps=stop_after, interactive=interactive,
                                 tokens_fn=lambda: trainer.tokens_seen(), progress=progress,
-                                shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say)
+                                shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say,
+                                **_fake_monitor_arguments(fake_machine))
         # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded
         trim = BeforeFirstStep((lambda: trim_metrics(run_dir, resume_step)) if rank == 0 else None)
         fault_plan = faults.from_env()
@@ -698,11 +704,19 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
         from trainfit.train.safety import safety_callbacks
 
-        # Thermal / battery pauses, checkpoint cadence and clean stops on SIGINT / SIGTERM, reading
-        # the monitor's latest sample (core/plan/modes.py: thresholds of the config's safety.mode).
-        safety = safety_callbacks(cfg.safety.mode, monitor.monitor.latest_sample, run_dir=run_dir,
+        # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
+        # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
+        # the monitor's latest sample each time they look (a function, not the sample of now).
+        if monitor.enabled:
+            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events
+        else:
+            sample_fn = leak_events = None
+            say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
+                "protection are off for this run")
+        safety = safety_callbacks(cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
                                   interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
-                                  interruption_hours=cfg.safety.interruption_hours)
+                                  interruption_hours=cfg.safety.interruption_hours,
+                                  **(fake_machine.safety_overrides if fake_machine is not None else {}))
         callbacks = [trim, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
             injected + safety + [session.callback]
         checkpoint = str(resume_from.path) if resume_from else None
@@ -758,6 +772,26 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                          str(resume_from.path) if resume_from else None, list(timer.step_seconds))
     finally:
         session.close()
+
+
+def _fake_monitor_arguments(machine) -> dict[str, Any]:
+    """build_monitor's arguments for a scripted machine (trainfit.train.faults.FAKE_MACHINE_ENV)."""
+    if machine is None:
+        return {}
+    from trainfit.train.monitor import LeakDetector
+
+    spec = machine.spec
+    out: dict[str, Any] = {"sampler": machine.sampler}
+    if "interval_seconds" in spec:
+        out["interval_seconds"] = float(spec["interval_seconds"])
+    if "leak_detector" in spec:
+        out["leak_detector"] = LeakDetector(**spec["leak_detector"])
+    for key in ("leak_read_seconds", "leak_check_seconds"):
+        if key in spec:
+            out[key] = float(spec[key])
+    if "memory_reading" in spec:
+        out["memory_fn"] = machine.memory_reading
+    return out
 
 
 @dataclass
