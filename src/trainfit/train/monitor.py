@@ -236,6 +236,9 @@ class Monitor:
     on_event: called with every event record the monitor writes (e.g. to print warnings).
     memory_fn: () -> (bytes, kind), the reading the leak detector takes at a step end (default:
     torch's CUDA allocator when CUDA is in use, else the process RSS).
+    write_steps: append a logged-step line ({"step", "loss", "step_seconds", "tokens_per_second",
+    "eta_seconds", "peak_rss_bytes", ...}, as `trainfit train` writes them) for every loss reported,
+    so that `trainfit report` can read the folder (MonitorCallback and monitor_training turn it on).
     """
 
     def __init__(self, metrics_path: str | os.PathLike | None = None, *,
@@ -244,7 +247,7 @@ class Monitor:
                  leak_detector: LeakDetector | None = None, history_samples: int = 3600,
                  history_steps: int = 10_000, on_event: Callable[[dict[str, Any]], None] | None = None,
                  leak_read_seconds: float | None = None, leak_check_seconds: float = 5.0,
-                 memory_fn: Callable[[], tuple[int | None, str]] | None = None) -> None:
+                 memory_fn: Callable[[], tuple[int | None, str]] | None = None, write_steps: bool = False) -> None:
         if not interval_seconds > 0:
             raise ValueError(f"interval_seconds must be positive, got {interval_seconds!r}")
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
@@ -261,6 +264,9 @@ class Monitor:
         self._last_read_request = self._last_fit = float("-inf")
         self._on_event = on_event
         self._memory_fn = memory_fn  # (bytes, kind) for the leak detector; None: _read_memory
+        # write a {"step", "loss", ...} line per reported loss (`trainfit train` writes its own)
+        self.write_steps = write_steps
+        self._step_lines: collections.deque[tuple[int, Any, float | None, float]] = collections.deque(maxlen=4096)
         self._lock = threading.Lock()
         self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
         self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
@@ -311,6 +317,7 @@ class Monitor:
         if thread.is_alive():  # a sampler stuck in a driver call: the daemon thread dies with the process
             self.emit("monitor_error", "the monitor thread did not stop in time (a hardware read hangs?)")
         self._read_losses()
+        self._write_step_lines()
         self._check_leaks()
 
     @property
@@ -379,6 +386,8 @@ class Monitor:
                     self._pending_losses.append((step, loss))
             if memory_bytes is not None and self.leak_detector is not None:
                 self._readings.append((step, int(memory_bytes), (shape, kind or "memory")))
+        if self.write_steps and loss is not None:
+            self._step_lines.append((step, loss, step_seconds, time.time()))
 
     def update(self, step: int | None = None, *, tokens_seen: float | None = None, **metrics: Any) -> None:
         """Logged metrics (loss, learning_rate, ...) or the running token count, without a step."""
@@ -392,6 +401,10 @@ class Monitor:
                 at = step if step is not None else self._step
                 self._metrics["loss_step"] = at
                 self._pending_losses.append((at, self._metrics["loss"]))
+                if self.write_steps:
+                    last = self._steps[-1] if self._steps and self._steps[-1].step == at else None
+                    self._step_lines.append((at, self._metrics["loss"], last.step_seconds if last else None,
+                                             time.time()))
 
     def _read_memory(self) -> tuple[int | None, str]:
         """(bytes, kind): torch's CUDA allocator when this process uses CUDA, else the RSS."""
@@ -493,7 +506,23 @@ class Monitor:
                 for fn in subscribers:
                     self._notify(fn, sample)
         self._read_losses()
+        self._write_step_lines()
         self._check_leaks(force=False)
+
+    def _write_step_lines(self) -> None:
+        """The logged-step lines of the losses reported since the last tick (write_steps)."""
+        if not self._step_lines:
+            return
+        from trainfit.train.callbacks import peak_rss_bytes
+
+        rates = self.rates()
+        while self._step_lines:
+            step, loss, step_seconds, wall = self._step_lines.popleft()
+            self._write({"step": step, "loss": _as_float(loss), "step_seconds": step_seconds,
+                         "tokens_per_second": rates["tokens_per_second"],
+                         "samples_per_second": rates["samples_per_second"], "eta_seconds": self.eta_seconds(),
+                         "elapsed_seconds": (time.perf_counter() - self._started_at if self._started_at is not None
+                                             else None), "time": wall, "peak_rss_bytes": peak_rss_bytes()})
 
     def _read_losses(self) -> None:
         while self._pending_losses:
@@ -651,6 +680,15 @@ def warn_on_leak(say: Callable[[str], None] = _say) -> Callable[[dict[str, Any]]
     return on_event
 
 
+# What MonitorCallback does not do outside `trainfit train` (docs/monitoring.md says the same).
+PROTECTION_NOTE = (
+    "trainfit MonitorCallback: monitoring only (machine samples, ETA, loss lines and leak warnings in "
+    "metrics.jsonl). Out-of-memory recovery, the precision fallback, memory-pressure shrinking and thermal / "
+    "battery pauses need `trainfit train`: they restart the Trainer with another split or precision, which a "
+    "callback cannot do. For NaN / inf gradients add trainfit.train.safety.NonFiniteGuard() to the callbacks "
+    "(skips those updates, never saves non-finite weights).")
+
+
 class _MonitorCallbackLogic:
     """Runs a Monitor for any Transformers Trainer (main process only).
 
@@ -665,14 +703,19 @@ class _MonitorCallbackLogic:
     shape: the batch shape for the leak detector, e.g. (micro_batch, seq_len).
     progress: a trainfit Progress callback whose rich bar the dashboard should share (rich draws
     two live displays on one console as one).
+    managed: set by `trainfit train`, whose runner protects the training itself. Otherwise the
+    callback says once, when training starts, what it does not do (PROTECTION_NOTE).
     """
 
     def __init__(self, metrics_path: str | os.PathLike | None = None, *, monitor: Monitor | None = None,
                  interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
                  dashboard: Any = False, tokens_fn: Callable[[], float] | None = None, shape: Any = None,
                  progress: Any = None, say: Callable[[str], None] | None = _say, enabled: bool = True,
-                 **monitor_kwargs: Any) -> None:
+                 managed: bool = False, **monitor_kwargs: Any) -> None:
         self.enabled = enabled
+        self.say = say
+        self.managed = managed
+        monitor_kwargs.setdefault("write_steps", True)  # a folder `trainfit report` reads
         on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
         self.monitor = monitor if monitor is not None else Monitor(
             metrics_path, interval_seconds=interval_seconds, total_steps=total_steps, on_event=on_event,
@@ -703,6 +746,9 @@ class _MonitorCallbackLogic:
         self._samples_per_step = float(args.per_device_train_batch_size * args.gradient_accumulation_steps
                                        * max(args.world_size, 1))
         self.monitor._step = state.global_step  # a resumed run counts on from its checkpoint
+        if not self.managed and self.say is not None:
+            self.say(PROTECTION_NOTE)
+            self.managed = True  # once
         self.monitor.start()
         self._active = True
         # a training that raises never reaches on_train_end: stop the display and the thread at exit
@@ -800,6 +846,7 @@ def monitor_training(metrics_path: str | os.PathLike | None = None, *,
     dashboard: True / "on" shows it, "auto" when stderr is a terminal, False / "off" never.
     """
     on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
+    monitor_kwargs.setdefault("write_steps", True)  # a folder `trainfit report` reads
     mon = Monitor(metrics_path, interval_seconds=interval_seconds, total_steps=total_steps,
                   predicted_peak_bytes=predicted_peak_bytes, on_event=on_event, **monitor_kwargs)
     mon.start()
@@ -859,7 +906,7 @@ def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | Non
         Path(run_dir) / "metrics.jsonl", interval_seconds=interval, total_steps=total_steps, dashboard=dash,
         tokens_fn=tokens_fn, shape=shape, progress=progress, say=say, enabled=enabled,
         predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True),
-        **monitor_kwargs)
+        write_steps=False, managed=True, **monitor_kwargs)
 
 
 # ---- text helpers (also used by the dashboard) ------------------------------------------------

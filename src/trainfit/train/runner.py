@@ -647,7 +647,8 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
            say: Log, log: Log, extra_callbacks: list | None, write_summary: bool, recover: bool) -> RunResult:
     from trainfit.files import atomic_dir
     from trainfit.train import faults, recovery
-    from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, StepTimer, StopAt, device_memory
+    from trainfit.train.callbacks import (BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt,
+                                          device_memory)
 
     rank, world_size = world()
     ckpt_dir = run_dir / "checkpoints"
@@ -676,7 +677,7 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         cfg, dataset = build_dataset(cfg, tokenizer, probe_args, say)
         timer = StepTimer()
         writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
-                               timer, world_size)
+                               timer, world_size, stop_step=stop_after)
         interactive = not quiet and cfg.logging.progress != "lines" and (
             cfg.logging.progress == "bar" or os.isatty(2))
         progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer,
@@ -717,7 +718,8 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                                   interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
                                   interruption_hours=cfg.safety.interruption_hours,
                                   **(fake_machine.safety_overrides if fake_machine is not None else {}))
-        callbacks = [trim, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
+        plan = RunPlan(run_dir / "metrics.jsonl" if rank == 0 else None)
+        callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
             injected + safety + [session.callback]
         checkpoint = str(resume_from.path) if resume_from else None
         started = time.perf_counter()
@@ -726,8 +728,9 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                                        arg_inputs, recover, replan=lambda c, spec: session.replan_for_device(
                                            c, spec, device, precision_note) if session.adj.replan else c)
             cfg, trainer = built.cfg, built.trainer
+            plan.details = _plan_details(built, cfg, device, world_size, stop_after)
             if monitor.monitor.predicted_peak_bytes is None:
-                monitor.monitor.predicted_peak_bytes = _predicted_total_bytes(built, cfg, device, world_size)
+                monitor.monitor.predicted_peak_bytes = plan.details["predicted"].get("total_bytes")
             if built.weights.startswith("random") and session.attempts == 0:
                 say("weights: RANDOM initialisation (not a pretrained model)")
             session.attach(trainer, cfg)
@@ -859,16 +862,24 @@ def _logged_losses(run_dir: Path) -> list[tuple[int, float]]:
     return sorted(out.items())
 
 
-def _predicted_total_bytes(built, cfg: RunConfig, device: str, world_size: int) -> int | None:
-    """The memory model's total for this run (what the dashboard draws its memory curve against);
-    None when the model cannot predict it (a prediction never stops a run)."""
+def _plan_details(built, cfg: RunConfig, device: str, world_size: int, stop_after: int | None) -> dict[str, Any]:
+    """What an attempt is planned to do (the run_plan event; the dashboard draws its memory curve
+    against the predicted total). A prediction that fails never stops a run: its reason is kept."""
     from trainfit.train.predictions import predict
 
     try:
-        return predict(built.spec, cfg.to_setup(device, num_gpus=world_size if device == "cuda" else 1),
-                       built.spec_note).total_bytes
-    except Exception:  # noqa: BLE001 - the summary reports why, when it predicts again
-        return None
+        pred = predict(built.spec, cfg.to_setup(device, num_gpus=world_size if device == "cuda" else 1),
+                       built.spec_note)
+        predicted = {"tensor_peak_bytes": pred.tensor_peak_bytes, "total_bytes": pred.total_bytes,
+                     "step_seconds": pred.step_seconds, "unavailable": pred.unavailable}
+    except Exception as exc:  # noqa: BLE001 - the summary reports why, when it predicts again
+        predicted = {"unavailable": {"total_bytes": f"{type(exc).__name__}: {exc}"}}
+    t = cfg.training
+    return {"method": cfg.method, "model": built.spec.id if built.spec else cfg.model.path, "device": device,
+            "processes": world_size, "stop_step": stop_after, "predicted": predicted,
+            "training": {"micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
+                         "grad_checkpointing": t.grad_checkpointing, "precision": t.precision},
+            "global_batch": t.micro_batch * t.grad_accum * world_size}
 
 
 def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, resume_from, tok_note,

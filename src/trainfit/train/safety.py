@@ -906,6 +906,51 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     return out
 
 
+class NonFiniteGuard(TrainerCallback):
+    """For any Transformers Trainer (outside `trainfit train`, whose recovery does more): an
+    optimizer step whose gradients are NaN or inf is skipped (its gradients dropped before the
+    update, as a GradScaler does for an fp16 overflow); a step that would checkpoint weights that
+    are not finite does not checkpoint; `max_streak` such steps in a row stop the training
+    (control.should_training_stop), since the run has diverged and a lower learning rate, more
+    warm-up or a check of the data is needed. `log` receives one line per event.
+
+        trainer = Trainer(..., callbacks=[MonitorCallback(metrics_path=...), NonFiniteGuard()])
+    """
+
+    def __init__(self, max_streak: int = 3, log: Log | None = None) -> None:
+        self.max_streak = max_streak
+        self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.streak = 0
+        self.skipped: list[int] = []  # optimizer steps (from 1) whose update was skipped
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        import torch
+
+        if model is None:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        bad = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        if not bad:
+            self.streak = 0
+            return
+        self.streak += 1
+        self.skipped.append(state.global_step + 1)
+        model.zero_grad(set_to_none=True)  # the optimizer skips parameters without a gradient
+        self.log(f"step {state.global_step + 1}: gradients are not finite; update skipped ({self.streak} in a row)")
+        if self.streak >= self.max_streak:
+            control.should_training_stop = True
+            self.log(f"stopping: {self.streak} optimizer steps in a row had non-finite gradients (the run diverged; "
+                     "lower the learning rate, raise the warm-up or check the data)")
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        import torch
+
+        if control.should_save and model is not None and not all(
+                bool(torch.isfinite(p.detach()).all()) for p in model.parameters() if p.requires_grad):
+            control.should_save = False
+            self.log(f"step {state.global_step}: weights are not finite; not checkpointing this state")
+
+
 def context_of(callbacks: Iterable[TrainerCallback]) -> SafetyContext | None:
     """The shared SafetyContext of a safety_callbacks list (for tests and the runner's summary)."""
     for cb in callbacks:
