@@ -52,6 +52,7 @@ def test_out_of_memory_at_the_smallest_split_steps_down_to_16_bit(tmp_path, capf
     adj = json.loads((tmp_path / "run" / "adjustments.json").read_text())
     assert adj["training"]["precision"] == "bf16-mixed"  # a --resume keeps it
     assert "precision fp32 -> bf16-mixed" in err
+    assert "ETA" in err  # the log lines (no terminal) carry it
 
 
 def test_nonfinite_streak_in_fp32_raises_the_accumulation_then_exits_5(tmp_path, capfd):

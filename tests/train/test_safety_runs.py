@@ -201,3 +201,12 @@ def test_a_leak_that_would_exhaust_memory_splits_the_micro_batch(clean, tmp_path
     assert "memory leak" in shrink["reason"] and "before the run's end" in shrink["reason"]
     assert shrink["step"] >= leak["step"]
     assert_same_run(clean, tmp_path / "run", samples)
+
+
+def test_eta_in_metrics_without_a_terminal(clean):
+    """--quiet (no terminal): every logged step carries the ETA to the run's end (0 at the last)."""
+    steps = [r for r in records(clean[1]) if "event" not in r]
+    assert all(r["eta_seconds"] is not None and r["eta_seconds"] >= 0 for r in steps)
+    assert steps[-1]["eta_seconds"] == 0 and steps[0]["eta_seconds"] > 0
+    (plan,) = events(clean[1], "run_plan")
+    assert plan["max_steps"] == STEPS and plan["predicted"]["total_bytes"] > 0 and plan["step"] == 0

@@ -115,7 +115,7 @@ class MetricsWriter(TrainerCallback):
 
 
 class RunPlan(TrainerCallback):
-    """Writes what an attempt is planned to do when it begins (a `run_plan` event: the steps of
+    """Writes what an attempt is planned to do as it begins (a `run_plan` event: the steps of
     the schedule, where this invocation stops, the memory model's predicted peak and step time,
     the split and precision), so a run killed before summary.json can still be compared with its
     plan by `trainfit report`. `details` is set by the runner once the model is built."""
@@ -123,10 +123,17 @@ class RunPlan(TrainerCallback):
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.details: dict[str, Any] = {}
+        self._written = False
 
     def on_train_begin(self, args, state, control, **kw):
-        if self.path is None or not state.is_world_process_zero:
+        self._written = False  # once per attempt
+
+    def on_step_begin(self, args, state, control, **kw):
+        # at the first step (after BeforeFirstStep trimmed a resumed run's metrics): a start that
+        # fails while loading its checkpoint writes nothing
+        if self._written or self.path is None or not state.is_world_process_zero:
             return
+        self._written = True
         from trainfit.train.events import event
 
         d = {**self.details, "max_steps": state.max_steps}

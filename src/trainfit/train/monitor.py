@@ -266,7 +266,8 @@ class Monitor:
         self._memory_fn = memory_fn  # (bytes, kind) for the leak detector; None: _read_memory
         # write a {"step", "loss", ...} line per reported loss (`trainfit train` writes its own)
         self.write_steps = write_steps
-        self._step_lines: collections.deque[tuple[int, Any, float | None, float]] = collections.deque(maxlen=4096)
+        self._step_lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=4096)
+        self._lines_lock = threading.Lock()
         self._lock = threading.Lock()
         self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
         self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
@@ -387,7 +388,7 @@ class Monitor:
             if memory_bytes is not None and self.leak_detector is not None:
                 self._readings.append((step, int(memory_bytes), (shape, kind or "memory")))
         if self.write_steps and loss is not None:
-            self._step_lines.append((step, loss, step_seconds, time.time()))
+            self._step_lines.append(self._line_of(step, loss, step_seconds))
 
     def update(self, step: int | None = None, *, tokens_seen: float | None = None, **metrics: Any) -> None:
         """Logged metrics (loss, learning_rate, ...) or the running token count, without a step."""
@@ -401,10 +402,9 @@ class Monitor:
                 at = step if step is not None else self._step
                 self._metrics["loss_step"] = at
                 self._pending_losses.append((at, self._metrics["loss"]))
-                if self.write_steps:
-                    last = self._steps[-1] if self._steps and self._steps[-1].step == at else None
-                    self._step_lines.append((at, self._metrics["loss"], last.step_seconds if last else None,
-                                             time.time()))
+                last = self._steps[-1] if self._steps and self._steps[-1].step == at else None
+        if self.write_steps and "loss" in metrics:
+            self._step_lines.append(self._line_of(at, self._metrics["loss"], last.step_seconds if last else None))
 
     def _read_memory(self) -> tuple[int | None, str]:
         """(bytes, kind): torch's CUDA allocator when this process uses CUDA, else the RSS."""
@@ -509,20 +509,21 @@ class Monitor:
         self._write_step_lines()
         self._check_leaks(force=False)
 
-    def _write_step_lines(self) -> None:
-        """The logged-step lines of the losses reported since the last tick (write_steps)."""
-        if not self._step_lines:
-            return
-        from trainfit.train.callbacks import peak_rss_bytes
+    def _line_of(self, step: int, loss: Any, step_seconds: float | None) -> dict[str, Any]:
+        """A logged-step line (write_steps), its figures as of now; the loss may still be a tensor
+        (read in the monitor's thread, never in the training loop)."""
+        return {"step": step, "loss": loss, "step_seconds": step_seconds, **self.rates(),
+                "eta_seconds": self.eta_seconds(),
+                "elapsed_seconds": time.perf_counter() - self._started_at if self._started_at is not None else None,
+                "time": time.time()}
 
-        rates = self.rates()
-        while self._step_lines:
-            step, loss, step_seconds, wall = self._step_lines.popleft()
-            self._write({"step": step, "loss": _as_float(loss), "step_seconds": step_seconds,
-                         "tokens_per_second": rates["tokens_per_second"],
-                         "samples_per_second": rates["samples_per_second"], "eta_seconds": self.eta_seconds(),
-                         "elapsed_seconds": (time.perf_counter() - self._started_at if self._started_at is not None
-                                             else None), "time": wall, "peak_rss_bytes": peak_rss_bytes()})
+    def _write_step_lines(self) -> None:
+        """Write the logged-step lines reported since the last tick, in order (the thread and
+        stop() may both get here)."""
+        with self._lines_lock:
+            while self._step_lines:
+                line = self._step_lines.popleft()
+                self._write({**line, "loss": _as_float(line["loss"]), "peak_rss_bytes": _peak_rss_bytes()})
 
     def _read_losses(self) -> None:
         while self._pending_losses:
@@ -655,6 +656,16 @@ class Monitor:
             "tokens_seen": self._tokens_seen,
             "elapsed_seconds": time.perf_counter() - self._started_at if self._started_at is not None else None,
         }
+
+
+def _peak_rss_bytes() -> int | None:
+    """This process's peak resident set size (Linux reports KiB, macOS bytes); None on Windows."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _as_float(value: Any) -> float | None:
