@@ -120,3 +120,37 @@ def test_a_state_with_nonfinite_parameters_is_never_checkpointed(tmp_path, capfd
 
     report = summarize(load_run(tmp_path / "run"))
     assert report["loss"]["non_finite_steps"] == 3 and report["loss"]["min"] > 1.0
+
+
+def test_non_finite_guard_for_any_trainer(tmp_path):
+    """NonFiniteGuard, for a Transformers Trainer outside `trainfit train`: the NaN-gradient
+    update is skipped, the weights stay finite, the Trainer's own checkpoints are finite."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from trainfit.train.safety import NonFiniteGuard
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x, y):
+            return {"loss": ((self.lin(x).squeeze(-1) - y) ** 2).mean()}
+
+    class PoisonStep3(TrainerCallback):  # runs before the guard: NaN gradients, as an overflow makes them
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            if state.global_step + 1 == 3:
+                for p in model.parameters():
+                    p.grad.fill_(float("nan"))
+
+    said: list[str] = []
+    guard = NonFiniteGuard(log=said.append)
+    data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(32)]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4,
+                             save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, max_grad_norm=0.0)
+    trainer = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[PoisonStep3(), guard])
+    trainer.train()
+    assert guard.skipped == [3] and any("update skipped" in m for m in said)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    for ckpt in sorted((tmp_path / "out").glob("checkpoint-*")):
+        assert all_finite(sorted(ckpt.glob("*.safetensors")))

@@ -210,3 +210,23 @@ def test_eta_in_metrics_without_a_terminal(clean):
     assert steps[-1]["eta_seconds"] == 0 and steps[0]["eta_seconds"] > 0
     (plan,) = events(clean[1], "run_plan")
     assert plan["max_steps"] == STEPS and plan["predicted"]["total_bytes"] > 0 and plan["step"] == 0
+
+
+@pytest.mark.parametrize("device, sample, expected", [
+    ("cuda", {"gpus": [{"index": 0, "memory_total_bytes": 80 * GIB, "memory_used_bytes": 77 * GIB}]},
+     "GPU 0 memory 77.00 GiB of 80.00 GiB used, 3.8% free"),
+    ("rocm", {"gpus": [{"index": 0, "memory_total_bytes": 64 * GIB, "memory_used_bytes": 20 * GIB},
+                       {"index": 1, "memory_total_bytes": 64 * GIB, "memory_used_bytes": 63 * GIB}]}, "GPU 1 memory"),
+    ("mps", {"host": {"ram_total_bytes": 16 * GIB, "ram_used_bytes": 15 * GIB}}, "RAM 15.00 GiB of 16.00 GiB"),
+    ("cuda", {"host": {"ram_total_bytes": 16 * GIB, "ram_used_bytes": 15 * GIB},  # host RAM: not a GPU's memory
+              "gpus": [{"index": 0, "memory_total_bytes": 80 * GIB, "memory_used_bytes": 10 * GIB}]}, None),
+])
+def test_memory_pressure_reads_the_memory_of_the_device_kind(device, sample, expected):
+    from trainfit.core.plan.modes import safety_thresholds
+    from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
+    from trainfit.train.safety import MemoryPressurePolicy, SafetyContext
+
+    policy = MemoryPressurePolicy(SafetyContext(thresholds=safety_thresholds("balanced"), device=device))
+    reading = Sample(0.0, HostSample(**sample.get("host", {})), tuple(GpuSample(**g) for g in sample.get("gpus", [])))
+    found = policy.pressure(reading)
+    assert (found is None) if expected is None else (expected in found and "10% headroom" in found)

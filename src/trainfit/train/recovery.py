@@ -4,17 +4,26 @@ out-of-memory error, memory pressure, a streak of non-finite losses or a failed 
 What changes and what does not
 ------------------------------
 The global batch (micro_batch x grad_accum x processes), the data order, the optimizer step count
-and the LR schedule never change. What may change is how a step is computed:
+and the LR schedule never change (but for the accumulation raised after an fp32 non-finite
+streak, below). What may change is how a step is computed:
 
 * out of memory: the micro-batch is split (halved: its largest divisor <= half) and the gradient
   accumulation multiplied by the same factor; at micro-batch 1 gradient checkpointing is turned on;
-  with both done already the run stops with DoesNotFitError (exit 3), its progress checkpointed.
-* memory pressure (`request_shrink(reason)`, for the monitor / safety policies): the same split, at
-  the next optimizer-step boundary, before anything fails.
-* non-finite losses (PrecisionPolicy): a non-finite step's update is skipped (its gradients are
-  dropped, as a GradScaler skips an fp16 overflow step); a streak of them (3) or a collapsed fp16
-  loss scale switches the precision fp16 -> bf16 (where the device has it, core/plan/hardware_rules)
-  -> fp32 and continues from the last good step (the steps of the streak are trained again).
+  with both done already an fp32 run steps down to 16-bit autocast (bf16-mixed, or fp16-mixed on a
+  GPU without bf16: "AMP fallback on OOM", one process); with that done too the run stops with
+  DoesNotFitError (exit 3), its progress checkpointed.
+* memory pressure (`request_shrink(reason)`, from safety.MemoryPressurePolicy): the same split (or
+  the same 16-bit step down), at the next optimizer-step boundary, before anything fails.
+* non-finite losses or gradients (PrecisionPolicy; the gradient norm the Trainer computes is
+  checked before each update, since NaN gradients can come with a finite loss): the step's update
+  is skipped (its gradients are dropped, as a GradScaler skips an fp16 overflow step); a streak of
+  them (3) or a collapsed fp16 loss scale switches the precision fp16 -> bf16 (where the device
+  has it, core/plan/hardware_rules) -> fp32 and continues from the last good step (the steps of the
+  streak are trained again). A streak in fp32 doubles the gradient accumulation once ("gradient
+  accumulation adjustment for stability": the one recovery that changes the global batch, on
+  purpose, recorded in adjustments.json); a streak after that is divergence:
+  TrainingDivergedError (exit 5). No checkpoint is written of non-finite parameters
+  (trainer_ext), so "the last good step" is always finite.
 * a failed device (lost, ECC, poisoned CUDA context): the in-memory state is not trusted; the run
   continues from its last complete checkpoint in a FRESH process (`python -m trainfit.cli.main train
   RUN_DIR/config.yaml --out RUN_DIR --resume`) with CUDA_VISIBLE_DEVICES narrowed to the remaining

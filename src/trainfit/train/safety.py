@@ -567,7 +567,8 @@ class MemoryPressurePolicy(TrainerCallback):
             self._quiet_until = state.global_step + PRESSURE_SETTLE_STEPS
             if sample is not None and sample.host.swap_used_bytes is not None:
                 self._swap_base = sample.host.swap_used_bytes
-            self.ctx.log(f"memory pressure at step {state.global_step}: {reason}; splitting the micro-batch")
+            self.ctx.log(f"memory pressure at step {state.global_step}: {reason}; asking for a smaller step at the "
+                         "next boundary (the micro-batch split, or 16-bit activations at the smallest split)")
 
     def pressure(self, sample: Sample) -> str | None:
         """Why memory is about to run out in this reading, or None."""
