@@ -230,3 +230,21 @@ def test_memory_pressure_reads_the_memory_of_the_device_kind(device, sample, exp
     reading = Sample(0.0, HostSample(**sample.get("host", {})), tuple(GpuSample(**g) for g in sample.get("gpus", [])))
     found = policy.pressure(reading)
     assert (found is None) if expected is None else (expected in found and "10% headroom" in found)
+
+
+@pytest.mark.parametrize("script, expected", [
+    ({"host": {"cpu_temp": 90}}, "host has no field(s) cpu_temp"),
+    ({"safety": {"cool_hold": 1}}, "safety.cool_hold is not a setting"),
+    ({"host": {"on_ac": {"by_step": [[0]]}}}, "points must be a non-empty list"),
+    ({"interval_seconds": 0}, "interval_seconds must be a number of seconds > 0"),
+    ({"leak_detector": {"window": "ten"}}, "leak_detector.window must be a number"),
+])
+def test_a_bad_machine_script_is_exit_2_with_one_line(tmp_path, capfd, script, expected):
+    config = make_config(tmp_path, "pretrain")
+    (tmp_path / "m.json").write_text(json.dumps(script))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(faults.FAKE_MACHINE_ENV, str(tmp_path / "m.json"))
+        code = main(["train", str(config), "--out", str(tmp_path / "run"), "--quiet"])
+    err = capfd.readouterr().err
+    assert code == 2 and expected in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing left behind

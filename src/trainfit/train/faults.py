@@ -281,9 +281,37 @@ def fake_machine_from_env(step_fn, environ: dict[str, str] | None = None):
     try:
         with open(path, encoding="utf-8") as fh:
             spec = check_machine_script(json.load(fh), f"{FAKE_MACHINE_ENV}={path}")
+        _check_tuning(spec, f"{FAKE_MACHINE_ENV}={path}")
     except (OSError, ValueError) as exc:
         raise BadInputError(f"{FAKE_MACHINE_ENV}: {exc}") from None
     return MachineScript(spec, step_fn)
+
+
+def _check_tuning(spec: dict, where: str) -> None:
+    """The script's safety thresholds and leak-detector settings name real fields, with numbers."""
+    import dataclasses
+    import inspect
+
+    from trainfit.core.plan.modes import SafetyThresholds
+    from trainfit.train.monitor import LeakDetector
+
+    valid = {"safety": {f.name for f in dataclasses.fields(SafetyThresholds)} - {"mode"},
+             "leak_detector": set(inspect.signature(LeakDetector).parameters)}
+    for key, names in valid.items():
+        given = spec.get(key) or {}
+        if not isinstance(given, dict):
+            raise ValueError(f"{where}: {key} must be an object")
+        for name, value in given.items():
+            if name not in names:
+                raise ValueError(f"{where}: {key}.{name} is not a setting (valid: {', '.join(sorted(names))})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{where}: {key}.{name} must be a number >= 0")
+    for key in ("interval_seconds", "leak_read_seconds", "leak_check_seconds"):
+        value = spec.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                key == "interval_seconds" and value == 0):
+            raise ValueError(f"{where}: {key} must be a number of seconds"
+                             + (" > 0" if key == "interval_seconds" else " >= 0"))
 
 
 class SampleLog(TrainerCallback):

@@ -651,6 +651,9 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                                           device_memory)
 
     rank, world_size = world()
+    # TRAINFIT_FAKE_MACHINE: a scripted machine for the monitor instead of this one (tests, demos);
+    # read first, so a bad script is refused before any work
+    fake_machine = faults.fake_machine_from_env(lambda: monitor.monitor.current_step)
     ckpt_dir = run_dir / "checkpoints"
     arg_inputs = dict(device=device, output_dir=str(ckpt_dir), world_size=world_size,
                       transformers_major=transformers_major())
@@ -691,8 +694,6 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
 
         # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
         # process only; the predicted peak is filled in once the model is built).
-        # TRAINFIT_FAKE_MACHINE: a scripted machine instead of this one (tests, demos)
-        fake_machine = faults.fake_machine_from_env(lambda: monitor.monitor.current_step)
         monitor = build_monitor(run_dir, settings=cfg.monitoring, total_steps=stop_after, interactive=interactive,
                                 tokens_fn=lambda: trainer.tokens_seen(), progress=progress,
                                 shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say,
