@@ -72,7 +72,8 @@ def test_a_run_killed_at_a_random_step_is_compared_with_its_plan(tmp_path, capsy
     assert plan["step_seconds"] > 0 and math.isclose(plan["seconds"], 60 * plan["step_seconds"])
     mem = summary["memory"]
     assert mem["predicted_total_bytes"] > 0 and mem["measured_peak_bytes"] > 0
-    assert mem["measured_over_predicted_total"] == pytest.approx(mem["measured_peak_bytes"] / mem["predicted_total_bytes"])
+    assert mem["measured_over_predicted_total"] == pytest.approx(
+        mem["measured_peak_bytes"] / mem["predicted_total_bytes"])
     assert summary["steps"]["last"] >= kill_after
     assert summary["method"] == "pretrain" and summary["device"] == "cpu"
     from trainfit.report.html_page import summary_rows

@@ -248,3 +248,25 @@ def test_a_bad_machine_script_is_exit_2_with_one_line(tmp_path, capfd, script, e
     err = capfd.readouterr().err
     assert code == 2 and expected in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # nothing left behind
+
+
+def test_machine_script_series_follow_the_steps_and_the_clock():
+    from trainfit.hardware.sample_fakes import MachineScript, ManualClock
+
+    clock, step = ManualClock(), [0]
+    script = MachineScript({"host": {"cpu_temperature_c": {"from_step": 3, "before": 60, "ramp": [[0, 96], [2, 70]]},
+                                     "on_ac": {"by_step": [[0, True], [4, False]]},
+                                     "ram_used_bytes": {"by_step": [[0, 0], [10, 1000]]}}},
+                           lambda: step[0], clock)
+    sampler = script.sampler()
+    read = lambda: sampler.sample().host  # noqa: E731
+    assert (read().cpu_temperature_c, read().on_ac, read().ram_used_bytes) == (60, True, 0)
+    step[0] = 3
+    clock.advance(5.0)  # the ramp starts when step 3 is first seen, not at the clock's start
+    assert read().cpu_temperature_c == 96 and read().ram_used_bytes == 300
+    clock.advance(1.0)
+    assert read().cpu_temperature_c == 83 and read().on_ac is True
+    step[0] = 4
+    clock.advance(5.0)
+    assert read().cpu_temperature_c == 70 and read().on_ac is False
+    assert isinstance(read().ram_used_bytes, int)

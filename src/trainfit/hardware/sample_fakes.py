@@ -334,8 +334,9 @@ class MachineScript:
     A SERIES is a value; {"by_step": [[step, value], ...]} (piecewise linear in optimizer steps);
     or {"from_step": N, "before": value, "ramp": [[seconds, value], ...]}: `before` until the
     training reaches step N, then piecewise linear in the seconds since (pauses included, so a
-    device cools down while training waits). Points with true / false values switch (on_ac). Fields are HostSample / GpuSample fields; the ones
-    not given are unknown, as on a machine that cannot read them."""
+    device cools down while training waits). Points with true / false values switch (on_ac).
+    Fields are HostSample / GpuSample fields; the ones not given are unknown, as on a machine that
+    cannot read them."""
 
     def __init__(self, spec: dict[str, Any], step_fn: Callable[[], int], clock: Callable[[], float] = time.monotonic):
         self.spec = spec
