@@ -543,7 +543,7 @@ class MemoryPressurePolicy(TrainerCallback):
         self._last_check = -math.inf
         self._swap_base: int | None = None  # swap in use when the run started (or at the last shrink)
         self._quiet_until = -1  # no new request before this step (a shrink is taking effect)
-        self._leaks_seen = 0
+        self._last_leak_time = -math.inf
         self.requests: list[tuple[int, str]] = []  # (step, reason) of each shrink asked for
 
     @property
@@ -607,7 +607,10 @@ class MemoryPressurePolicy(TrainerCallback):
             found = [e for e in self.leak_events() if e.get("event") == "memory_leak"]
         except Exception:  # noqa: BLE001  (the monitor's view; never stops training)
             return None
-        new, self._leaks_seen = found[self._leaks_seen:], len(found)
+        # the monitor keeps its last 100 events: new findings are told apart by their time
+        new = [e for e in found if e.get("time", 0) > self._last_leak_time]
+        if new:
+            self._last_leak_time = max(e.get("time", 0) for e in new)
         left = (state.max_steps - state.global_step) if state.max_steps else None
         for e in new:
             to_full = e.get("steps_to_full")
