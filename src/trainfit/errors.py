@@ -1,7 +1,8 @@
 """Errors that carry the exit code the CLI gives for them.
 
 Exit codes are a contract (see DESIGN): 0 ok, 2 bad input, 3 does not fit, 4 hardware or
-dependency unavailable. Library code raises these; only the CLI prints them and exits.
+dependency unavailable, 5 training diverged (non-finite losses that no recovery could end; the
+last good checkpoint is kept); 130 / 143 stopped by SIGINT / SIGTERM. Library code raises these; only the CLI prints them and exits.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 EXIT_UNAVAILABLE = 4
+EXIT_DIVERGED = 5
 # Stopped by a signal: 128 + its number, as a shell reports a process the signal killed, but with
 # a message and after the command rolled back what it was writing.
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C)
@@ -72,6 +74,13 @@ class Interrupted(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return f"interrupted by {self.signal_name}" + (f"; {self.detail}" if self.detail else "")
+
+
+class TrainingDivergedError(TrainfitError):
+    """Training diverged: non-finite losses or gradients kept coming after every recovery (fp32,
+    raised accumulation). Exit code 5; the last good checkpoint stays for a --resume."""
+
+    exit_code = EXIT_DIVERGED
 
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:

@@ -115,7 +115,8 @@ def test_report_of_a_monitored_run(monitored_run):
     synthetic = {"checkpoint": 1, "memory_leak": 1, "oom_recovered": 1, "precision_fallback": 1,
                  "signal": 1, "thermal_pause": 1, "thermal_resume": 1}
     # the run itself also notes its checkpoint cadence (train/safety.py)
-    assert {k: v for k, v in s["events"].items() if k != "checkpoint_cadence"} == synthetic
+    # (and what it was planned to do when it started: run_plan)
+    assert {k: v for k, v in s["events"].items() if k not in ("checkpoint_cadence", "run_plan")} == synthetic
 
 
 def test_a_plain_run_leaves_out_what_it_has_no_data_for(run_copy, capsys):

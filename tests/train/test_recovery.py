@@ -278,16 +278,18 @@ def test_memory_pressure_shrinks_at_the_next_boundary(clean, tmp_path):
 
 
 def test_out_of_memory_at_micro_batch_one_checkpoints_then_exit_3(tmp_path, monkeypatch, capfd):
-    """micro-batch 1: gradient checkpointing goes on; OOM again with it: exit 3, progress kept."""
+    """micro-batch 1: gradient checkpointing goes on; OOM again with it: 16-bit autocast; OOM
+    again: exit 3, progress kept."""
     config = make_config(tmp_path, "pretrain", training={"micro_batch": 1, "grad_accum": 2},
                          schedule={"max_steps": 6})
-    monkeypatch.setenv(faults.ENV, "oom@4:cuda*2")
+    monkeypatch.setenv(faults.ENV, "oom@4:cuda*3")
     code = main(["train", str(config), "--out", str(tmp_path / "run"), "--quiet"])
     err = capfd.readouterr().err
     assert code == 3 and "micro-batch 1 with gradient checkpointing is the smallest step" in err
     assert "Traceback" not in err
     adj = json.loads((tmp_path / "run" / "adjustments.json").read_text())
     assert adj["training"]["grad_checkpointing"] == "full" and adj["training"]["micro_batch"] == 1
+    assert adj["training"]["precision"] == "bf16-mixed"
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-3").is_dir()  # kept for a --resume elsewhere
 
 

@@ -224,5 +224,139 @@ def _build(cls: type, spec: dict[str, Series], t: float, n: int) -> Any:
     return cls(**values, unavailable=why)
 
 
-__all__ = ["FakeNvmlError", "FakeSampler", "ManualClock", "SamplingNvml", "SamplingPsutil", "fixture_sources",
-           "ramp", "step_at", "NOT_SIMULATED"]
+__all__ = ["FakeNvmlError", "FakeSampler", "MachineScript", "ManualClock", "StepClock", "SamplingNvml",
+           "SamplingPsutil", "fixture_sources", "ramp", "step_at", "NOT_SIMULATED"]
+
+
+# ---- a scripted machine for a whole `trainfit train` run -----------------------------------
+
+class StepClock:
+    """Series tied to the training's progress: `at(series)` evaluates a script series (see
+    MachineScript) against the current optimizer step (`step_fn`) and the seconds since a step
+    was first reached (`clock`). Shared by every sampler a run makes (a recovery restarts the
+    monitor), so a trigger fires once per run."""
+
+    def __init__(self, step_fn: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.step_fn = step_fn
+        self.clock = clock
+        self._reached: dict[int, float] = {}  # step -> clock when it was first seen
+        self._lock = threading.Lock()
+
+    def seconds_since(self, step: int) -> float | None:
+        """Seconds since the training first reached `step` (None: not yet)."""
+        now = self.clock()
+        current = self.step_fn()
+        with self._lock:
+            if step not in self._reached and current >= step:
+                self._reached[step] = now
+            start = self._reached.get(step)
+        return None if start is None else now - start
+
+    def at(self, series: Any) -> Any:
+        if not isinstance(series, dict):
+            return series  # a plain value (a list is a list, e.g. throttle reasons)
+        if "by_step" in series:  # piecewise linear in optimizer steps
+            return _through(series["by_step"], self.step_fn())
+        since = self.seconds_since(int(series.get("from_step", 0)))
+        if since is None:
+            return series.get("before")
+        return _through(series["ramp"], since)
+
+
+def _typed(name: str, value: Any) -> Any:
+    """Byte and event counts are whole numbers (a ramp between two of them is not)."""
+    if isinstance(value, float) and (name.endswith("_bytes") or name.endswith("_events")):
+        return int(round(value))
+    return value
+
+
+def _through(points: list, x: float) -> Any:
+    """Piecewise linear through numeric points; a series of true / false holds each value until
+    the next point (a switch, e.g. AC plugged in again)."""
+    pts = sorted((p[0], p[1]) for p in points)
+    if any(isinstance(v, bool) for _, v in pts):
+        return [v for t, v in pts if t <= x][-1] if x >= pts[0][0] else pts[0][1]
+    return ramp(*pts)(x)
+
+
+_SERIES_KEYS = {"by_step", "from_step", "before", "ramp"}
+MACHINE_KEYS = {"interval_seconds", "safety", "leak_detector", "leak_read_seconds", "leak_check_seconds",
+                "memory_reading", "host", "gpus"}
+
+
+def check_machine_script(spec: Any, where: str) -> dict[str, Any]:
+    """The script as a dict, or ValueError naming what is wrong (see MachineScript)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: a machine script is a JSON object")
+    unknown = set(spec) - MACHINE_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} "
+                         f"(valid: {', '.join(sorted(MACHINE_KEYS))})")
+    host_fields = {f.name for f in dataclasses.fields(HostSample)} - {"unavailable"}
+    gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"unavailable"}
+    parts = [("host", spec.get("host") or {}, host_fields)]
+    parts += [(f"gpus[{i}]", g, gpu_fields) for i, g in enumerate(spec.get("gpus") or [])]
+    for name, fields_, valid in parts:
+        if not isinstance(fields_, dict):
+            raise ValueError(f"{where}: {name} must be an object of field -> series")
+        bad = set(fields_) - valid
+        if bad:
+            raise ValueError(f"{where}: {name} has no field(s) {', '.join(sorted(bad))}")
+        for key, series in fields_.items():
+            _check_series(series, f"{where}: {name}.{key}")
+    if "memory_reading" in spec:
+        _check_series(spec["memory_reading"], f"{where}: memory_reading")
+    return spec
+
+
+def _check_series(series: Any, where: str) -> None:
+    if not isinstance(series, dict):
+        return
+    if set(series) - _SERIES_KEYS or not ({"by_step", "ramp"} & set(series)):
+        raise ValueError(f"{where}: a series is a value, {{\"by_step\": [[step, value], ...]}} or "
+                         "{\"from_step\": N, \"before\": value, \"ramp\": [[seconds, value], ...]}")
+    points = series.get("by_step") or series.get("ramp")
+    if not isinstance(points, list) or not points or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) for x in p) for p in points):
+        raise ValueError(f"{where}: points must be a non-empty list of [x, value] pairs of numbers (or true / false "
+                         "values)")
+
+
+class MachineScript:
+    """A scripted machine for `trainfit train` (TRAINFIT_FAKE_MACHINE, trainfit.train.faults):
+
+        {"interval_seconds": 0.05,                 the monitor's sampling interval
+         "safety": {"check_seconds": 0.05, ...},   SafetyThresholds fields for this run
+         "leak_detector": {"warmup_steps": 2, ...}, "leak_read_seconds": 0, "leak_check_seconds": 0,
+         "memory_reading": SERIES,                 bytes the leak detector reads at step ends
+         "host": {FIELD: SERIES, ...}, "gpus": [{FIELD: SERIES, ...}, ...]}
+
+    A SERIES is a value; {"by_step": [[step, value], ...]} (piecewise linear in optimizer steps);
+    or {"from_step": N, "before": value, "ramp": [[seconds, value], ...]}: `before` until the
+    training reaches step N, then piecewise linear in the seconds since (pauses included, so a
+    device cools down while training waits). Points with true / false values switch (on_ac).
+    Fields are HostSample / GpuSample fields; the ones not given are unknown, as on a machine that
+    cannot read them."""
+
+    def __init__(self, spec: dict[str, Any], step_fn: Callable[[], int], clock: Callable[[], float] = time.monotonic):
+        self.spec = spec
+        self.steps = StepClock(step_fn, clock)
+
+    def _fields(self, fields_: dict[str, Any]) -> dict[str, Callable[[float], Any]]:
+        return {k: (lambda t, s=s, k=k: _typed(k, self.steps.at(s))) for k, s in fields_.items()}
+
+    def sampler(self) -> FakeSampler:
+        """A fresh sampler (the monitor makes one per training attempt) over the shared series."""
+        return FakeSampler(host=self._fields(self.spec.get("host") or {}),
+                           gpus=[self._fields(g) for g in self.spec.get("gpus") or []])
+
+    def memory_reading(self) -> tuple[int | None, str] | None:
+        """(bytes, kind) for the leak detector, or None when the script has no memory_reading."""
+        if "memory_reading" not in self.spec:
+            return None
+        value = self.steps.at(self.spec["memory_reading"])
+        return (int(round(value)) if value is not None else None), "process_rss"
+
+    @property
+    def safety_overrides(self) -> dict[str, Any]:
+        return dict(self.spec.get("safety") or {})

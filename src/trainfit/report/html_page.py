@@ -74,6 +74,11 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if st["global_step"] is not None:
         steps += f"; step {st['global_step']:.0f}" + (f" of {st['max_steps']:.0f}" if st["max_steps"] else "")
     rows.append(("steps", steps))
+    plan = summary["planned"]
+    if plan["max_steps"]:
+        rows.append(("planned length", f"{plan['max_steps']:.0f} steps"
+                     + (f", {_duration(plan['seconds'])} predicted" if plan["seconds"] else "")
+                     + f" ({plan['source']})"))
     rows.append(("duration", _join(_duration(summary["elapsed_seconds"]),
                                    _f(summary["started_at"] and _clock(summary["started_at"]), "from {}"), sep=" ")))
     loss = summary["loss"]
@@ -177,7 +182,9 @@ def render_html(run: RunData, summary: dict[str, Any], plots: list[Plot], left_o
                        "metrics.jsonl.</p>")
     else:
         out.append("<p>No events were recorded.</p>")
+    config = (run.config_text if run.config_text is not None else
+              "(no config.yaml: a run monitored with MonitorCallback or monitor_training)")
     out.append('</section><section id="config"><h2>Run config (config.yaml)</h2>'
-               f"<pre>{_esc(run.config_text)}</pre></section>")
+               f"<pre>{_esc(config)}</pre></section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

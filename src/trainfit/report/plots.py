@@ -370,6 +370,7 @@ def _events(run: RunData, summary, clock: _Clock):
     _shade(ax, [(clock(a), clock(b)) for a, b, _ in pause_spans(run)], "grey", 0.2, "training paused")
     colors = {"resume": "tab:blue", "restart": "tab:blue", "checkpoint": "tab:green", "oom_recovered": "tab:red",
               "memory_leak": "tab:red", "device_lost": "tab:red", "nonfinite_loss": "tab:red",
+              "nonfinite_gradient": "tab:red",
               "thermal_stop": "tab:red", "battery_stop": "tab:red", "signal": "black"}
     for row, kind in enumerate(kinds):
         xs = [clock(e.time) for e in timed if e.kind == kind]

@@ -1,5 +1,7 @@
 """Load a run directory written by `trainfit train` for `trainfit report`: config.yaml (shown as
-it is), summary.json (optional: a run that crashed or is still running has none yet) and
+it is; absent in the folder of a run monitored with MonitorCallback / monitor_training, whose
+metrics.jsonl the monitor wrote), summary.json (optional: a run that crashed or is still running
+has none yet; its `run_plan` event then says what it was planned to do) and
 metrics.jsonl, whose three kinds of record (train/events.py) are sorted into logged steps, machine
 samples (hardware/sample_types.py) and events.
 
@@ -21,7 +23,7 @@ from typing import Any
 from trainfit.errors import BadInputError
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
 
-REQUIRED_FILES = ("config.yaml", "metrics.jsonl")
+REQUIRED_FILES = ("config.yaml", "metrics.jsonl")  # config.yaml: absent for a run monitored from Python
 # Numbers a logged-step record may carry (train/callbacks.MetricsWriter); other keys are ignored.
 STEP_FIELDS = ("loss", "learning_rate", "grad_norm", "tokens_per_second", "samples_per_second", "step_seconds",
                "elapsed_seconds", "time", "peak_rss_bytes", "cuda_max_allocated_bytes", "cuda_max_reserved_bytes")
@@ -44,7 +46,7 @@ class Event:
 @dataclass
 class RunData:
     run_dir: Path
-    config_text: str
+    config_text: str | None  # None: a run monitored with MonitorCallback / monitor_training (no config.yaml)
     summary: dict[str, Any] | None  # summary.json; None until the run has finished
     # Logged optimizer steps, one column per field ("step" plus STEP_FIELDS), None where absent.
     steps: dict[str, list[Any]]
@@ -79,6 +81,8 @@ def check_run_dir(run_dir: str | Path) -> Path:
     if len(missing) == len(REQUIRED_FILES):
         raise BadInputError(f"RUN_DIR {p} is not a trainfit run directory: {' and '.join(missing)} are missing",
                             hint="a run directory is written by `trainfit train`")
+    if missing == ["config.yaml"]:
+        return p  # a run monitored with MonitorCallback / monitor_training: its metrics.jsonl only
     if missing:
         why = " (the run has not logged a step yet)" if missing == ["metrics.jsonl"] else ""
         raise BadInputError(f"RUN_DIR {p}: {missing[0]} is missing{why}",
@@ -91,7 +95,7 @@ def load_run(run_dir: str | Path) -> RunData:
     from trainfit.validate import parse_json, read_text_file
 
     p = check_run_dir(run_dir)
-    config_text = read_text_file(p / "config.yaml", "config.yaml")
+    config_text = (read_text_file(p / "config.yaml", "config.yaml") if (p / "config.yaml").exists() else None)
     summary = None
     notes: list[str] = []
     if (p / "summary.json").exists():
@@ -105,6 +109,9 @@ def load_run(run_dir: str | Path) -> RunData:
                    steps={"step": [], **{k: [] for k in STEP_FIELDS}}, samples=[], events=[], unavailable={},
                    notes=notes, lines=0)
     _read_metrics(p / "metrics.jsonl", data)
+    if summary is None and any(e.kind == "run_plan" for e in data.events):
+        data.notes[0] = ("summary.json is absent (the run has not finished, or stopped early): the predicted figures "
+                         "and the planned length come from the run_plan event it wrote when it started")
     if not (data.step_count or data.samples or data.events):
         raise BadInputError(f"{p / 'metrics.jsonl'} holds no records yet: nothing to report",
                             hint="run `trainfit report` once the run has logged a step")

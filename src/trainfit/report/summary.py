@@ -56,9 +56,18 @@ def is_throttled(reasons) -> bool:
     return any(r not in BENIGN_THROTTLE_REASONS for r in reasons)
 
 
+def run_plan(run: RunData) -> dict[str, Any]:
+    """What the run was planned to do, as its last `run_plan` event wrote it when it started
+    (train/runner.py): {} when it has none (an older run, or one monitored from Python)."""
+    plans = [e for e in run.events if e.kind == "run_plan"]
+    return dict(plans[-1].details) if plans else {}
+
+
 def summarize(run: RunData) -> dict[str, Any]:
-    """The report's summary (see the module doc)."""
-    s = run.summary or {}
+    """The report's summary (see the module doc). A run without summary.json (killed, crashed,
+    still running) takes its prediction and planned length from its run_plan event."""
+    plan = run_plan(run)
+    s = run.summary or {key: plan.get(key) for key in ("method", "model", "device", "max_steps", "predicted")}
     unavailable: dict[str, str] = {}
     notes: list[str] = []
     steps = run.steps
@@ -115,7 +124,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         unavailable["memory.measured_peak_bytes"] = "no peak memory in summary.json or in the logged steps"
     if predicted_total is None:
         unavailable["memory.predicted_total_bytes"] = (
-            "summary.json is absent" if run.summary is None else
+            "summary.json and the run_plan event are absent" if run.summary is None and not plan else
             _text(s.get("predicted", {}).get("unavailable") if isinstance(s.get("predicted"), dict) else None,
                   "total_bytes") or "summary.json has no predicted total")
 
@@ -159,6 +168,11 @@ def summarize(run: RunData) -> dict[str, Any]:
         "wall_seconds": _num(s, "wall_seconds"),
         "steps": {"logged": n, "first": steps["step"][0] if n else None, "last": steps["step"][-1] if n else None,
                   "global_step": _num(s, "global_step"), "max_steps": _num(s, "max_steps")},
+        # the length it was planned for: steps, and the memory model's time for them
+        "planned": {"max_steps": _num(s, "max_steps"), "step_seconds": _num(s, "predicted", "step_seconds"),
+                    "seconds": (_num(s, "max_steps") * _num(s, "predicted", "step_seconds")
+                                if _num(s, "max_steps") and _num(s, "predicted", "step_seconds") else None),
+                    "source": "summary.json" if run.summary is not None else ("run_plan event" if plan else None)},
         "loss": loss,
         "learning_rate_max": _max(steps["learning_rate"]),
         "throughput": throughput,

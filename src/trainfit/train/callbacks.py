@@ -6,6 +6,7 @@ Only the main process writes or prints; every process times its own steps.
 from __future__ import annotations
 
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,8 +66,10 @@ class StopAt(TrainerCallback):
 class MetricsWriter(TrainerCallback):
     """Appends one JSON line per logging step to metrics.jsonl (main process only)."""
 
-    def __init__(self, path: Path | None, tokens_fn, timer: StepTimer, world_size: int) -> None:
+    def __init__(self, path: Path | None, tokens_fn, timer: StepTimer, world_size: int,
+                 stop_step: int | None = None) -> None:
         self.path = path
+        self.stop_step = stop_step  # where this invocation stops (--max-steps), for the ETA
         self.tokens_fn = tokens_fn  # () -> tokens processed on this rank so far
         self.timer = timer
         self.world = world_size
@@ -74,6 +77,9 @@ class MetricsWriter(TrainerCallback):
         self._last_t = self._last_tokens = 0.0
         self._last_step = 0
         self._start = 0.0
+
+    def eta_seconds(self, state) -> float | None:
+        return eta_seconds(state, self.timer.step_seconds, self.stop_step)
 
     def on_train_begin(self, args, state, control, **kw):
         self._start = self._last_t = time.perf_counter()
@@ -96,6 +102,7 @@ class MetricsWriter(TrainerCallback):
             "samples_per_second": steps * batch / dt,
             "step_seconds": self.timer.step_seconds[-1] if self.timer.step_seconds else None,
             "elapsed_seconds": now - self._start,
+            "eta_seconds": self.eta_seconds(state),
             "time": time.time(),
             **device_memory(),
         }
@@ -105,6 +112,59 @@ class MetricsWriter(TrainerCallback):
         self._last_t, self._last_tokens, self._last_step = now, tokens, state.global_step
         self.records.append(rec)
         append_record(self.path, rec)
+
+
+class RunPlan(TrainerCallback):
+    """Writes what an attempt is planned to do as it begins (a `run_plan` event: the steps of
+    the schedule, where this invocation stops, the memory model's predicted peak and step time,
+    the split and precision), so a run killed before summary.json can still be compared with its
+    plan by `trainfit report`. `details` is set by the runner once the model is built."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.details: dict[str, Any] = {}
+        self._written = False
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._written = False  # once per attempt
+
+    def on_step_begin(self, args, state, control, **kw):
+        # at the first step (after BeforeFirstStep trimmed a resumed run's metrics): a start that
+        # fails while loading its checkpoint writes nothing
+        if self._written or self.path is None or not state.is_world_process_zero:
+            return
+        self._written = True
+        from trainfit.train.events import event
+
+        d = {**self.details, "max_steps": state.max_steps}
+        pred = d.get("predicted") or {}
+        planned = (state.max_steps * pred["step_seconds"] if state.max_steps and pred.get("step_seconds")
+                   else None)
+        peak = pred.get("total_bytes")
+        reason = (f"planned: {state.max_steps} steps" + (f" (~{planned / 60:.1f} min predicted)" if planned else "")
+                  + (f", peak memory {peak / (1 << 30):.2f} GiB predicted" if peak else ", no memory prediction")
+                  + (f", stopping at step {d['stop_step']}" if d.get("stop_step") else ""))
+        append_record(self.path, event("run_plan", state.global_step, reason, planned_seconds=planned, **d))
+
+
+def end_step(state, stop_step: int | None) -> int:
+    """The step an invocation ends at: the schedule's last, or --max-steps when that comes first."""
+    if stop_step is not None and (not state.max_steps or stop_step < state.max_steps):
+        return stop_step
+    return state.max_steps
+
+
+def eta_seconds(state, step_seconds: list[float], stop_step: int | None = None) -> float | None:
+    """Steps left to where this invocation ends x the median of the last ETA_STEPS step times
+    (pauses are not steps; None before a step was timed)."""
+    recent = step_seconds[-ETA_STEPS:]
+    end = end_step(state, stop_step)
+    if not recent or not end:
+        return None
+    return max(end - state.global_step, 0) * statistics.median(recent)
+
+
+ETA_STEPS = 20  # step times the ETA takes the median of (a checkpoint or a pause does not swing it)
 
 
 class BeforeFirstStep(TrainerCallback):
@@ -138,9 +198,7 @@ class Progress(TrainerCallback):
 
     def end_step(self, state) -> int:
         """The step this invocation ends at."""
-        if self.stop_step is not None and (not state.max_steps or self.stop_step < state.max_steps):
-            return self.stop_step
-        return state.max_steps
+        return end_step(state, self.stop_step)
 
     def on_train_begin(self, args, state, control, **kw):
         if not state.is_world_process_zero or self.mode != "bar":
@@ -172,8 +230,10 @@ class Progress(TrainerCallback):
         self._last_line = now
         rec = self.writer.records[-1] if self.writer.records else {}
         tps = rec.get("tokens_per_second")
+        eta = rec.get("eta_seconds")
         print(f"step {state.global_step}/{state.max_steps} loss {logs['loss']:.4f} "
-              f"lr {logs.get('learning_rate', 0):.3g}" + (f" tokens/s {tps:.0f}" if tps else ""),
+              f"lr {logs.get('learning_rate', 0):.3g}" + (f" tokens/s {tps:.0f}" if tps else "")
+              + (f" ETA {_clock_text(eta)}" if eta is not None and state.global_step < self.end_step(state) else ""),
               file=sys.stderr, flush=True)
 
     def on_step_end(self, args, state, control, **kw):
@@ -184,3 +244,9 @@ class Progress(TrainerCallback):
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+def _clock_text(seconds: float) -> str:
+    """h:mm:ss (m:ss under an hour), as the progress bar shows its ETA."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

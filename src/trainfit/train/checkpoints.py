@@ -59,8 +59,9 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def seal(staging: Path) -> None:
-    """fsync every file, then write and fsync the manifest: after this the content is durable."""
+def seal(staging: Path, labels: dict | None = None) -> None:
+    """fsync every file, then write and fsync the manifest: after this the content is durable.
+    `labels`: facts about the state, kept in the manifest (e.g. parameters_finite)."""
     entries = []
     for f in _files(staging):
         with open(f, "rb") as fh:
@@ -71,7 +72,7 @@ def seal(staging: Path) -> None:
         fsync_dir(d)
     tmp = staging / (MANIFEST + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"version": 1, "files": entries}, fh, indent=1)
+        json.dump({"version": 1, **(labels or {}), "files": entries}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, staging / MANIFEST)

@@ -9,6 +9,7 @@ Set TRAINFIT_FAULTS before `trainfit train` (it also reaches every rank under to
     TRAINFIT_FAULTS="oom@5*3"                     step 5 fails 3 times (each retry of it fails again)
     TRAINFIT_FAULTS="nan@7"                       the loss of step 7 is NaN (also: inf@7)
     TRAINFIT_FAULTS="nan@7-9"                     steps 7, 8 and 9 (a streak)
+    TRAINFIT_FAULTS="nangrad@7"                   the loss of step 7 is finite, its gradients NaN
     TRAINFIT_FAULTS="device_lost@9:ecc"           the device fails in step 9 (lost | ecc | poisoned)
     TRAINFIT_FAULTS="oom@5:cuda,rank=1"           only on rank 1 (default: every rank)
 
@@ -16,6 +17,12 @@ Steps count optimizer steps from 1, as metrics.jsonl does. OOM backends: cuda, h
 xpu-ur (the Level Zero runtime's error), cpu, cpu-python (MemoryError). Each raises the exception
 type that backend raises, with its real message (values of one real report), so what catches it
 is exercised exactly as by the real failure.
+
+TRAINFIT_FAKE_MACHINE=script.json replaces the machine the training monitor samples with a
+scripted one (hardware/sample_fakes.MachineScript: temperatures, throttle counters, battery, RAM,
+swap, GPU memory and leak readings as time series tied to the training's steps), so the safety
+policies of a real `trainfit train` run can be driven through heat, low battery and memory
+pressure on any machine.
 
 The errors are raised from inside the model's forward: a forward pre-hook (out of memory, device
 failure) or a forward hook that makes the loss non-finite, on the model the Trainer trains, so
@@ -41,7 +48,8 @@ from transformers import TrainerCallback
 from trainfit.errors import BadInputError
 
 ENV = "TRAINFIT_FAULTS"
-KINDS = ("oom", "nan", "inf", "device_lost")
+KINDS = ("oom", "nan", "inf", "nangrad", "device_lost")
+FAKE_MACHINE_ENV = "TRAINFIT_FAKE_MACHINE"
 
 # Messages as the backends print them (numbers from one real report each).
 OOM_MESSAGES = {
@@ -155,7 +163,7 @@ def parse(text: str) -> FaultPlan:
         if kind == "device_lost" and variant not in DEVICE_MESSAGES:
             raise BadInputError(f"{ENV}: {raw!r}: device failure {variant!r} unknown "
                                 f"(valid: {', '.join(DEVICE_MESSAGES)})")
-        if kind in ("nan", "inf") and m["variant"]:
+        if kind in ("nan", "inf", "nangrad") and m["variant"]:
             raise BadInputError(f"{ENV}: {raw!r}: {kind} takes no variant")
         if first < 1 or last < first:
             raise BadInputError(f"{ENV}: {raw!r}: steps count from 1 and a range goes upwards")
@@ -223,10 +231,16 @@ class FaultInjector(TrainerCallback):
     def _after(self, module, args, output):
         if not module.training:
             return None
-        fault = self._due(("nan", "inf"))
+        fault = self._due(("nan", "inf", "nangrad"))
         if fault is None:
             return None
         fault.fired += 1
+        if fault.kind == "nangrad":
+            self.log(f"fault injection: NaN gradients (finite loss) in step {self._step}, rank {self.rank}")
+            value = output.get("loss") if hasattr(output, "get") else None
+            if value is not None:
+                output["loss"] = _nan_gradient(value)
+            return output
         self.log(f"fault injection: {fault.kind} loss in step {self._step}, rank {self.rank}")
         bad = float("nan") if fault.kind == "nan" else float("inf")
         for key in ("loss", "logits"):  # the loss the Trainer reads, and what DPO computes its loss from
@@ -234,6 +248,70 @@ class FaultInjector(TrainerCallback):
             if value is not None:
                 output[key] = value * bad
         return output
+
+
+def _nan_gradient(loss):
+    """`loss` unchanged in value, with a NaN gradient flowing back from it (a backward pass that
+    overflows while the forward did not)."""
+    import torch
+
+    class NanGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * float("nan")
+
+    return NanGradient.apply(loss)
+
+
+def fake_machine_from_env(step_fn, environ: dict[str, str] | None = None):
+    """The MachineScript in TRAINFIT_FAKE_MACHINE (a JSON file), or None when unset; BadInputError
+    naming the variable when the file cannot be read or is not a machine script."""
+    import json
+
+    from trainfit.hardware.sample_fakes import MachineScript, check_machine_script
+
+    env = os.environ if environ is None else environ
+    path = env.get(FAKE_MACHINE_ENV, "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            spec = check_machine_script(json.load(fh), f"{FAKE_MACHINE_ENV}={path}")
+        _check_tuning(spec, f"{FAKE_MACHINE_ENV}={path}")
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"{FAKE_MACHINE_ENV}: {exc}") from None
+    return MachineScript(spec, step_fn)
+
+
+def _check_tuning(spec: dict, where: str) -> None:
+    """The script's safety thresholds and leak-detector settings name real fields, with numbers."""
+    import dataclasses
+    import inspect
+
+    from trainfit.core.plan.modes import SafetyThresholds
+    from trainfit.train.monitor import LeakDetector
+
+    valid = {"safety": {f.name for f in dataclasses.fields(SafetyThresholds)} - {"mode"},
+             "leak_detector": set(inspect.signature(LeakDetector).parameters)}
+    for key, names in valid.items():
+        given = spec.get(key) or {}
+        if not isinstance(given, dict):
+            raise ValueError(f"{where}: {key} must be an object")
+        for name, value in given.items():
+            if name not in names:
+                raise ValueError(f"{where}: {key}.{name} is not a setting (valid: {', '.join(sorted(names))})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{where}: {key}.{name} must be a number >= 0")
+    for key in ("interval_seconds", "leak_read_seconds", "leak_check_seconds"):
+        value = spec.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                key == "interval_seconds" and value == 0):
+            raise ValueError(f"{where}: {key} must be a number of seconds"
+                             + (" > 0" if key == "interval_seconds" else " >= 0"))
 
 
 class SampleLog(TrainerCallback):

@@ -234,6 +234,11 @@ class Monitor:
     predicted_peak_bytes: the memory model's prediction, shown by the dashboard.
     leak_warning: run the leak detector (`leak_detector` to tune it).
     on_event: called with every event record the monitor writes (e.g. to print warnings).
+    memory_fn: () -> (bytes, kind), the reading the leak detector takes at a step end (default:
+    torch's CUDA allocator when CUDA is in use, else the process RSS).
+    write_steps: append a logged-step line ({"step", "loss", "step_seconds", "tokens_per_second",
+    "eta_seconds", "peak_rss_bytes", ...}, as `trainfit train` writes them) for every loss reported,
+    so that `trainfit report` can read the folder (MonitorCallback and monitor_training turn it on).
     """
 
     def __init__(self, metrics_path: str | os.PathLike | None = None, *,
@@ -241,7 +246,8 @@ class Monitor:
                  sampler: Any = None, predicted_peak_bytes: int | None = None, leak_warning: bool = True,
                  leak_detector: LeakDetector | None = None, history_samples: int = 3600,
                  history_steps: int = 10_000, on_event: Callable[[dict[str, Any]], None] | None = None,
-                 leak_read_seconds: float | None = None, leak_check_seconds: float = 5.0) -> None:
+                 leak_read_seconds: float | None = None, leak_check_seconds: float = 5.0,
+                 memory_fn: Callable[[], tuple[int | None, str]] | None = None, write_steps: bool = False) -> None:
         if not interval_seconds > 0:
             raise ValueError(f"interval_seconds must be positive, got {interval_seconds!r}")
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
@@ -257,6 +263,11 @@ class Monitor:
         self.leak_check_seconds = leak_check_seconds
         self._last_read_request = self._last_fit = float("-inf")
         self._on_event = on_event
+        self._memory_fn = memory_fn  # (bytes, kind) for the leak detector; None: _read_memory
+        # write a {"step", "loss", ...} line per reported loss (`trainfit train` writes its own)
+        self.write_steps = write_steps
+        self._step_lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=4096)
+        self._lines_lock = threading.Lock()
         self._lock = threading.Lock()
         self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
         self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
@@ -307,6 +318,7 @@ class Monitor:
         if thread.is_alive():  # a sampler stuck in a driver call: the daemon thread dies with the process
             self.emit("monitor_error", "the monitor thread did not stop in time (a hardware read hangs?)")
         self._read_losses()
+        self._write_step_lines()
         self._check_leaks()
 
     @property
@@ -357,7 +369,7 @@ class Monitor:
         kind = None
         if memory_bytes is None and self._want_memory and self.leak_detector is not None:
             self._want_memory = False
-            memory_bytes, kind = self._read_memory()
+            memory_bytes, kind = self._memory_fn() if self._memory_fn is not None else self._read_memory()
         point = StepPoint(step, now, step_seconds, tokens, samples, self._tokens_seen)
         with self._lock:
             if self._first_step is None:
@@ -375,6 +387,8 @@ class Monitor:
                     self._pending_losses.append((step, loss))
             if memory_bytes is not None and self.leak_detector is not None:
                 self._readings.append((step, int(memory_bytes), (shape, kind or "memory")))
+        if self.write_steps and loss is not None:
+            self._step_lines.append(self._line_of(step, loss, step_seconds))
 
     def update(self, step: int | None = None, *, tokens_seen: float | None = None, **metrics: Any) -> None:
         """Logged metrics (loss, learning_rate, ...) or the running token count, without a step."""
@@ -388,6 +402,9 @@ class Monitor:
                 at = step if step is not None else self._step
                 self._metrics["loss_step"] = at
                 self._pending_losses.append((at, self._metrics["loss"]))
+                last = self._steps[-1] if self._steps and self._steps[-1].step == at else None
+        if self.write_steps and "loss" in metrics:
+            self._step_lines.append(self._line_of(at, self._metrics["loss"], last.step_seconds if last else None))
 
     def _read_memory(self) -> tuple[int | None, str]:
         """(bytes, kind): torch's CUDA allocator when this process uses CUDA, else the RSS."""
@@ -489,7 +506,24 @@ class Monitor:
                 for fn in subscribers:
                     self._notify(fn, sample)
         self._read_losses()
+        self._write_step_lines()
         self._check_leaks(force=False)
+
+    def _line_of(self, step: int, loss: Any, step_seconds: float | None) -> dict[str, Any]:
+        """A logged-step line (write_steps), its figures as of now; the loss may still be a tensor
+        (read in the monitor's thread, never in the training loop)."""
+        return {"step": step, "loss": loss, "step_seconds": step_seconds, **self.rates(),
+                "eta_seconds": self.eta_seconds(),
+                "elapsed_seconds": time.perf_counter() - self._started_at if self._started_at is not None else None,
+                "time": time.time()}
+
+    def _write_step_lines(self) -> None:
+        """Write the logged-step lines reported since the last tick, in order (the thread and
+        stop() may both get here)."""
+        with self._lines_lock:
+            while self._step_lines:
+                line = self._step_lines.popleft()
+                self._write({**line, "loss": _as_float(line["loss"]), "peak_rss_bytes": _peak_rss_bytes()})
 
     def _read_losses(self) -> None:
         while self._pending_losses:
@@ -624,6 +658,16 @@ class Monitor:
         }
 
 
+def _peak_rss_bytes() -> int | None:
+    """This process's peak resident set size (Linux reports KiB, macOS bytes); None on Windows."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def _as_float(value: Any) -> float | None:
     if value is None:
         return None
@@ -647,6 +691,15 @@ def warn_on_leak(say: Callable[[str], None] = _say) -> Callable[[dict[str, Any]]
     return on_event
 
 
+# What MonitorCallback does not do outside `trainfit train` (docs/monitoring.md says the same).
+PROTECTION_NOTE = (
+    "trainfit MonitorCallback: monitoring only (machine samples, ETA, loss lines and leak warnings in "
+    "metrics.jsonl). Out-of-memory recovery, the precision fallback, memory-pressure shrinking and thermal / "
+    "battery pauses need `trainfit train`: they restart the Trainer with another split or precision, which a "
+    "callback cannot do. For NaN / inf gradients add trainfit.train.safety.NonFiniteGuard() to the callbacks "
+    "(skips those updates, never saves non-finite weights).")
+
+
 class _MonitorCallbackLogic:
     """Runs a Monitor for any Transformers Trainer (main process only).
 
@@ -661,14 +714,19 @@ class _MonitorCallbackLogic:
     shape: the batch shape for the leak detector, e.g. (micro_batch, seq_len).
     progress: a trainfit Progress callback whose rich bar the dashboard should share (rich draws
     two live displays on one console as one).
+    managed: set by `trainfit train`, whose runner protects the training itself. Otherwise the
+    callback says once, when training starts, what it does not do (PROTECTION_NOTE).
     """
 
     def __init__(self, metrics_path: str | os.PathLike | None = None, *, monitor: Monitor | None = None,
                  interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
                  dashboard: Any = False, tokens_fn: Callable[[], float] | None = None, shape: Any = None,
                  progress: Any = None, say: Callable[[str], None] | None = _say, enabled: bool = True,
-                 **monitor_kwargs: Any) -> None:
+                 managed: bool = False, **monitor_kwargs: Any) -> None:
         self.enabled = enabled
+        self.say = say
+        self.managed = managed
+        monitor_kwargs.setdefault("write_steps", True)  # a folder `trainfit report` reads
         on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
         self.monitor = monitor if monitor is not None else Monitor(
             metrics_path, interval_seconds=interval_seconds, total_steps=total_steps, on_event=on_event,
@@ -699,6 +757,9 @@ class _MonitorCallbackLogic:
         self._samples_per_step = float(args.per_device_train_batch_size * args.gradient_accumulation_steps
                                        * max(args.world_size, 1))
         self.monitor._step = state.global_step  # a resumed run counts on from its checkpoint
+        if not self.managed and self.say is not None:
+            self.say(PROTECTION_NOTE)
+            self.managed = True  # once
         self.monitor.start()
         self._active = True
         # a training that raises never reaches on_train_end: stop the display and the thread at exit
@@ -796,6 +857,7 @@ def monitor_training(metrics_path: str | os.PathLike | None = None, *,
     dashboard: True / "on" shows it, "auto" when stderr is a terminal, False / "off" never.
     """
     on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
+    monitor_kwargs.setdefault("write_steps", True)  # a folder `trainfit report` reads
     mon = Monitor(metrics_path, interval_seconds=interval_seconds, total_steps=total_steps,
                   predicted_peak_bytes=predicted_peak_bytes, on_event=on_event, **monitor_kwargs)
     mon.start()
@@ -837,14 +899,15 @@ def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | Non
                   total_steps: int | None = None, interval_seconds: float | None = None,
                   interactive: bool = False, settings: Any = None, tokens_fn: Callable[[], float] | None = None,
                   progress: Any = None, shape: Any = None,
-                  say: Callable[[str], None] | None = _say) -> Any:
+                  say: Callable[[str], None] | None = _say, **monitor_kwargs: Any) -> Any:
     """The MonitorCallback (a transformers TrainerCallback) `trainfit train` adds to its Trainer.
 
     settings: the run config's `monitoring:` section (RunConfig.monitoring); interval_seconds,
     when given, overrides its interval. total_steps: the --max-steps stop (None: the schedule's
     end). interactive: the runner's terminal decision (the dashboard's `auto`). tokens_fn: the
     running token count (called at logging steps). progress: the Progress callback (the dashboard
-    shares its rich console). Samples go to RUN_DIR/metrics.jsonl.
+    shares its rich console). Samples go to RUN_DIR/metrics.jsonl. monitor_kwargs: more Monitor
+    arguments (sampler, memory_fn, leak_detector, leak_read_seconds, on_event).
     """
     enabled = getattr(settings, "enabled", True)
     interval = interval_seconds if interval_seconds is not None else getattr(
@@ -853,7 +916,8 @@ def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | Non
     return monitor_callback_class()(
         Path(run_dir) / "metrics.jsonl", interval_seconds=interval, total_steps=total_steps, dashboard=dash,
         tokens_fn=tokens_fn, shape=shape, progress=progress, say=say, enabled=enabled,
-        predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True))
+        predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True),
+        write_steps=False, managed=True, **monitor_kwargs)
 
 
 # ---- text helpers (also used by the dashboard) ------------------------------------------------

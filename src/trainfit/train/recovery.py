@@ -4,17 +4,26 @@ out-of-memory error, memory pressure, a streak of non-finite losses or a failed 
 What changes and what does not
 ------------------------------
 The global batch (micro_batch x grad_accum x processes), the data order, the optimizer step count
-and the LR schedule never change. What may change is how a step is computed:
+and the LR schedule never change (but for the accumulation raised after an fp32 non-finite
+streak, below). What may change is how a step is computed:
 
 * out of memory: the micro-batch is split (halved: its largest divisor <= half) and the gradient
   accumulation multiplied by the same factor; at micro-batch 1 gradient checkpointing is turned on;
-  with both done already the run stops with DoesNotFitError (exit 3), its progress checkpointed.
-* memory pressure (`request_shrink(reason)`, for the monitor / safety policies): the same split, at
-  the next optimizer-step boundary, before anything fails.
-* non-finite losses (PrecisionPolicy): a non-finite step's update is skipped (its gradients are
-  dropped, as a GradScaler skips an fp16 overflow step); a streak of them (3) or a collapsed fp16
-  loss scale switches the precision fp16 -> bf16 (where the device has it, core/plan/hardware_rules)
-  -> fp32 and continues from the last good step (the steps of the streak are trained again).
+  with both done already an fp32 run steps down to 16-bit autocast (bf16-mixed, or fp16-mixed on a
+  GPU without bf16: "AMP fallback on OOM", one process); with that done too the run stops with
+  DoesNotFitError (exit 3), its progress checkpointed.
+* memory pressure (`request_shrink(reason)`, from safety.MemoryPressurePolicy): the same split (or
+  the same 16-bit step down), at the next optimizer-step boundary, before anything fails.
+* non-finite losses or gradients (PrecisionPolicy; the gradient norm the Trainer computes is
+  checked before each update, since NaN gradients can come with a finite loss): the step's update
+  is skipped (its gradients are dropped, as a GradScaler skips an fp16 overflow step); a streak of
+  them (3) or a collapsed fp16 loss scale switches the precision fp16 -> bf16 (where the device
+  has it, core/plan/hardware_rules) -> fp32 and continues from the last good step (the steps of the
+  streak are trained again). A streak in fp32 doubles the gradient accumulation once ("gradient
+  accumulation adjustment for stability": the one recovery that changes the global batch, on
+  purpose, recorded in adjustments.json); a streak after that is divergence:
+  TrainingDivergedError (exit 5). No checkpoint is written of non-finite parameters
+  (trainer_ext), so "the last good step" is always finite.
 * a failed device (lost, ECC, poisoned CUDA context): the in-memory state is not trusted; the run
   continues from its last complete checkpoint in a FRESH process (`python -m trainfit.cli.main train
   RUN_DIR/config.yaml --out RUN_DIR --resume`) with CUDA_VISIBLE_DEVICES narrowed to the remaining
@@ -75,7 +84,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from trainfit.errors import BadInputError, DoesNotFitError, TrainfitError, UnavailableError
+from trainfit.errors import BadInputError, DoesNotFitError, TrainfitError, TrainingDivergedError, UnavailableError
 from trainfit.train import checkpoints as ck
 from trainfit.train.events import append_record, event
 from trainfit.train.oom import Failure, classify, free_device_memory
@@ -92,6 +101,12 @@ RELAUNCH_ENV = "TRAINFIT_RELAUNCH_DEPTH"
 # fp16 -> bf16 (where the device has it) -> fp32, keeping "mixed" (fp32 master weights) or "pure".
 _FALLBACK = {"fp16-mixed": ("bf16-mixed", "fp32"), "fp16": ("bf16", "fp32"), "bf16-mixed": ("fp32",),
              "bf16": ("fp32",), "fp32": ()}
+# Out of memory with the smallest split: fp32 -> 16-bit autocast (activations and their saved
+# copies in 16 bits, about half of the activation memory; weights and optimizer stay fp32).
+_MEMORY_STEP_DOWN = {"fp32": ("bf16-mixed", "fp16-mixed")}
+# Non-finite steps in fp32: the accumulation is raised this many times (x2 each) before the run
+# is declared diverged (exit 5).
+MAX_ACCUMULATION_RAISES = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,6 +163,17 @@ def next_precision(current: str, supported: tuple[str, ...] | None = None) -> st
     device trains in (hardware_rules.DeviceRules.precisions); None: assume every one."""
     for candidate in _FALLBACK.get(current, ("fp32",) if current != "fp32" else ()):
         if supported is None or candidate in supported or candidate == "fp32":
+            return candidate
+    return None
+
+
+def memory_precision(current: str, supported: tuple[str, ...] | None, device: str) -> str | None:
+    """The 16-bit autocast precision to step down to from `current` when memory runs out (None:
+    none the device trains in; fp16 never on CPU)."""
+    for candidate in _MEMORY_STEP_DOWN.get(current, ()):
+        if device == "cpu" and candidate.startswith("fp16"):
+            continue
+        if supported is None or candidate in supported:
             return candidate
     return None
 
@@ -597,16 +623,34 @@ class RecoverySession:
         if what == "fallback":
             return self._fallback(trainer, reason, self.fallback_from if self.fallback_from is not None else step,
                                   reason)
-        new = shrink(Split.of(self.cfg))
-        if new is None:
-            return None
-        cfg = _with_split(self.cfg, new)
+        kind = "memory_pressure"
+        if what == "amp":
+            kind, cfg = "amp_fallback", self._amp_config()
+            reason = f"{reason}: the smallest split already; precision {self.cfg.training.precision} -> " \
+                     f"{cfg.training.precision} (16-bit activations)"
+        else:
+            new = shrink(Split.of(self.cfg))
+            if new is None:
+                return None
+            cfg = _with_split(self.cfg, new)
         if self._finished(trainer):  # the last step: nothing left to compute with it, a --resume will
-            self._record("memory_pressure", step, reason, self.cfg, cfg, trainer)
+            self._record(kind, step, reason, self.cfg, cfg, trainer)
             return None
         checkpoint = self._checkpoint_now(trainer)
-        self._record("memory_pressure", step, reason, self.cfg, cfg, trainer)
+        self._record(kind, step, reason, self.cfg, cfg, trainer)
         return Attempt(cfg, checkpoint)
+
+    def amp_step_down(self) -> str | None:
+        """The 16-bit precision an out-of-memory run steps down to, where the device has one; None
+        after a non-finite fallback went the other way (no back and forth)."""
+        if any(h.get("kind") == "precision_fallback" for h in self.adj.history):
+            return None
+        return memory_precision(self.cfg.training.precision, _supported_precisions(self.device), self.device)
+
+    def _amp_config(self) -> "RunConfig":
+        new = self.amp_step_down()
+        self.precision_override = new
+        return _with_training(self.cfg, precision=new)
 
     def _finished(self, trainer) -> bool:
         s = trainer.state
@@ -638,6 +682,16 @@ class RecoverySession:
         resumed_at = int(Path(checkpoint).name.split("-")[-1]) if checkpoint else 0
         if resumed_at < step:  # the steps after the checkpoint are trained again: their records go
             _trim_steps_after(self.run_dir, resumed_at)
+        if new is None and self.world == 1 and self.amp_step_down() is not None:
+            cfg = self._amp_config()
+            reason = (f"out of memory in step {step + 1} ({failure.backend}) with {current.describe()}, the smallest "
+                      f"split: precision {self.cfg.training.precision} -> {cfg.training.precision} (16-bit "
+                      "activations), global batch kept")
+            self._record("amp_fallback", step, reason, self.cfg, cfg, trainer, backend=failure.backend,
+                         message=failure.message, continued_from=Path(checkpoint).name if checkpoint else "start",
+                         replayed=not trusted)
+            self.say(f"recovery: {reason}; continuing from {Path(checkpoint).name if checkpoint else 'the start'}")
+            return Attempt(cfg, checkpoint)
         if new is None:
             where = f"; the last complete checkpoint is {Path(checkpoint).name}" if checkpoint else ""
             raise DoesNotFitError(
@@ -678,14 +732,22 @@ class RecoverySession:
         supported = _supported_precisions(self.device)
         new = next_precision(current, supported)
         checkpoint = self._bcast(self._checkpoint_path(good_step) if self.rank == 0 else None)
-        if new is None:
+        raised = sum(1 for h in self.adj.history if h.get("kind") == "accumulation_raised")
+        if new is None and raised >= MAX_ACCUMULATION_RAISES:
             where = f"; the last good state is {Path(checkpoint).name}" if checkpoint else ""
-            raise TrainfitError(f"the loss is not finite ({reason}) and the run trains in fp32 already: there is no "
-                                f"precision left to fall back to{where}",
-                                hint="lower schedule.lr, raise warmup_steps or check the data; --resume continues "
-                                     "from the last good checkpoint")
-        cfg = _with_training(self.cfg, precision=new)
-        self.precision_override = new
+            raise TrainingDivergedError(
+                f"training diverged: {reason}, in fp32 and with the accumulation raised {raised} time(s) already; "
+                f"nothing left to try{where}",
+                hint="lower schedule.lr, raise warmup_steps or check the data; --resume continues from the last good "
+                     "checkpoint")
+        if new is None:  # fp32 already: a larger effective batch averages the noisy gradients out
+            cfg = _with_training(self.cfg, grad_accum=self.cfg.training.grad_accum * 2)
+            kind, change = "accumulation_raised", (f"gradient accumulation {self.cfg.training.grad_accum} -> "
+                                                    f"{cfg.training.grad_accum} (global batch x2)")
+        else:
+            cfg = _with_training(self.cfg, precision=new)
+            self.precision_override = new
+            kind, change = "precision_fallback", f"precision {current} -> {new}"
         if checkpoint is None and good_step > 0 and good_step == trainer.state.global_step and self.phase != "optimizer":
             checkpoint = self._checkpoint_now(trainer)  # asked for at a boundary: this step is good
         if checkpoint is None and good_step > 0:  # the save at the streak's start failed: an earlier one
@@ -698,9 +760,12 @@ class RecoverySession:
             dropped = []
         if self.world > 1:
             trainer.accelerator.wait_for_everyone()
-        full = (f"{reason}: precision {current} -> {new}, continuing from the last good step {good_step} "
+        full = (f"{reason}: {change}, continuing from the last good step {good_step} "
                 f"(steps after it are trained again)")
-        self._record("precision_fallback", good_step, full, self.cfg, cfg, trainer, detail=detail,
+        if kind == "accumulation_raised":
+            t = cfg.training
+            self.adj.global_batch = t.micro_batch * t.grad_accum * self.world  # on purpose: a larger batch
+        self._record(kind, good_step, full, self.cfg, cfg, trainer, detail=detail,
                      continued_from=Path(checkpoint).name if checkpoint else "start",
                      abandoned_checkpoints=[p.name for p in dropped])
         self.say(f"recovery: {full}")
@@ -767,6 +832,11 @@ class RecoverySession:
             rng_restore(snap)
             trainer._tf_force_save = True
             trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+            if step in getattr(trainer, "_tf_refused_saves", ()):  # non-finite parameters: not a good state
+                latest = self._bcast(self._latest_checkpoint() if self.rank == 0 else None)
+                self.say(f"recovery: the state of step {step} has non-finite parameters; continuing from "
+                         f"{Path(latest).name if latest else 'the start'} instead")
+                return latest
             trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         except Exception as exc:  # noqa: BLE001  (e.g. out of memory again while saving, a full disk)
             if self.world > 1:
@@ -860,13 +930,17 @@ class RecoveryCallback(TrainerCallback):
             return
         requests = s._take_requests()
         nonfinite = trainer._tf_take_nonfinite() if hasattr(trainer, "_tf_take_nonfinite") else False
-        flags = [int(nonfinite), int("shrink" in requests), int("fallback" in requests)]
+        # NaN / inf gradients can come with a finite loss (an overflow in the backward pass): the
+        # gradient norm the Trainer computed for this step is checked as well
+        bad_grads = trainer._tf_take_grad_nonfinite() if hasattr(trainer, "_tf_take_grad_nonfinite") else False
+        flags = [int(nonfinite or bad_grads), int("shrink" in requests), int("fallback" in requests),
+                 int(nonfinite)]
         if s.world > 1:
             flags = _all_reduce_max(flags, trainer.args.device)
         reasons = requests
         step = state.global_step  # the last completed step (this one is not counted yet)
         if flags[0]:
-            self._nonfinite(trainer, state, step)
+            self._nonfinite(trainer, state, step, what="loss" if flags[3] else "gradient")
         else:
             s.policy.observe(step + 1, False)
         if s.pending is None and flags[2]:
@@ -876,16 +950,17 @@ class RecoveryCallback(TrainerCallback):
             trainer._tf_block_saves = True
         if s.pending is None and flags[1]:
             reason = reasons.get("shrink", "a shrink was requested on another rank")
-            if shrink(Split.of(s.cfg)) is None:
-                if "shrink" not in s._refused:
-                    s._refused.add("shrink")
-                    s._event("shrink_refused", step, f"{reason}; but micro-batch 1 with gradient checkpointing is "
-                                                     "the smallest step already")
-            else:
+            if shrink(Split.of(s.cfg)) is not None:
                 s.pending = ("shrink", reason, step + 1)
+            elif s.amp_step_down() is not None:
+                s.pending = ("amp", reason, step + 1)
+            elif "shrink" not in s._refused:
+                s._refused.add("shrink")
+                s._event("shrink_refused", step, f"{reason}; but micro-batch 1 with gradient checkpointing in "
+                                                 f"{s.cfg.training.precision} is the smallest step already")
         s.phase = "optimizer"
 
-    def _nonfinite(self, trainer, state, step: int) -> None:
+    def _nonfinite(self, trainer, state, step: int, what: str = "loss") -> None:
         s = self.s
         decision = s.policy.observe(step + 1, True)
         scaler = getattr(trainer.accelerator, "scaler", None)
@@ -897,8 +972,10 @@ class RecoveryCallback(TrainerCallback):
                 s._checkpoint_now(trainer)
         if scaler is None:  # drop this update (a GradScaler skips it by itself)
             trainer.model.zero_grad(set_to_none=True)
-        s._event("nonfinite_loss", step + 1, f"the loss of step {step + 1} is not finite: its update is skipped "
-                                             f"({s.policy.run} in a row; at {s.policy.streak} the precision falls back)",
+        said = (f"the loss of step {step + 1} is not finite" if what == "loss" else
+                f"the gradients of step {step + 1} are not finite (its loss is)")
+        s._event(f"nonfinite_{what}", step + 1, f"{said}: its update is skipped ({s.policy.run} in a row; at "
+                                                f"{s.policy.streak} the precision falls back)",
                  precision=s.cfg.training.precision, streak=s.policy.run)
         if decision == "fallback" and s.pending is None:
             s.pending = ("fallback", f"{s.policy.run} non-finite losses in a row (steps {s.policy.first_bad_step}-"

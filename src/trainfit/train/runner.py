@@ -474,6 +474,9 @@ def make_trainer(cfg: RunConfig, model, ref, tokenizer, dataset, trainer_args: t
     from trainfit.train.trainer_ext import with_trainfit
 
     config_name, kwargs = trainer_args
+    # A NaN / inf loss is logged as what it is: Transformers' filter would log the average of the
+    # earlier steps instead, and metrics.jsonl (and `trainfit report`) would show a healthy run.
+    kwargs = {**kwargs, "logging_nan_inf_filter": False}
     args = getattr(importlib.import_module(CONFIG_MODULES[config_name]), config_name)(**kwargs)
     keep = cfg.checkpointing.keep_last
     if cfg.method == "pretrain":
@@ -662,9 +665,13 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
            say: Log, log: Log, extra_callbacks: list | None, write_summary: bool, recover: bool) -> RunResult:
     from trainfit.files import atomic_dir
     from trainfit.train import faults, recovery
-    from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, StepTimer, StopAt, device_memory
+    from trainfit.train.callbacks import (BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt,
+                                          device_memory)
 
     rank, world_size = world()
+    # TRAINFIT_FAKE_MACHINE: a scripted machine for the monitor instead of this one (tests, demos);
+    # read first, so a bad script is refused before any work
+    fake_machine = faults.fake_machine_from_env(lambda: monitor.monitor.current_step)
     ckpt_dir = run_dir / "checkpoints"
     arg_inputs = dict(device=device, output_dir=str(ckpt_dir), world_size=world_size,
                       transformers_major=transformers_major())
@@ -691,7 +698,7 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         cfg, dataset = build_dataset(cfg, tokenizer, probe_args, say)
         timer = StepTimer()
         writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
-                               timer, world_size)
+                               timer, world_size, stop_step=stop_after)
         interactive = not quiet and cfg.logging.progress != "lines" and (
             cfg.logging.progress == "bar" or os.isatty(2))
         progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer,
@@ -707,7 +714,8 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         # process only; the predicted peak is filled in once the model is built).
         monitor = build_monitor(run_dir, settings=cfg.monitoring, total_steps=stop_after, interactive=interactive,
                                 tokens_fn=lambda: trainer.tokens_seen(), progress=progress,
-                                shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say)
+                                shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say,
+                                **_fake_monitor_arguments(fake_machine))
         # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded
         trim = BeforeFirstStep((lambda: trim_metrics(run_dir, resume_step)) if rank == 0 else None)
         fault_plan = faults.from_env()
@@ -716,12 +724,21 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
         from trainfit.train.safety import safety_callbacks
 
-        # Thermal / battery pauses, checkpoint cadence and clean stops on SIGINT / SIGTERM, reading
-        # the monitor's latest sample (core/plan/modes.py: thresholds of the config's safety.mode).
-        safety = safety_callbacks(cfg.safety.mode, monitor.monitor.latest_sample, run_dir=run_dir,
+        # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
+        # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
+        # the monitor's latest sample each time they look (a function, not the sample of now).
+        if monitor.enabled:
+            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events
+        else:
+            sample_fn = leak_events = None
+            say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
+                "protection are off for this run")
+        safety = safety_callbacks(cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
                                   interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
-                                  interruption_hours=cfg.safety.interruption_hours)
-        callbacks = [trim, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
+                                  interruption_hours=cfg.safety.interruption_hours,
+                                  **(fake_machine.safety_overrides if fake_machine is not None else {}))
+        plan = RunPlan(run_dir / "metrics.jsonl" if rank == 0 else None)
+        callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
             injected + safety + [session.callback]
         checkpoint = str(resume_from.path) if resume_from else None
         started = time.perf_counter()
@@ -730,8 +747,9 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                                        arg_inputs, recover, replan=lambda c, spec: session.replan_for_device(
                                            c, spec, device, precision_note) if session.adj.replan else c)
             cfg, trainer = built.cfg, built.trainer
+            plan.details = _plan_details(built, cfg, device, world_size, stop_after)
             if monitor.monitor.predicted_peak_bytes is None:
-                monitor.monitor.predicted_peak_bytes = _predicted_total_bytes(built, cfg, device, world_size)
+                monitor.monitor.predicted_peak_bytes = plan.details["predicted"].get("total_bytes")
             if built.weights.startswith("random") and session.attempts == 0:
                 say("weights: RANDOM initialisation (not a pretrained model)")
             session.attach(trainer, cfg)
@@ -776,6 +794,26 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                          str(resume_from.path) if resume_from else None, list(timer.step_seconds))
     finally:
         session.close()
+
+
+def _fake_monitor_arguments(machine) -> dict[str, Any]:
+    """build_monitor's arguments for a scripted machine (trainfit.train.faults.FAKE_MACHINE_ENV)."""
+    if machine is None:
+        return {}
+    from trainfit.train.monitor import LeakDetector
+
+    spec = machine.spec
+    out: dict[str, Any] = {"sampler": machine.sampler}
+    if "interval_seconds" in spec:
+        out["interval_seconds"] = float(spec["interval_seconds"])
+    if "leak_detector" in spec:
+        out["leak_detector"] = LeakDetector(**spec["leak_detector"])
+    for key in ("leak_read_seconds", "leak_check_seconds"):
+        if key in spec:
+            out[key] = float(spec[key])
+    if "memory_reading" in spec:
+        out["memory_fn"] = machine.memory_reading
+    return out
 
 
 @dataclass
@@ -843,16 +881,24 @@ def _logged_losses(run_dir: Path) -> list[tuple[int, float]]:
     return sorted(out.items())
 
 
-def _predicted_total_bytes(built, cfg: RunConfig, device: str, world_size: int) -> int | None:
-    """The memory model's total for this run (what the dashboard draws its memory curve against);
-    None when the model cannot predict it (a prediction never stops a run)."""
+def _plan_details(built, cfg: RunConfig, device: str, world_size: int, stop_after: int | None) -> dict[str, Any]:
+    """What an attempt is planned to do (the run_plan event; the dashboard draws its memory curve
+    against the predicted total). A prediction that fails never stops a run: its reason is kept."""
     from trainfit.train.predictions import predict
 
     try:
-        return predict(built.spec, cfg.to_setup(device, num_gpus=world_size if device == "cuda" else 1),
-                       built.spec_note).total_bytes
-    except Exception:  # noqa: BLE001 - the summary reports why, when it predicts again
-        return None
+        pred = predict(built.spec, cfg.to_setup(device, num_gpus=world_size if device == "cuda" else 1),
+                       built.spec_note)
+        predicted = {"tensor_peak_bytes": pred.tensor_peak_bytes, "total_bytes": pred.total_bytes,
+                     "step_seconds": pred.step_seconds, "unavailable": pred.unavailable}
+    except Exception as exc:  # noqa: BLE001 - the summary reports why, when it predicts again
+        predicted = {"unavailable": {"total_bytes": f"{type(exc).__name__}: {exc}"}}
+    t = cfg.training
+    return {"method": cfg.method, "model": built.spec.id if built.spec else cfg.model.path, "device": device,
+            "processes": world_size, "stop_step": stop_after, "predicted": predicted,
+            "training": {"micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
+                         "grad_checkpointing": t.grad_checkpointing, "precision": t.precision},
+            "global_batch": t.micro_batch * t.grad_accum * world_size}
 
 
 def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, resume_from, tok_note,

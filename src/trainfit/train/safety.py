@@ -15,6 +15,15 @@ absent), as data with their sources in trainfit.core.plan.modes.SAFETY.
 * PowerPolicy: on battery, CPU training keeps a share of its threads and checkpoints come more
   often (`power_battery`); below the mode's charge (or time-left) threshold it checkpoints and
   waits for AC (`battery_pause`, then `power_resume`), or stops after the mode's maximum wait.
+* MemoryPressurePolicy: memory about to run out makes the run split its micro-batch (micro-batch
+  down, accumulation up, the same global batch: trainfit.train.recovery) at the next optimizer
+  step, before an out-of-memory error: free memory under the mode's headroom (RAM for CPU and
+  Apple MPS, whose GPU shares it; each GPU's memory for CUDA / ROCm / XPU), swap growing by
+  SWAP_GROWTH_BYTES during the run, or a memory leak (the monitor's `memory_leak` finding) that
+  at its rate uses the free memory up before the run ends. Where the split cannot shrink any
+  more, recovery steps the precision down instead (fp32 -> bf16 / fp16 mixed, where the device
+  has it). After acting it waits PRESSURE_SETTLE_STEPS steps for the new split to show in the
+  readings.
 * CadencePolicy: saves when the work since the last checkpoint (of any origin) exceeds an
   interval chosen from the measured cost of one checkpoint, the risk and the ETA (see
   `cadence_interval`, core/checkpoint_cadence.py): checkpoint overhead <= 3 % of run time, never
@@ -72,6 +81,19 @@ THERMAL_THROTTLE_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
 # speed; it is a starting point to try, not a measured optimum.
 SUGGESTED_CAP_SHARE = 0.8
 EXIT_SIGNAL_BASE = 128  # exit code 128 + N for a stop by signal N (130 SIGINT, 143 SIGTERM)
+MIB = 1 << 20
+# Free memory each mode keeps, as a share of the device's memory: below it the split shrinks. The
+# modes plan to use 50 / 75 / 95 % of memory (core/plan/modes.py); the margin is what is left
+# for the allocator's fragmentation, other processes and the OS before an allocation fails
+# (Linux starts reclaiming and swapping with a few percent free).
+MEMORY_HEADROOM_SHARE = {"conservative": 0.15, "balanced": 0.10, "extreme": 0.05}
+# Swap growth during the run that counts as pressure: beyond noise (the kernel swaps out idle
+# pages of other programs by tens of MiB), well before the machine thrashes.
+SWAP_GROWTH_BYTES = 256 * MIB
+# After a shrink: optimizer steps before pressure is acted on again (the readings must show the
+# new split first; the sampler reads once per monitoring interval).
+PRESSURE_SETTLE_STEPS = 5
+GPU_DEVICES = ("cuda", "rocm", "xpu")
 
 
 class TrainingStopped(TrainfitError):
@@ -220,7 +242,7 @@ def _due_sample(policy, state):
     if _last_step(state) or now - policy._last_check < policy.ctx.thresholds.check_seconds:
         return None, now
     policy._last_check = now
-    return policy.ctx.read(), now
+    return policy.ctx.read(max_age_seconds=0.0), now
 
 
 def _gpu_reading(g: GpuSample) -> dict[str, Any]:
@@ -239,6 +261,9 @@ class Trouble:
     readings: dict[str, Any]
     hint: str
     resume_below_c: float | None  # the temperature to fall below (threshold - hysteresis)
+    # What ends the pause, in words (a throttle-triggered pause ends on the throttle rate, not
+    # on a temperature); None: "below resume_below_c".
+    resume_when: str | None = None
 
 
 class ThermalPolicy(TrainerCallback):
@@ -246,6 +271,8 @@ class ThermalPolicy(TrainerCallback):
         self.ctx = ctx
         self._last_check = -math.inf
         self._throttle_prev: tuple[float, int] | None = None  # (clock, cumulative CPU throttle events)
+        self._throttle_sample: Sample | None = None  # the reading the last rate came from
+        self._throttle_last_rate: float | None = None
         self._pending: Trouble | None = None
         self._warned = False  # watch-only mode: one event per episode
 
@@ -259,14 +286,21 @@ class ThermalPolicy(TrainerCallback):
         return [g for g in sample.gpus if idx is None or g.index in idx]
 
     def _throttle_rate(self, sample: Sample, now: float) -> float | None:
-        """CPU thermal-throttle events per minute since the previous reading."""
+        """CPU thermal-throttle events per minute since the previous reading. The same reading
+        seen again (the monitor samples less often than a pause polls) keeps its rate: comparing
+        it with itself would read as "no throttling"."""
         count = sample.host.cpu_throttle_events
         if count is None:
             return None
+        if sample is self._throttle_sample:
+            return self._throttle_last_rate
+        self._throttle_sample = sample
         prev, self._throttle_prev = self._throttle_prev, (now, count)
         if prev is None or now <= prev[0]:
-            return None
-        return max(0, count - prev[1]) * 60.0 / (now - prev[0])
+            self._throttle_last_rate = None
+        else:
+            self._throttle_last_rate = max(0, count - prev[1]) * 60.0 / (now - prev[0])
+        return self._throttle_last_rate
 
     def assess(self, sample: Sample, now: float, *, cooling: bool = False) -> Trouble | None:
         """The thermal trouble in this reading, or None. cooling=True: the test that ends a pause
@@ -307,7 +341,11 @@ class ThermalPolicy(TrainerCallback):
                         else "train with fewer threads (OMP_NUM_THREADS) or improve the cooling")
                 readings = {"cpu_temperature_c": h.cpu_temperature_c, "cpu_throttle_events": h.cpu_throttle_events,
                             "cpu_throttle_events_per_minute": rate, "cpu_package_watts": h.cpu_package_watts}
-                return Trouble("; ".join(parts), readings, hint, th.cpu_limit_c - th.hysteresis_c)
+                resume = [f"the CPU is below {th.cpu_limit_c - th.hysteresis_c:.0f} C"] if hot else []
+                if throttling:
+                    resume.append(f"throttling is under {th.cpu_throttle_events_per_minute:g} events/min")
+                return Trouble("; ".join(parts), readings, hint,
+                               th.cpu_limit_c - th.hysteresis_c if hot else None, " and ".join(resume))
         return None
 
     # -- the callback ------------------------------------------------------------------------
@@ -340,15 +378,16 @@ class ThermalPolicy(TrainerCallback):
 
     def _pause(self, trouble: Trouble, state, control, *, checkpointed: bool) -> None:
         ctx, th = self.ctx, self.ctx.thresholds
-        resume = (f"below {trouble.resume_below_c:.0f} C " if trouble.resume_below_c is not None else "cool ")
+        resume = trouble.resume_when or (f"it is below {trouble.resume_below_c:.0f} C" if
+                                         trouble.resume_below_c is not None else "it is cool")
         ctx.emit("thermal_pause", state.global_step,
                  f"thermal pause at step {state.global_step}: {trouble.what}; "
                  + ("checkpoint written; " if checkpointed else "")
-                 + f"waiting until it is {resume}for {th.cool_hold_seconds:.0f} s "
+                 + f"waiting until {resume} for {th.cool_hold_seconds:g} s "
                  f"(at most {th.max_thermal_pause_seconds / 60:.0f} min). To avoid pauses, {trouble.hint} "
                  "(slower, cooler)",
                  readings=trouble.readings, checkpointed=checkpointed, resume_below_c=trouble.resume_below_c,
-                 hint=trouble.hint, mode=th.mode)
+                 resume_when=resume, hint=trouble.hint, mode=th.mode)
         outcome, last, waited = ctx.wait(lambda s: self.assess(s, ctx.clock(), cooling=True) is None,
                                          hold_seconds=th.cool_hold_seconds, max_seconds=th.max_thermal_pause_seconds)
         readings = self._readings(last)
@@ -483,6 +522,108 @@ class PowerPolicy(TrainerCallback):
             ctx.request_stop("battery", EXIT_UNAVAILABLE,
                              f"{low['why']}, and no AC within {th.max_battery_wait_seconds / 60:.0f} min of pause")
             control.should_training_stop = True
+
+
+# ---------------------------------------------------------------------------------------------
+# memory pressure
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+class MemoryPressurePolicy(TrainerCallback):
+    """Shrinks the split before memory runs out (see the module doc). `request`: how a shrink is
+    asked for (trainfit.train.recovery.request_shrink: at the next optimizer-step boundary, on
+    every rank); `leak_events`: () -> the monitor's event records (its memory_leak findings)."""
+
+    def __init__(self, ctx: SafetyContext, request: Callable[[str], bool] | None = None,
+                 leak_events: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+        self.ctx = ctx
+        self.request = request or _request_shrink
+        self.leak_events = leak_events
+        self._last_check = -math.inf
+        self._swap_base: int | None = None  # swap in use when the run started (or at the last shrink)
+        self._quiet_until = -1  # no new request before this step (a shrink is taking effect)
+        self._last_leak_time = -math.inf
+        self.requests: list[tuple[int, str]] = []  # (step, reason) of each shrink asked for
+
+    @property
+    def margin(self) -> float:
+        return MEMORY_HEADROOM_SHARE.get(self.ctx.thresholds.mode, MEMORY_HEADROOM_SHARE["balanced"])
+
+    def on_train_begin(self, args, state, control, **kw):
+        if self.ctx.device is None:
+            self.ctx.device = _vendor_device(args)
+
+    def on_step_end(self, args, state, control, **kw):
+        leak = self._leak(state)  # read every step: findings are not repeated
+        sample, _ = _due_sample(self, state)
+        if state.global_step < self._quiet_until:
+            return
+        reason = leak or (self.pressure(sample) if sample is not None else None)
+        if reason is None:
+            return
+        if self.request(reason):
+            self.requests.append((state.global_step, reason))
+            self._quiet_until = state.global_step + PRESSURE_SETTLE_STEPS
+            if sample is not None and sample.host.swap_used_bytes is not None:
+                self._swap_base = sample.host.swap_used_bytes
+            self.ctx.log(f"memory pressure at step {state.global_step}: {reason}; asking for a smaller step at the "
+                         "next boundary (the micro-batch split, or 16-bit activations at the smallest split)")
+
+    def pressure(self, sample: Sample) -> str | None:
+        """Why memory is about to run out in this reading, or None."""
+        device = self.ctx.device or "cpu"
+        mode = self.ctx.thresholds.mode
+        h = sample.host
+        if device in GPU_DEVICES:
+            for g in sample.gpus:
+                if self.ctx.gpu_indices is not None and g.index not in self.ctx.gpu_indices:
+                    continue
+                if g.memory_total_bytes and g.memory_used_bytes is not None:
+                    free = g.memory_total_bytes - g.memory_used_bytes
+                    if free < self.margin * g.memory_total_bytes:
+                        return (f"GPU {g.index} memory {_gib(g.memory_used_bytes)} of {_gib(g.memory_total_bytes)} "
+                                f"used, {free / g.memory_total_bytes:.1%} free (under {mode} mode's "
+                                f"{self.margin:.0%} headroom)")
+        elif h.ram_total_bytes and h.ram_used_bytes is not None:  # CPU, and Apple MPS (unified memory)
+            free = h.ram_total_bytes - h.ram_used_bytes
+            if free < self.margin * h.ram_total_bytes:
+                return (f"RAM {_gib(h.ram_used_bytes)} of {_gib(h.ram_total_bytes)} used, "
+                        f"{free / h.ram_total_bytes:.1%} free (under {mode} mode's {self.margin:.0%} headroom)")
+        if h.swap_used_bytes is not None:
+            if self._swap_base is None:
+                self._swap_base = h.swap_used_bytes
+            grown = h.swap_used_bytes - self._swap_base
+            if grown >= SWAP_GROWTH_BYTES:
+                return (f"swap in use grew by {_gib(grown)} during the run (now {_gib(h.swap_used_bytes)}): "
+                        "the machine is paging memory out")
+        return None
+
+    def _leak(self, state) -> str | None:
+        """A new memory_leak finding that runs the free memory out before the run ends."""
+        if self.leak_events is None:
+            return None
+        try:
+            found = [e for e in self.leak_events() if e.get("event") == "memory_leak"]
+        except Exception:  # noqa: BLE001  (the monitor's view; never stops training)
+            return None
+        # the monitor keeps its last 100 events: new findings are told apart by their time
+        new = [e for e in found if e.get("time", 0) > self._last_leak_time]
+        if new:
+            self._last_leak_time = max(e.get("time", 0) for e in new)
+        left = (state.max_steps - state.global_step) if state.max_steps else None
+        for e in new:
+            to_full = e.get("steps_to_full")
+            if isinstance(to_full, (int, float)) and left is not None and to_full < left:
+                return (f"a memory leak of {e.get('mib_per_step', 0):.3g} MiB per step uses the free memory up in "
+                        f"about {to_full:,.0f} steps, before the run's end in {left} steps")
+        return None
+
+
+def _request_shrink(reason: str) -> bool:
+    from trainfit.train.recovery import request_shrink
+
+    return request_shrink(reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -729,6 +870,7 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
                      world_size: int | None = None, rank: int | None = None,
                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                      handle_signals: bool = True, interruption_hours: float | None = None,
+                     leak_events: Callable[[], list[dict[str, Any]]] | None = None,
                      **threshold_overrides) -> list[TrainerCallback]:
     """The safety callbacks of one run, to append after every other callback (the last one raises
     TrainingStopped at train end when a policy stopped the run).
@@ -738,6 +880,7 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     metrics.jsonl receives the events. device: cpu | cuda | rocm | mps (None: from the Trainer's
     arguments). clock / sleep: injectable for tests. interruption_hours: the run config's
     safety.interruption_hours (combined with the mode's risk by the cadence policy).
+    leak_events: () -> the monitor's event records (its memory_leak findings count as pressure).
     threshold_overrides: SafetyThresholds fields.
     """
     env_rank, env_world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -755,12 +898,61 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     out: list[TrainerCallback] = []
     if sample_fn is not None:
         out += [ThermalPolicy(ctx), PowerPolicy(ctx)]
+    if sample_fn is not None or leak_events is not None:
+        # a shrink is agreed by every rank at the next step boundary (recovery), so rank 0 acts
+        # for all of them, multi-process runs included
+        out.append(MemoryPressurePolicy(ctx, leak_events=leak_events))
     if not ctx.act:
         return out
     signals = SignalPolicy(ctx) if handle_signals else None
     out += [p for p in (signals, CadencePolicy(ctx)) if p is not None]
     out.append(StopAtTrainEnd(ctx, signals))
     return out
+
+
+class NonFiniteGuard(TrainerCallback):
+    """For any Transformers Trainer (outside `trainfit train`, whose recovery does more): an
+    optimizer step whose gradients are NaN or inf is skipped (its gradients dropped before the
+    update, as a GradScaler does for an fp16 overflow); a step that would checkpoint weights that
+    are not finite does not checkpoint; `max_streak` such steps in a row stop the training
+    (control.should_training_stop), since the run has diverged and a lower learning rate, more
+    warm-up or a check of the data is needed. `log` receives one line per event.
+
+        trainer = Trainer(..., callbacks=[MonitorCallback(metrics_path=...), NonFiniteGuard()])
+    """
+
+    def __init__(self, max_streak: int = 3, log: Log | None = None) -> None:
+        self.max_streak = max_streak
+        self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.streak = 0
+        self.skipped: list[int] = []  # optimizer steps (from 1) whose update was skipped
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        import torch
+
+        if model is None:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        bad = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        if not bad:
+            self.streak = 0
+            return
+        self.streak += 1
+        self.skipped.append(state.global_step + 1)
+        model.zero_grad(set_to_none=True)  # the optimizer skips parameters without a gradient
+        self.log(f"step {state.global_step + 1}: gradients are not finite; update skipped ({self.streak} in a row)")
+        if self.streak >= self.max_streak:
+            control.should_training_stop = True
+            self.log(f"stopping: {self.streak} optimizer steps in a row had non-finite gradients (the run diverged; "
+                     "lower the learning rate, raise the warm-up or check the data)")
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        import torch
+
+        if control.should_save and model is not None and not all(
+                bool(torch.isfinite(p.detach()).all()) for p in model.parameters() if p.requires_grad):
+            control.should_save = False
+            self.log(f"step {state.global_step}: weights are not finite; not checkpointing this state")
 
 
 def context_of(callbacks: Iterable[TrainerCallback]) -> SafetyContext | None:

@@ -9,8 +9,13 @@
 - does not report a tied output embedding (`lm_head.weight`) as a missing key on resume: tied
   weights are stored once, and that is expected;
 - notes, per optimizer step, whether any micro-batch's loss was not finite (a tensor flag, read
-  once per step by trainfit.train.recovery), and lets recovery block checkpoints of a state it is
-  about to abandon (`_tf_block_saves`) or force the one it needs (`_tf_force_save`);
+  once per step by trainfit.train.recovery) and the step's gradient norm (NaN gradients can come
+  with a finite loss), and lets recovery block checkpoints of a state it is about to abandon
+  (`_tf_block_saves`) or force the one it needs (`_tf_force_save`);
+- never writes a checkpoint whose trained parameters are not all finite (its manifest says
+  `parameters_finite: true`): a checkpoint is the "last good state" a recovery goes back to;
+- resets the running loss after each log when it is NaN (logging_nan_inf_filter is off, so
+  non-finite losses are logged as what they are);
 - resumes a checkpoint written with an fp16 GradScaler in a precision that has none (a precision
   fallback) without the scaler state.
 
@@ -71,6 +76,11 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
         _tf_stage_root: str | None = None
         _tf_block_saves: bool = False  # recovery: the state is about to be abandoned
         _tf_force_save: bool = False  # recovery: this save is the one it continues from
+        _tf_refused_saves: list  # steps whose state was not saved: non-finite parameters
+
+        def __init__(self, *args, **kwargs):
+            self._tf_refused_saves = []
+            super().__init__(*args, **kwargs)
 
         def _get_output_dir(self, trial):
             return self._tf_stage_root if self._tf_stage_root else super()._get_output_dir(trial)
@@ -80,6 +90,12 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
 
             if self._tf_block_saves and not self._tf_force_save:
                 log(f"not checkpointing step {self.state.global_step}: recovery continues from an earlier step")
+                return
+            if not self._tf_parameters_finite():
+                # a checkpoint is a state to go back to: one with NaN / inf weights never is
+                self._tf_refused_saves.append(self.state.global_step)
+                log(f"not checkpointing step {self.state.global_step}: its parameters are not finite (NaN or "
+                    "inf); the last checkpoint stays the last good state")
                 return
             step = self.state.global_step
             token = [secrets.token_hex(4) if self.is_world_process_zero() else None]
@@ -103,7 +119,7 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
             self.accelerator.wait_for_everyone()
             if self.is_world_process_zero():
                 staged = stage_root / f"checkpoint-{step}"
-                ck.seal(staged)
+                ck.seal(staged, labels={"parameters_finite": True})
                 ck.publish(staged, ckpt_dir / f"checkpoint-{step}", log=log)
                 shutil.rmtree(stage_root)  # now empty
                 for old in ck.rotate(ckpt_dir, keep_last):
@@ -176,6 +192,49 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
                 flag = getattr(self, "_tf_nonfinite", None)
                 self._tf_nonfinite = bad if flag is None else flag | bad
             return loss
+
+        def _tf_parameters_finite(self) -> bool:
+            """Every trained parameter finite, on every rank (one flag per rank, reduced)."""
+            import torch
+
+            bad = torch.zeros((), dtype=torch.bool, device=self.args.device)
+            for p in self.model.parameters():
+                if p.requires_grad and p.numel():
+                    bad |= ~torch.isfinite(p.detach()).all().to(bad.device)
+            if self.args.world_size > 1:
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    flag = bad.to(torch.int32)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    bad = flag.bool()
+            return not bool(bad.item())
+
+        def _get_grad_norm(self, model, grad_norm=None):
+            # The Trainer computes the gradient norm of every optimizer step (before clipping) and
+            # keeps it in a local variable: kept here for the non-finite check before the update.
+            norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+            self._tf_grad_norm = norm
+            return norm
+
+        def _tf_take_grad_nonfinite(self) -> bool:
+            """Whether this optimizer step's gradient norm is NaN or inf (and reset)."""
+            import math
+
+            norm, self._tf_grad_norm = getattr(self, "_tf_grad_norm", None), None
+            if norm is None:
+                return False
+            value = float(norm.item() if hasattr(norm, "item") else norm)
+            return not math.isfinite(value)
+
+        def _maybe_log_save_evaluate(self, tr_loss, *args, **kwargs):
+            # With logging_nan_inf_filter off (the runner's choice: a NaN loss is recorded as NaN),
+            # the Trainer's reset `tr_loss -= tr_loss` leaves a NaN in the running sum forever:
+            # after a log, start the next window from zero.
+            super()._maybe_log_save_evaluate(tr_loss, *args, **kwargs)
+            if self._globalstep_last_logged == self.state.global_step and hasattr(tr_loss, "isfinite"):
+                if not bool(tr_loss.isfinite().all().item()):
+                    tr_loss.zero_()
 
         def _tf_take_nonfinite(self) -> bool:
             """Whether a micro-batch of this optimizer step had a non-finite loss (and reset)."""
