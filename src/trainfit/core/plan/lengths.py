@@ -59,8 +59,10 @@ class DataLengths:
     how: str  # where the lengths come from
 
 
-def parse_lengths(text: str, origin: str = "typical_lengths.yaml") -> dict[str, TypicalLength]:
-    data = yaml_io.load_yaml(text)
+def parse_lengths(text: str, origin: str = "typical_lengths.yaml", *, cached: bool = False) -> dict[str, TypicalLength]:
+    # The shipped catalog goes through the parsed-YAML cache, as the other catalogs do, so that a
+    # quick command reads it back without importing PyYAML.
+    data = yaml_io.load_yaml_cached(text, origin) if cached else yaml_io.load_yaml(text)
     entries = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise LengthCatalogError(f"{origin}: expected a non-empty 'tasks:' list")
@@ -82,7 +84,7 @@ def parse_lengths(text: str, origin: str = "typical_lengths.yaml") -> dict[str, 
 @functools.lru_cache(maxsize=1)
 def typical_lengths() -> dict[str, TypicalLength]:
     text = resources.files("trainfit").joinpath("data/typical_lengths.yaml").read_text(encoding="utf-8")
-    return parse_lengths(text)
+    return parse_lengths(text, cached=True)
 
 
 def task_for(method: str) -> str | None:
