@@ -18,6 +18,16 @@ HELP = "predict the memory of a training / inference setup and say whether it fi
 GIB = 1 << 30
 
 
+def add_image_arguments(p: argparse.ArgumentParser) -> None:
+    """--image-size / --images-per-example, the same flags and checks in estimate and plan."""
+    p.add_argument("--image-size", type=arg("image_size"), default=None,
+                   help="vision-language models: image side in pixels (Qwen2-VL: (side/28)^2 tokens); "
+                   "default: the model's default resolution")
+    p.add_argument("--images-per-example", type=arg("images_per_example"), default=None,
+                   help="vision-language models: images per example, their tokens added to each sequence "
+                   "(default 1 with --image-size, else 0)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, a shape "
                    "('shape:125m'), or a Hugging Face Hub id 'owner/name[@revision]' (config.json and safetensors "
@@ -129,12 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "LitGPT's own GPT and LoRA layers, which keep different activations")
     p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
                    "output feature; with --method lora/qlora")
-    p.add_argument("--image-size", type=arg("image_size"), default=None,
-                   help="vision-language models: image side in pixels (Qwen2-VL: (side/28)^2 tokens); "
-                   "default: the model's default resolution")
-    p.add_argument("--images-per-example", type=arg("images_per_example"), default=None,
-                   help="vision-language models: images per example, their tokens added to --seq-len "
-                   "(default 1 with --image-size, else 0)")
+    add_image_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 

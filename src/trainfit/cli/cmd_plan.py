@@ -38,12 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "pretrain+sft, pretrain+sft+dpo (--method is the SFT phase's; docs/pipeline.md)")
     p.add_argument("--pairs", type=arg("pairs"), help="with --pipeline: DPO preference pairs (default: --examples)")
     p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
-    p.add_argument("--image-size", type=arg("image_size"), default=None,
-                   help="vision-language models: image side in pixels (Qwen2-VL: (side/28)^2 tokens); "
-                   "default: the model's default resolution")
-    p.add_argument("--images-per-example", type=arg("images_per_example"), default=None,
-                   help="vision-language models: images per example, their tokens added to each sequence "
-                   "(default 1 with --image-size, else 0)")
+    from trainfit.cli.cmd_estimate import add_image_arguments
+
+    add_image_arguments(p)
     p.add_argument("--epochs", type=arg("epochs"), default=1.0)
     p.add_argument("--time-budget", help="longest run, e.g. 2h, 90m, 1.5d (default: each mode's)")
     p.add_argument("--memory-budget", help="memory per device to plan for, e.g. 3GiB (default: what the device has)")
