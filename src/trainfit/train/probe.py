@@ -50,9 +50,10 @@ DEFAULT_PROBE_SECONDS = 30.0
 # A random init of a larger model on a CPU takes longer than a probe has (~1 s per 100M parameters
 # here): beyond this the probe builds a slice of the layers.
 MAX_BUILD_PARAMS = 300_000_000
-# The time share of one setting is spread over about this many micro-batch-sized pieces of work
-# (warm-up micro-batch, warm-up optimizer step, timed micro-batches and optimizer steps).
-PIECES_PER_SETTING = 6
+# A slice of the layers is built when fewer than this many predicted micro-batches of the whole
+# model fit the setting's time share (a warm-up and two timed ones at least; the speed model errs by
+# a few x on small shapes, so slicing on its word alone would slice models that need none).
+SLICE_PIECES = 3
 MIN_SHARE_SECONDS = 1.0  # below this a setting is not started
 TIMED_MICRO_BATCHES = 4
 TIMED_OPTIMIZER_STEPS = 2
@@ -94,7 +95,7 @@ def slice_for(spec: ModelSpec, setup: TrainingSetup, hardware, share_seconds: fl
     full = predict_step(spec, setup, hardware)
     micro = max(full.micro_step_seconds, 1e-9)
     params = spec_params(spec)
-    keep = min(1.0, share_seconds / PIECES_PER_SETTING / micro, MAX_BUILD_PARAMS / max(params, 1))
+    keep = min(1.0, share_seconds / SLICE_PIECES / micro, MAX_BUILD_PARAMS / max(params, 1))
     layers = max(1, min(spec.num_layers, int(spec.num_layers * keep)))
     if layers >= spec.num_layers:
         return spec, 1.0
@@ -584,11 +585,13 @@ def _run_setting(job: dict) -> None:
         return time.perf_counter() - t
 
     if rows > 1:
-        # A one-sequence pilot first: when the whole micro-batch would not finish within the share
-        # (a setting far slower than predicted), its time scaled by the rows ranks it well enough
-        # and the child needs no stopping (and no restart).
+        # A one-sequence pilot first (twice: the first call pays one-time kernel and allocator set-up):
+        # when the whole micro-batch would not finish within the share (a setting far slower than
+        # predicted), the pilot's time scaled by the rows ranks it well enough (it errs slow: a larger
+        # batch uses the cores better) and the child needs no stopping (and no restart).
         full = batch
         batch = full[:1]
+        micro()
         pilot = micro()
         batch = full
         optimizer.zero_grad(set_to_none=True)
