@@ -223,3 +223,21 @@ def test_plan_on_this_machine_probes_and_finds_the_measured_best_despite_a_wrong
         assert doc["modes"][0]["setup"]["grad_checkpointing"] == "none"
         assert doc["modes"][0]["speed"]["step_seconds"] == pytest.approx(fastest["measured_step_seconds"])
     assert (tmp_path / "trainfit" / "calibration.json").is_file()
+
+
+def test_a_saved_profile_of_this_machine_is_this_machine_and_another_is_not(tmp_path, fixture_machine, monkeypatch):
+    import argparse
+
+    from trainfit.cli import plan_probe
+    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.serde import to_jsonable
+    from trainfit.hardware.profiler import build_profile
+
+    mine, other = tmp_path / "mine.json", tmp_path / "other.json"
+    mine.write_text(json.dumps(to_jsonable(build_profile(quick=True))))
+    other.write_text(json.dumps(to_jsonable(fixture_machine("desktop-rtx4090"))))
+    monkeypatch.delenv("TRAINFIT_NO_PROBE")
+    for path, expected in ((mine, None), (other, "planned for other hardware (--hardware), not this machine")):
+        args = argparse.Namespace(hardware=str(path), flavor=None, no_probe=False)
+        req = PlanRequest(hardware=resolve_hardware(str(path)), method="pretrain", model=SPEC)
+        assert plan_probe.why_no_probe(args, req) == expected
