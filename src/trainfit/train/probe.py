@@ -130,8 +130,9 @@ class SettingResult:
 class ProbeSession:
     """The measuring child process: started once, restarted after a setting had to be stopped."""
 
-    def __init__(self, log: Log) -> None:
+    def __init__(self, log: Log, warm_spec: ModelSpec | None = None) -> None:
         self.log = log
+        self.warm_spec = warm_spec  # its model code is imported while the child starts
         self.proc: subprocess.Popen | None = None
         self.started = False
         self.lines: queue.Queue = queue.Queue()
@@ -161,7 +162,10 @@ class ProbeSession:
                "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
         src = str(Path(__file__).resolve().parents[2])  # the trainfit this process runs, for the child too
         env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainfit.train.probe", "--child"], stdin=subprocess.PIPE,
+        from trainfit.core.serde import to_jsonable
+
+        warm = [json.dumps(to_jsonable(self.warm_spec))] if self.warm_spec is not None else []
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainfit.train.probe", "--child", *warm], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         self.lines = queue.Queue()
         self.started = False
@@ -289,7 +293,7 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
     t0 = time.monotonic()
     load_start = _load()
     reason = missing_extra() if session is None else None
-    session = session or ProbeSession(log)
+    session = session or ProbeSession(log, warm_spec=req.model)
     if reason is None:
         session.launch()
     model_only = plan(req)  # what the speed model alone picks
@@ -487,12 +491,20 @@ def _emit(**event) -> None:
     sys.stdout.flush()
 
 
-def child_main() -> int:
+def child_main(warm_spec: str | None = None) -> int:
     import torch  # noqa: F401  (the imports are most of the start-up time: before "ready")
     import transformers
-    from transformers import AutoModelForCausalLM  # noqa: F401
+    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
+    if warm_spec is not None:  # import the model's code now, while the parent still plans
+        try:
+            from trainfit.core.serde import from_jsonable
+            from trainfit.train.hf_config import build_hf_config
+
+            AutoModelForCausalLM._model_mapping[type(build_hf_config(from_jsonable(ModelSpec, json.loads(warm_spec))))]
+        except Exception:  # only a head start: the setting's own build reports any real problem
+            pass
     _emit(event="ready")
     for line in sys.stdin:
         job = json.loads(line)
@@ -591,8 +603,9 @@ def _run_setting(job: dict) -> None:
         # batch uses the cores better) and the child needs no stopping (and no restart).
         full = batch
         batch = full[:1]
-        micro()
         pilot = micro()
+        if time.monotonic() + pilot < deadline:  # else the warm-up call is all there is time for
+            pilot = micro()
         batch = full
         optimizer.zero_grad(set_to_none=True)
         if pilot * rows > deadline - time.monotonic():
@@ -645,6 +658,6 @@ def _optimizer(s: TrainingSetup, params: list, device):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--child"]:
-        raise SystemExit(child_main())
+    if sys.argv[1:2] == ["--child"] and len(sys.argv) <= 3:
+        raise SystemExit(child_main(*sys.argv[2:]))
     raise SystemExit("usage: python -m trainfit.train.probe --child (the plan's measuring process)")
