@@ -54,7 +54,7 @@ MAX_BUILD_PARAMS = 300_000_000
 # model fit the setting's time share (a warm-up and two timed ones at least; the speed model errs by
 # a few x on small shapes, so slicing on its word alone would slice models that need none).
 SLICE_PIECES = 3
-MIN_SHARE_SECONDS = 1.0  # below this a setting is not started
+MIN_SHARE_SECONDS = 3.0  # below this a setting is not started
 TIMED_MICRO_BATCHES = 4
 TIMED_OPTIMIZER_STEPS = 2
 STORED_MAX_AGE_SECONDS = 30 * 24 * 3600
@@ -216,8 +216,11 @@ class ProbeSession:
             event = self._next(deadline if built_at is None else min(deadline, built_at + job.share_seconds))
             if event is None:  # stopped at its time share (or the child died): what it finished counts
                 stopped = self.proc is not None and self.proc.poll() is None
+                code = None if stopped or self.proc is None else self.proc.poll()
                 self.close()
                 res.wall_seconds = time.monotonic() - started
+                if not stopped:  # e.g. killed by the kernel for memory: a finding, not a time-out
+                    res.error = f"the probe process ended (exit code {code}) while running this setting"
                 return _finish(res, job, built_at, stopped=stopped)
             kind = event.get("event")
             if kind == "built":

@@ -9,8 +9,8 @@ The planner stays pure: it never measures, it only ranks with what it is given:
     checkpointing, optimizer, adapters, quantisation: the knobs whose cost the speed model models
     per kernel, where its errors are systematic) ranks by its prediction times that class's
     median measured / predicted ratio, so the micro-batch axis still comes from the model;
-  - any other setting ranks by its prediction times this machine's calibration factor, as the
-    run figures do (so measured and predicted seconds are on one scale).
+  - any other setting ranks by its prediction, scaled down by the smallest measured ratio when
+    that is below 1 (the machine is faster than the model everywhere), never up (unmeasured_factor).
 
 `shortlist` names the settings a probe should measure next: the unmeasured ones whose step time
 could, within the speed model's error, beat the best one. Empty means the pick is confirmed.
@@ -93,21 +93,25 @@ def class_ratios(steps: tuple, model_id: str) -> dict[tuple, float]:
 
 def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float) -> tuple[float, str]:
     """(seconds, how) of one setting: how is "measured", "class" (scaled by its class's measured
-    ratio) or "predicted" (the prediction with the skew hook and the calibration factor)."""
-    from trainfit.core.run_prediction import PLAUSIBLE_STEP_FACTOR
-
+    ratio) or "predicted" (the prediction with the skew hook, see unmeasured_factor)."""
     measured = _measured(req.measured_steps, model_id)
     if s in measured:
         return measured[s].step_seconds, "measured"
     planner_seconds = predicted_seconds * skew_factor(req.speed_skew, s)
-    ratio = class_ratios(req.measured_steps, model_id).get(kernel_class(s))
+    ratios = class_ratios(req.measured_steps, model_id)
+    ratio = ratios.get(kernel_class(s))
     if ratio is not None:
         return planner_seconds * ratio, "class"
-    low, high = PLAUSIBLE_STEP_FACTOR
-    factor = req.step_time_factor if low <= req.step_time_factor <= high else 1.0
-    # Only where measurements are mixed in: the calibration factor is uniform, so it never changes
-    # the order of predictions among themselves (and the run figures apply it anyway).
-    return planner_seconds * (factor if req.measured_steps else 1.0), "predicted"
+    return planner_seconds * unmeasured_factor(ratios), "predicted"
+
+
+def unmeasured_factor(ratios: dict[tuple, float]) -> float:
+    """The scale of a setting whose class nobody measured, against measured ones: the smallest
+    measured ratio when it is below 1 (the machine runs faster than the model says, and that
+    shows in every class), else 1. Never above 1: a class measured slower than predicted may be
+    that class's own error (a kernel the model is wrong about), which says nothing of the others,
+    so an unmeasured class is given the benefit of the doubt and gets measured when it comes near."""
+    return min(1.0, min(ratios.values())) if ratios else 1.0
 
 
 def active(req) -> bool:
