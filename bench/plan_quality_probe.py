@@ -294,7 +294,8 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
         f"Request: `{ctx['model']}`, pretrain, seq_len {ctx['seq_len']}, global batch {ctx['target_batch']}, "
         f"`--memory-budget 3GiB` (balanced share {ctx['balanced_budget_bytes'] / GIB:.2f} GiB). Probe budget "
         f"{ctx['probe_seconds']:g} s per plan; the speed model's error {ctx['speed_model_error']:.0%}, so settings "
-        f"within {ctx['band']:.2f}x of the best prediction are measured.  ",
+        f"within {ctx['band']:.2f}x of the best prediction are measured. \"Fits its share\": the memory model's "
+        "verdict (the exhaustive `bench/plan_quality.py` sweep checks measured peak RSS against it).  ",
         f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in ctx['load_at_start'])}, at end "
         f"{'/'.join(f'{x:.2f}' for x in ctx['load_at_end'])}; wall time {ctx['wall_seconds'] / 60:.1f} min. "
         f"Sweep: {s['measured_settings']} settings measured ({ctx['warmup_steps']} warm-up + {ctx['timed_steps']} timed "
