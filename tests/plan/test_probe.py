@@ -243,3 +243,11 @@ def test_a_saved_profile_of_this_machine_is_this_machine_and_another_is_not(tmp_
         args = argparse.Namespace(hardware=str(path), flavor=None, no_probe=False)
         req = PlanRequest(hardware=resolve_hardware(str(path)), method="pretrain", model=SPEC)
         assert plan_probe.why_no_probe(args, req) == expected
+
+
+def test_unmeasured_classes_get_the_benefit_of_the_doubt_while_probing_and_the_typical_error_at_the_end():
+    assert mm.unmeasured_factor({}) == 1.0
+    ratios = {("a",): 0.6, ("b",): 6.0, ("c",): 5.0}
+    assert mm.unmeasured_factor(ratios) == 0.6  # the machine is faster than the model somewhere
+    assert mm.unmeasured_factor({("b",): 6.0}) == 1.0  # one slow class says nothing of the others
+    assert mm.unmeasured_factor(ratios, settle=True) == 5.0  # time up: the typical ratio

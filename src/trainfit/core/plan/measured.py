@@ -102,16 +102,27 @@ def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float
     ratio = ratios.get(kernel_class(s))
     if ratio is not None:
         return planner_seconds * ratio, "class"
-    return planner_seconds * unmeasured_factor(ratios), "predicted"
+    return planner_seconds * unmeasured_factor(ratios, settle=req.measured_settle), "predicted"
 
 
-def unmeasured_factor(ratios: dict[tuple, float]) -> float:
-    """The scale of a setting whose class nobody measured, against measured ones: the smallest
-    measured ratio when it is below 1 (the machine runs faster than the model says, and that
-    shows in every class), else 1. Never above 1: a class measured slower than predicted may be
-    that class's own error (a kernel the model is wrong about), which says nothing of the others,
-    so an unmeasured class is given the benefit of the doubt and gets measured when it comes near."""
-    return min(1.0, min(ratios.values())) if ratios else 1.0
+def unmeasured_factor(ratios: dict[tuple, float], *, settle: bool = False) -> float:
+    """The scale of a setting whose class nobody measured, against measured ones.
+
+    While the probe still measures: the smallest measured ratio when it is below 1 (the machine
+    runs faster than the model says, and that shows in every class), else 1. Never above 1: a class
+    measured slower than predicted may be that class's own error (a kernel the model is wrong
+    about), which says nothing of the others, so an unmeasured class gets the benefit of the doubt
+    and is measured when it comes near the best.
+
+    The final plan (`settle`): the median measured ratio, the typical error of this machine. When
+    the probe's time ran out with classes unmeasured, an unmeasured setting then has to beat the
+    measured ones by the typical error, not by the most favourable one (once the probe finished,
+    nothing unmeasured is near the pick either way, so the pick is the same)."""
+    if not ratios:
+        return 1.0
+    if settle:
+        return statistics.median(ratios.values())
+    return min(1.0, min(ratios.values()))
 
 
 def active(req) -> bool:

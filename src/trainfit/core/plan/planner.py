@@ -74,6 +74,7 @@ class PlanRequest:
     # Step times measured on this machine (core.plan.measured.MeasuredStep, from `plan`'s probe):
     # they rank their settings instead of the speed model; empty: the speed model alone.
     measured_steps: tuple = ()
+    measured_settle: bool = False  # the final ranking (core.plan.measured.unmeasured_factor)
     # Test hook (core.plan.measured.SpeedSkew): a speed model deliberately wrong about one knob.
     speed_skew: tuple = ()
 
