@@ -503,6 +503,7 @@ def child_main(warm_spec: str | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
+    _warm_up_torch()
     if warm_spec is not None:  # import the model's code now, while the parent still plans
         try:
             from trainfit.core.serde import from_jsonable
@@ -520,6 +521,20 @@ def child_main(warm_spec: str | None = None) -> int:
             _emit(event="error", index=job.get("index"), message=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                   if str(exc) else type(exc).__name__)
     return 0
+
+
+def _warm_up_torch() -> None:
+    """A few small ops in each precision, forward and backward: the first setting measured must not
+    pay the process's one-time set-up (thread pools, oneDNN / cuBLAS handles) that the others skip."""
+    import torch
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        x = torch.randn(256, 256, device=device, requires_grad=True)
+        for dtype in (torch.bfloat16, None):
+            with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                y = torch.nn.functional.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])
+                (x @ x + y[0, 0]).float().sum().backward()
 
 
 def _run_setting(job: dict) -> None:
