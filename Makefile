@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: analyze test bench clean
+.PHONY: analyze test test-slow bench clean
 
 $(VENV)/.core: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,11 @@ analyze: $(VENV)/.core
 
 test: $(VENV)/.train
 	$(PY) -m pytest -q
+
+# The long end-to-end tests (multi-process launches, kill-and-resume cycles, FSDP, multi-node)
+# that the default run leaves out to stay under ten minutes on two cores.
+test-slow: $(VENV)/.train
+	$(PY) -m pytest -q -m slow
 
 # Every bench/*.py in turn (results in bench/results/); e.g. `make bench BENCH_ARGS=--quick`,
 # `make bench BENCH_ARGS='--only cli_latency'`.

@@ -192,7 +192,8 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
                      "--epochs": numbers, "--price-per-kwh": numbers, "--vocab": numbers,
                      "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
                      "--method": lambda: rng.choice(BAD_WORDS), "--optimizer": lambda: rng.choice(BAD_WORDS),
-                     "--lora-targets": lambda: rng.choice(["", ",", " , ", "\u202e"])},
+                     "--lora-targets": lambda: rng.choice(["", ",", " , ", "\u202e"]),
+                     "--image-size": numbers, "--images-per-example": numbers},
         "cloud": {"--dataset-tokens": numbers, "--examples": numbers, "--seq-len": numbers, "--epochs": numbers,
                   "--budget": numbers, "--max-hours": numbers, "--global-batch": numbers,
                   "--setup-minutes": numbers, "--top": numbers,
@@ -210,6 +211,7 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
                  "--pipeline": lambda: rng.choice(BAD_WORDS + ["sft+", "dpo+sft", "sft+dpo+sft", "+"]),
                  "--pairs": numbers, "--dataset": lambda: rng.choice(BAD_WORDS + ["a/b/c", "owner/x:", "owner/x:a:b"]),
                  "--flavor": lambda: rng.choice(BAD_WORDS[1:] + ["p4d.24xlarge"]), "--spot": None,
+                 "--image-size": numbers, "--images-per-example": numbers,
                  "--probe-seconds": numbers, "--no-probe": None},
         "analyze": {"--psu-watts": numbers, "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files)},
         "profile": {"--psu-watts": numbers, "--out": lambda: rng.choice(out_files)},
@@ -319,3 +321,80 @@ def test_every_command_refuses_malformed_input_cleanly(bad_files, tmp_path, monk
                 p = work / name if (work / name).exists() else inputs / name
                 p.rmdir() if p.is_dir() else p.unlink()
     assert not failures, f"{len(failures)} of {len(cases)} cases broke the contract:\n" + "\n".join(failures[:25])
+
+
+# -- symlinked output trees ---------------------------------------------------------------------
+SYMLINK_CASES = 16
+OUT_MODES = ("conservative", "balanced", "extreme")
+
+
+def _symlinked_tree(rng: random.Random, root: Path, n: int) -> tuple[Path, Path, list[str]]:
+    """An output folder with links planted in it (a seeded mix): a mode folder or a file in one
+    linked to a folder or file outside, dangling, a chain of links, a link to the output folder's
+    own parent. Returns (out, outside, the argv tail that writes into out)."""
+    case = root / f"case-{n}"
+    out, outside = case / "out", case / "outside"
+    outside.mkdir(parents=True)
+    (outside / "run.yaml").write_text("the user's run.yaml\n")
+    (outside / "victim.txt").write_text("the user's file\n")
+    out.mkdir()
+    for _ in range(rng.choice([1, 1, 2])):
+        mode = rng.choice(OUT_MODES)
+        kind = rng.choice(["dir", "file", "dangling-dir", "dangling-file", "chain", "parent", "root", "file-as-dir"])
+        folder = out / mode
+        if kind in ("file", "dangling-file") and not os.path.lexists(folder):
+            folder.mkdir()
+        if os.path.lexists(folder) and not folder.is_dir():
+            continue
+        if kind == "dir":
+            folder.symlink_to(outside) if not os.path.lexists(folder) else None
+        elif kind == "file":
+            name = rng.choice(["run.yaml", "launch.sh", "accelerate.yaml", "training_args.yaml"])
+            if folder.is_dir() and not folder.is_symlink() and not os.path.lexists(folder / name):
+                (folder / name).symlink_to(outside / "victim.txt")
+        elif kind == "dangling-dir" and not os.path.lexists(folder):
+            folder.symlink_to(outside / "missing")
+        elif kind == "dangling-file" and folder.is_dir() and not folder.is_symlink():
+            if not os.path.lexists(folder / "run.yaml"):
+                (folder / "run.yaml").symlink_to(outside / "missing.yaml")
+        elif kind == "chain" and not os.path.lexists(folder):
+            (case / "hop").symlink_to(outside) if not os.path.lexists(case / "hop") else None
+            folder.symlink_to(case / "hop")
+        elif kind == "parent" and not os.path.lexists(folder):
+            folder.symlink_to("..")
+        elif kind == "root" and not os.path.lexists(folder):
+            folder.symlink_to("/")
+        elif kind == "file-as-dir" and not os.path.lexists(folder):
+            folder.symlink_to(outside / "victim.txt")
+    command = rng.choice([["plan", "shape:125m", "--hardware", "cpu", "--out", str(out)],
+                          ["analyze", "--hardware", "cpu", "--generate-configs", str(out)]])
+    return out, outside, command + rng.choice([[], ["--force"]])
+
+
+def _tree(root: Path) -> dict[str, str | bytes]:
+    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else
+                                       "dir" if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+def test_symlinked_output_trees_are_never_written_through(tmp_path, monkeypatch):
+    """plan --out / analyze --generate-configs into trees with planted links: exit 0 or 2, no
+    traceback, nothing outside the output folder changed, and a refusal changes nothing at all."""
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(SEED + 35)
+    failures = []
+    for n in range(SYMLINK_CASES):
+        out, outside, argv = _symlinked_tree(rng, tmp_path, n)
+        case = out.parent
+        before_outside, before_case = _tree(outside), _tree(case)
+        code, stderr, _ = _run(argv)
+        what = f"{argv[0]} with {sorted(k for k, v in before_case.items() if str(v).startswith('->'))}: exit {code}"
+        if code not in (0, 2) or "Traceback" in stderr:
+            failures.append(f"{what}: {stderr[-300:]}")
+        if _tree(outside) != before_outside:
+            failures.append(f"{what}: wrote outside the output folder")
+        if code == 2 and _tree(case) != before_case:
+            failures.append(f"{what}: refused, yet changed {case}")
+        if code == 0 and any(str(v).startswith("->") for k, v in _tree(out).items() if "/" not in k):
+            failures.append(f"{what}: wrote with a linked mode folder in place")
+    assert not failures, "\n".join(failures)

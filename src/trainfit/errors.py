@@ -12,6 +12,10 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 EXIT_UNAVAILABLE = 4
+# Stopped by a signal: 128 + its number, as a shell reports a process the signal killed, but with
+# a message and after the command rolled back what it was writing.
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C)
+EXIT_TERMINATED = 143  # SIGTERM
 
 
 class TrainfitError(Exception):
@@ -44,6 +48,30 @@ class UnavailableError(TrainfitError):
     """Hardware or an optional dependency is missing. Exit code 4."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the command was, so that writers roll back (a
+    KeyboardInterrupt: every `except KeyboardInterrupt` sees it). `detail` says what the command
+    left behind; the CLI prints it and exits with 130 (SIGINT) or 143 (SIGTERM)."""
+
+    def __init__(self, signum: int, detail: str | None = None):
+        super().__init__(signum, detail)
+        self.signum = signum
+        self.detail = detail
+
+    @property
+    def signal_name(self) -> str:
+        import signal
+
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return f"interrupted by {self.signal_name}" + (f"; {self.detail}" if self.detail else "")
 
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:

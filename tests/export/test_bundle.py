@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainfit.errors import EXIT_BAD_INPUT, BadInputError
-from trainfit.export import bundle as bundle_mod
+from trainfit.errors import EXIT_BAD_INPUT, BadInputError, UnavailableError
+from trainfit.export import publish as publish_mod
 from trainfit.export.bundle import render_files, write_files
 
 from .conftest import HEADER, make_cfg
@@ -102,20 +102,34 @@ def test_refuses_a_directory_in_the_way_and_bad_names(tmp_path):
 
 
 def test_a_failure_half_way_leaves_nothing_new(tmp_path, monkeypatch):
-    out = tmp_path / "new" / "out"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.yaml").write_text("mine\n")
     files = render(make_cfg("lora"))
-    real_replace = os.replace
+    real_rename = os.rename
     placed = []
 
-    def flaky_replace(src, dst):
-        if Path(dst).parent == out:  # the move into place, not write_atomic's rename in staging
+    def flaky_rename(src, dst):
+        if Path(dst).parent == out:  # a move into place
             if Path(dst).name == "accelerate.yaml":
-                raise OSError("disk full")
+                raise OSError(28, "No space left on device")
             placed.append(Path(dst).name)
-        return real_replace(src, dst)
+        return real_rename(src, dst)
 
-    monkeypatch.setattr(bundle_mod.os, "replace", flaky_replace)
-    with pytest.raises(OSError, match="disk full"):
-        write_files(out, files, force=False)
-    assert not (tmp_path / "new").exists()  # the folders it created are gone with the files
-    assert placed == ["run.yaml", "training_args.yaml", "lora.yaml"]  # placed, then removed again
+    monkeypatch.setattr(publish_mod.os, "rename", flaky_rename)
+    with pytest.raises(UnavailableError, match="No space left.*nothing was written"):
+        write_files(out, files, force=True)
+    assert placed == ["run.yaml", "training_args.yaml", "lora.yaml", "run.yaml"]  # placed, then undone
+    assert listing(out) == {"run.yaml": b"mine\n"}  # the replaced file is back, no staging folder left
+
+
+def test_a_failure_before_the_rename_leaves_no_new_folder(tmp_path, monkeypatch):
+    out = tmp_path / "new" / "out"
+
+    def no_rename(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(publish_mod.os, "rename", no_rename)
+    with pytest.raises(UnavailableError, match="nothing was written"):
+        write_files(out, render(make_cfg("lora")), force=False)
+    assert os.listdir(tmp_path) == []  # neither the folders it created nor its staging folder

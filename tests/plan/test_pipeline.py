@@ -132,9 +132,12 @@ def test_sizes_default_to_each_other():
     pp = _pipeline("a100-40gb", "Qwen/Qwen2.5-7B-Instruct", examples=5000, pairs=1000, time_budget_hours=1000.0)
     sft, dpo = pp.modes[0].phases
     assert (sft.request.examples, dpo.request.examples) == (5000, 1000)
-    # DPO steps from pairs x epochs / global batch; tokens count two sequences per pair
+    # DPO steps from pairs x epochs / global batch; tokens count two sequences per pair at the pairs'
+    # lengths (unpacked, each sequence is padded to seq_len: the padded slots are an upper bound)
     s = dpo.plan.setup
-    assert dpo.plan.run.tokens == dpo.plan.run.steps * s.global_batch * s.seq_len * 2
+    sized = dpo.plan.data_lengths
+    assert sized.rows == 1000 and dpo.plan.run.tokens == int(sized.epoch_tokens * dpo.request.epochs)
+    assert dpo.plan.run.tokens < dpo.plan.run.steps * s.global_batch * s.seq_len * 2
 
 
 def test_pretrain_then_sft_on_the_planned_shape():

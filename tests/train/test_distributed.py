@@ -7,12 +7,15 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from trainfit.train.run_config import load_run_config
 from trainfit.train.runner import run_training
 
 from .conftest import make_config, run_torchrun
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_with_double_accumulation(tmp_path):
     two = make_config(tmp_path, "pretrain", name="two.yaml", training={"micro_batch": 2, "grad_accum": 1},
                       schedule={"max_steps": 5}, checkpointing={"every_steps": 5})

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from .conftest import make_config, run_torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@pytest.mark.slow
 def test_fsdp_full_shard_resumes_exactly(tmp_path):
     cfg = make_config(tmp_path, "pretrain", training={"micro_batch": 1, "grad_accum": 2, "zero_stage": 3,
                                                        "num_gpus": 2},

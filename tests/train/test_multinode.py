@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from trainfit.export.bundle import LAUNCH_FILE, render_files, run_dir_name, write_files
@@ -66,6 +67,7 @@ def _wait_all(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
     return [(p.wait(), *p.communicate()) for p in procs]
 
 
+@pytest.mark.slow
 def test_two_nodes_launched_from_the_exported_files_match_one_process(tmp_path):
     raw, text = _node_config(tmp_path)
     cfg = parse_run_config(raw, base_dir=tmp_path, source="two-nodes")

@@ -87,6 +87,7 @@ def test_both_phases_run_and_phase_b_trains_the_merged_model(lora_pipeline):
     assert loss_trajectory(out / "dpo")[1] == pytest.approx(0.6931, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_resume_across_the_phase_boundary_gives_the_same_losses(lora_pipeline, tmp_path, monkeypatch):
     meta, ref_out, _ = lora_pipeline
     p = load_pipeline(meta)

@@ -230,6 +230,7 @@ def test_oom_mid_run_continues_the_same_run_and_resumes(clean, tmp_path, monkeyp
     _same_run(clean, run_dir, log.steps, resumed)
 
 
+@pytest.mark.slow
 def test_oom_in_step_one_and_in_a_second_micro_batch(clean, tmp_path, monkeypatch):
     """Step 1 has no checkpoint to return to (the run starts again); at step 10 the OOM hits the
     second micro-batch, after the first one's gradients were accumulated (they are dropped)."""
@@ -254,6 +255,7 @@ class _OomAfterUpdate(TrainerCallback):
             raise torch.OutOfMemoryError(REAL_OOM["cuda"][1])
 
 
+@pytest.mark.slow
 def test_oom_inside_the_update_replays_from_the_last_checkpoint(clean, tmp_path):
     log = faults.SampleLog()
     result = run_training(load_run_config(clean[0]), tmp_path / "run", quiet=True,
@@ -315,6 +317,7 @@ def test_single_nonfinite_step_is_skipped_not_a_fallback(tmp_path, monkeypatch):
     assert all(v == v for _, v in result.losses[3:])  # the weights were not poisoned by the NaN step
 
 
+@pytest.mark.slow
 def test_device_failure_continues_in_a_fresh_process_on_cpu(clean, tmp_path, monkeypatch, capfd):
     """An ECC error in step 7: no state is saved from memory; a fresh process continues from
     checkpoint-4 on the CPU (CUDA_VISIBLE_DEVICES empty) and finishes the same run."""
@@ -343,6 +346,7 @@ def test_legacy_hash_still_resumes(clean, tmp_path):
     assert (run_dir / "config.sha256").read_text().strip() == cfg.config_hash(1)  # rewritten
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_shrink_together_after_an_oom_on_rank_1(tmp_path):
     """OOM on rank 1 in step 3: rank 1 records the request and exits; torchrun (--max-restarts 1)
     restarts both ranks, which continue from checkpoint-2 with micro-batch 1 x accumulation 2 and

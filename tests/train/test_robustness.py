@@ -213,6 +213,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_9_during_rotation_then_exact_resume(stopped, tmp_path):
     _, _, full = stopped
     config = make_config(tmp_path, "pretrain", checkpointing={"every_steps": 4, "keep_last": 1})
@@ -444,6 +445,7 @@ def test_quiet_libraries_filters_library_warnings_only(monkeypatch):
     assert [str(w.message) for w in seen] == ["ours", "other", "after"]
 
 
+@pytest.mark.slow
 def test_train_output_has_no_library_warnings(tmp_path):
     """A LoRA run (PEFT triggers Transformers' `is_gradient_checkpointing` FutureWarning)."""
     cfg = make_config(tmp_path, "lora", training={"lora": {"rank": 4, "alpha": 8, "dropout": 0.0,

@@ -412,6 +412,7 @@ ENTRY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigint_and_sigterm_checkpoint_exit_cleanly_and_resume_exactly(tmp_path):
     from trainfit.cli.main import main
     from trainfit.train.run_config import load_run_config

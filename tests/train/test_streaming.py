@@ -34,6 +34,7 @@ def _args(cfg, tmp_path):
     return trainer_config(cfg, device="cpu", output_dir=str(tmp_path), world_size=1, transformers_major=5)[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["pretrain", "sft"])
 def test_streamed_run_resumes_exactly(tmp_path, method):
     cfg = load_run_config(make_config(tmp_path, method, data=SHORT_STREAM))

@@ -27,6 +27,7 @@ def test_verify_command_reports_and_calibrates(tmp_path, capsys, calib_home):
         assert stored is not None and stored.devices["cpu"].memory_factor == pytest.approx(report["memory_ratio"])
 
 
+@pytest.mark.slow
 def test_train_with_verify_saves_verify_json(tmp_path, capsys, calib_home):
     cfg = make_config(tmp_path, "pretrain", schedule={"max_steps": 3})
     run_dir = tmp_path / "run"

@@ -80,7 +80,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         if plan_args.out:
             command = cmd_plan.command_line(_reproduce(plan_args))
             files = cmd_plan.write_exports(result, req, Path(plan_args.out), force=plan_args.force, data=None,
-                                           command=command)
+                                           command=command, flag="--generate-configs")
         doc["plan"] = cmd_plan.plan_document(result, files)
         doc["_plan"], doc["_files"] = result, files
     return doc
@@ -106,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
         from trainfit.validate import output_dir
 
         output_dir(args.generate_configs, "--generate-configs")
+        from trainfit.core.plan.modes import MODES
+        from trainfit.export.publish import check_folders
+
+        check_folders(args.generate_configs, list(MODES), "--generate-configs")
     result = analyze(args)
     plan_result, files = result.pop("_plan", None), result.pop("_files", {})
     if args.json:

@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "pretrain+sft, pretrain+sft+dpo (--method is the SFT phase's; docs/pipeline.md)")
     p.add_argument("--pairs", type=arg("pairs"), help="with --pipeline: DPO preference pairs (default: --examples)")
     p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
+    p.add_argument("--image-size", type=arg("image_size"), default=None,
+                   help="vision-language models: image side in pixels (Qwen2-VL: (side/28)^2 tokens); "
+                   "default: the model's default resolution")
+    p.add_argument("--images-per-example", type=arg("images_per_example"), default=None,
+                   help="vision-language models: images per example, their tokens added to each sequence "
+                   "(default 1 with --image-size, else 0)")
     p.add_argument("--epochs", type=arg("epochs"), default=1.0)
     p.add_argument("--time-budget", help="longest run, e.g. 2h, 90m, 1.5d (default: each mode's)")
     p.add_argument("--memory-budget", help="memory per device to plan for, e.g. 3GiB (default: what the device has)")
@@ -112,6 +118,9 @@ def build_request(args: argparse.Namespace, hardware=None):
         from trainfit.validate import output_dir
 
         output_dir(args.out, "--out")
+        from trainfit.export.publish import check_folders
+
+        check_folders(args.out, list(modes), "--out")  # a link planted at OUT/<mode>: refused before planning
     _data(args.data)  # bad data paths fail before any planning
     dataset = dataset_info(args)
     model = resolve_model(args.model) if args.model else None
@@ -140,8 +149,18 @@ def build_request(args: argparse.Namespace, hardware=None):
         time_budget_hours=parse_hours(args.time_budget), memory_budget_bytes=parse_bytes(args.memory_budget),
         memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
-        vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset,
+        vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset, **_image_knobs(args),
         spot=flavor.spot if flavor is not None else None)
+
+
+def _image_knobs(args: argparse.Namespace) -> dict:
+    """--image-size / --images-per-example as estimate reads them: an image size alone means one image
+    per example (checked against the model by the planner, as estimate checks them)."""
+    size = getattr(args, "image_size", None)
+    images = getattr(args, "images_per_example", None)
+    if images is None:
+        images = 1 if size else 0
+    return dict(image_size=size or 0, images_per_example=images)
 
 
 def dataset_info(args: argparse.Namespace):
@@ -183,30 +202,23 @@ def invoked(args: argparse.Namespace) -> str:
     return command_line(argv[argv.index("plan") + 1:])
 
 
-def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str) -> dict[str, list[str]]:
-    """Render every mode's files first (all validated), then write them; returns mode -> paths."""
-    from trainfit.export.bundle import write_files
+def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str,
+                  flag: str = "--out") -> dict[str, list[str]]:
+    """Render every mode's files first (all validated), then publish them all in one step
+    (trainfit.export.publish.write_tree); returns mode -> paths."""
     from trainfit.export.plan_files import plan_files
+    from trainfit.export.publish import write_tree
 
     if plan.method == "inference":
-        raise BadInputError("--out: an inference plan has no training files to write", hint="drop --out")
+        raise BadInputError(f"{flag}: an inference plan has no training files to write", hint=f"drop {flag}")
     rendered = {}
     for mp in plan.modes:
         if mp.fits:
             rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode)
-    written: dict[str, list[str]] = {}
     if not rendered:
-        return written
-    # One check over every target before any write: nothing is half-written across modes either.
-    if not force:
-        clashes = [str(out_dir / mode / name) for mode, files in rendered.items() for name in files
-                   if (out_dir / mode / name).exists()]
-        if clashes:
-            raise BadInputError(f"--out: {len(clashes)} file(s) exist, e.g. {clashes[0]}; nothing was written",
-                                hint="pass --force to overwrite them, or choose another --out")
-    for mode, files in rendered.items():
-        written[mode] = [str(p) for p in write_files(out_dir / mode, files, force=force)]
-    return written
+        return {}
+    written = write_tree(out_dir, rendered, force=force, flag=flag)
+    return {mode: [str(p) for p in paths] for mode, paths in written.items()}
 
 
 def run(args: argparse.Namespace) -> int:

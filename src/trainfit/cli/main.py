@@ -17,7 +17,7 @@ import sys
 from collections.abc import Collection, Sequence
 
 from trainfit import __version__
-from trainfit.errors import EXIT_BAD_INPUT, TrainfitError
+from trainfit.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, Interrupted, TrainfitError
 
 # Command -> its module's HELP, in the order shown in --help (tests/test_cli_imports.py checks
 # that each equals trainfit.cli.cmd_<name>.HELP).
@@ -80,16 +80,41 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT
+    # SIGTERM stops a command the way Ctrl-C does (what it was writing rolled back, a message, exit
+    # 143); train and verify handle both signals themselves (trainfit.train.safety).
+    previous = _sigterm_as_interrupt() if command not in ("train", "verify") else None
     try:
         return int(args._run(args) or 0)
     except TrainfitError as exc:
         print(f"trainfit: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Interrupted as exc:
+        print(f"trainfit: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("trainfit: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupted(signum, frame) -> None:
+    raise Interrupted(signum)
+
+
+def _sigterm_as_interrupt():
+    """Install the SIGTERM handler; returns the one it replaced (None off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupted)
 
 
 if __name__ == "__main__":

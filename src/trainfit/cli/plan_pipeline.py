@@ -53,23 +53,18 @@ def phase_data(values: list[str] | None, phases: tuple[str, ...]) -> dict[str, l
 
 
 def write_pipeline_exports(pp, out_dir: Path, *, force: bool, data, command: str) -> dict[str, list[str]]:
-    """Render every mode's meta-config and phase files first (all validated), check every target,
-    then write them folder by folder (export/bundle.write_files); returns mode -> paths."""
-    from trainfit.export.bundle import write_files
+    """Render every mode's meta-config and phase files first (all validated), then publish them
+    all in one step (trainfit.export.publish.write_tree); returns mode -> paths."""
     from trainfit.export.pipeline_files import pipeline_files
+    from trainfit.export.publish import write_tree
 
     rendered = {pm.mode: pipeline_files(pm, pp, command, data, out_dir / pm.mode) for pm in pp.modes
                 if pm.fits}
-    targets = [(out_dir / mode / sub, files) for mode, folders in rendered.items() for sub, files in folders.items()]
-    if not force:
-        clashes = [str(folder / name) for folder, files in targets for name in files if (folder / name).exists()]
-        if clashes:
-            raise BadInputError(f"--out: {len(clashes)} file(s) exist, e.g. {clashes[0]}; nothing was written",
-                                hint="pass --force to overwrite them, or choose another --out")
+    folders = {str(Path(mode, sub)) if sub else mode: files
+               for mode, subs in rendered.items() for sub, files in subs.items()}
     written: dict[str, list[str]] = {}
-    for mode, folders in rendered.items():
-        for sub, files in folders.items():
-            written.setdefault(mode, []).extend(str(p) for p in write_files(out_dir / mode / sub, files, force=force))
+    for folder, paths in write_tree(out_dir, folders, force=force).items():
+        written.setdefault(Path(folder).parts[0], []).extend(str(p) for p in paths)
     return written
 
 

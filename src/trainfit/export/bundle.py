@@ -24,10 +24,7 @@ is its checkpoints/ subfolder, where `trainfit train` writes checkpoints).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,8 +48,6 @@ LORA_FILE = "lora.yaml"
 ACCELERATE_FILE = "accelerate.yaml"
 DEEPSPEED_FILE = "deepspeed.json"
 LAUNCH_FILE = "launch.sh"
-EXECUTABLE_MODE = 0o755  # launch.sh
-FILE_MODE = 0o644  # everything else (mkstemp creates 0600 files)
 
 
 def run_dir_name(cfg: RunConfig) -> str:
@@ -139,82 +134,12 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
 def write_files(out_dir: Path, files: dict[str, str], *, force: bool) -> list[Path]:
     """Write every file into out_dir, all or nothing; returns the paths written, in order.
 
-    Refused (BadInputError, nothing touched) when out_dir is a file, a name is not a plain file
-    name, a target is a directory, or a target exists and force is False: all targets are checked
-    before anything is written. out_dir (with parents) is created when missing.
-
-    Every file is first written completely (trainfit.files.write_atomic: temp file, fsync,
-    rename) into a staging folder inside out_dir, then renamed into place; the staging folder is
-    removed whatever happens. If a rename fails half-way, the files this call placed where
-    nothing was before are removed again and folders it created are removed when empty; files
-    replaced under force stay replaced (each is complete: old or new, never a mix).
+    trainfit.export.publish.write_tree with one folder: refused (BadInputError, nothing touched)
+    when out_dir is a file or a dangling link, a name is not a plain file name, a target is a
+    directory, or a target exists and force is False; out_dir (with parents) is created when
+    missing; a failure, SIGINT or SIGTERM undoes what was written, a kill is undone by the next
+    write into out_dir.
     """
-    from trainfit.files import write_atomic
+    from trainfit.export.publish import write_tree
 
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise BadInputError(f"{out_dir} is a file, not a directory")
-    for name in files:
-        if not name or name in (".", "..") or Path(name).name != name or "/" in name or "\\" in name:
-            raise BadInputError(f"cannot write {name!r}: not a plain file name")
-    targets = [out_dir / name for name in files]
-    folders = [t for t in targets if t.is_dir()]
-    if folders:
-        raise BadInputError(f"cannot write {', '.join(map(str, folders))}: a directory is in the way; nothing was written")
-    existing = [t for t in targets if t.exists() or t.is_symlink()]
-    if existing and not force:
-        raise BadInputError(f"{', '.join(map(str, existing))} already exist(s); nothing was written",
-                            hint="pass --force to overwrite them, or choose another directory")
-    created = _make_dirs(out_dir)
-    placed: list[Path] = []
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".trainfit-export-", dir=out_dir))
-        try:
-            for name, text in files.items():
-                staged = write_atomic(staging / name, text)
-                os.chmod(staged, EXECUTABLE_MODE if text.startswith("#!") else FILE_MODE)
-            for name, target in zip(files, targets):
-                was_there = target.exists() or target.is_symlink()
-                os.replace(staging / name, target)
-                if not was_there:
-                    placed.append(target)
-            _fsync_dir(out_dir)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        for path in placed:
-            path.unlink(missing_ok=True)
-        for folder in reversed(created):
-            try:
-                folder.rmdir()
-            except OSError:
-                break  # not empty (or gone): leave it and its parents
-        raise
-    return targets
-
-
-def _make_dirs(out_dir: Path) -> list[Path]:
-    """mkdir -p; returns the folders it created, outermost first."""
-    missing: list[Path] = []
-    folder = out_dir
-    while not folder.exists():
-        missing.append(folder)
-        if folder.parent == folder:
-            break
-        folder = folder.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return list(reversed(missing))
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the renames durable (POSIX); a no-op where folders cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    return write_tree(out_dir, {"": files}, force=force)[""]

@@ -523,13 +523,16 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     if replan:
         cfg, precision_note = _precision_for_device(cfg, device)
     check_method_available(cfg, device)
+    from trainfit.train.data import CacheAdditions, check_cache_dir
+
+    check_cache_dir(cfg)  # before anything is written or read
     resume_from = prepare_run_dir(user_cfg, run_dir, resume, say, processes=processes, legacy=resolved)
     finished = finished_summary(run_dir, resume_from)
     if finished is not None:
         say(f"{run_dir.name} already finished: step {finished['global_step']} of {finished['max_steps']}; "
             "nothing to train")
         return RunResult(run_dir, finished["global_step"], [], finished, resumed_from=resume_from.path.name)
-    undo = FailedStartCleanup(run_dir) if rank == 0 else None
+    undo = FailedStartCleanup(run_dir, CacheAdditions(cfg.data.cache_dir, run_dir)) if rank == 0 else None
     try:
         return _train(user_cfg, cfg, run_dir, device, resume_from, adj=adj, requests=requests, processes=processes,
                       precision_note=precision_note, stop_after=stop_after, quiet=quiet, say=say, log=log,
@@ -593,8 +596,9 @@ class FailedStartCleanup:
     the invocation created, unless it wrote a checkpoint (then everything stays, for --resume).
     A directory it created is removed whole (and parent directories it created, when empty)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, cache: Any = None) -> None:
         self.run_dir = run_dir
+        self.cache = cache  # trainfit.train.data.CacheAdditions: Arrow caches outside run_dir
         self.created_dirs = []  # run_dir and the parents mkdir(parents=True) will create
         p = run_dir
         while not p.exists() and p != p.parent:
@@ -617,6 +621,8 @@ class FailedStartCleanup:
 
             if read_requests(self.run_dir):
                 return  # a rank asked for a restart with another split: the restart needs the run
+            if self.cache is not None and self.cache.undo():
+                say(f"removed the data cache files this attempt wrote in {self.cache.root}")
             if self.created_dirs:
                 shutil.rmtree(self.run_dir)
                 for parent in self.created_dirs[1:]:

@@ -421,6 +421,9 @@ def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -
     budget = _token_budget(ctx, shown, tokens)
     if budget is not None:
         reasons["budget"] = _budget_reason(ctx, budget)
+        if not packing and s.method != "pretrain":  # unpacked rows: the budget counts padded slots
+            reasons["budget"] += (f" (counted as {s.seq_len}-token sequences, padding included: the rows' own "
+                                  "tokens are fewer)")
         if budget.capped_by:
             warnings.append(reasons["budget"])
     return DataPlan(name, source, streaming, download_first, keep_in_memory, cache_dir, cache_on, workers, prefetch,

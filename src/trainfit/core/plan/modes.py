@@ -42,6 +42,23 @@ DEFAULTS = {
 }
 
 
+# When none of a mode's sequence lengths fits, the search halves the sequence down to this floor
+# before it gives up (the plan then says what the shorter sequence truncates). Below 512 tokens a
+# typical chat conversation (~780 tokens, data/typical_lengths.yaml) is cut in most examples: about
+# half of them are already cut at 512 (log-normal spread), so shorter is a different dataset, not a
+# smaller setting.
+SEQ_FLOOR = 512
+
+
+def shorter_seq_lens(mode_seq_lens: tuple[int, ...] | list[int], max_positions: int) -> list[int]:
+    """The fallback sequence lengths below a mode's own: halving from its shortest down to SEQ_FLOOR."""
+    out, seq = [], min(min(mode_seq_lens), max_positions) // 2
+    while seq >= SEQ_FLOOR:
+        out.append(seq)
+        seq //= 2
+    return out
+
+
 def targets(mode: str, **overrides) -> ModeTargets:
     """A mode's targets with the given fields replaced (None values are ignored)."""
     base = DEFAULTS[mode]

@@ -225,8 +225,12 @@ def _token_basis(name: str, mp: ModePlan, req: PlanRequest) -> str:
     if s is None or mp.run is None or mp.run.tokens is None:
         return f"{name}: no data size given (--examples / --pairs)"
     what = "pairs x 2 sequences" if s.method == "dpo" else "examples"
-    return (f"{name}: {req.examples:,} {what} x {s.seq_len} tokens x {req.epochs:g} epochs "
-            "(every example counted at the full sequence length: an upper bound)")
+    sized = mp.data_lengths
+    if sized is None:
+        return (f"{name}: {req.examples:,} {what} x {s.seq_len} tokens x {req.epochs:g} epochs "
+                "(every example counted at the full sequence length: an upper bound)")
+    return (f"{name}: {sized.rows:,} {what}, {sized.epoch_tokens:,} tokens per epoch at seq {s.seq_len} "
+            f"(cut at seq: {sized.truncated_share:.0%} of the sequences) x {req.epochs:g} epochs")
 
 
 def _join(req: PipelineRequest, mode: str, phases: list[tuple[str, ModePlan | None, PlanRequest]]) -> PipelineMode:

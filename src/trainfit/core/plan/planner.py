@@ -20,11 +20,11 @@ from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.plan import data_io, measured, space, variants
+from trainfit.core.plan import data_io, lengths, measured, space, variants
 from trainfit.core.plan.data_io import DataPlan, DatasetInfo
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
-from trainfit.core.plan.modes import DEFAULTS, MODES, ModeTargets, targets
+from trainfit.core.plan.modes import DEFAULTS, MODES, SEQ_FLOOR, ModeTargets, shorter_seq_lens, targets
 from trainfit.core.plan import multinode
 from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate
 from trainfit.core.profile import HardwareProfile
@@ -71,6 +71,10 @@ class PlanRequest:
     # The dataset as trainfit.dataset_size measured it (--data / --dataset): the data I/O plan,
     # and the workload when neither --examples nor --dataset-tokens is given.
     dataset: DatasetInfo | None = None
+    # Vision-language models: image side in pixels (0: the model's default) and images per example;
+    # their tokens are added to each sequence (core.memory's image model), as `estimate` counts them.
+    image_size: int = 0
+    images_per_example: int = 0
     # Step times measured on this machine (core.plan.measured.MeasuredStep, from `plan`'s probe):
     # they rank their settings instead of the speed model; empty: the speed model alone.
     measured_steps: tuple = ()
@@ -111,6 +115,8 @@ class ModePlan:
     pretrain: dict | None = None  # params, tokens, tokens_per_param when the planner chose a size
     candidates_evaluated: int = 0
     data_io: DataPlan | None = None  # stream / cache / workers / input bottleneck / token budget (core.plan.data_io)
+    # The examples' lengths at this mode's sequence length: tokens per epoch, share truncated (core.plan.lengths)
+    data_lengths: lengths.DataLengths | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,20 @@ def check_request(req: PlanRequest) -> None:
         problems.append(f"--vocab must be in [2, 10000000], got {req.vocab_size}")
     if problems:
         raise BadInputError("; ".join(problems))
+    _check_image_knobs(req)
+
+
+def _check_image_knobs(req: PlanRequest) -> None:
+    """--image-size / --images-per-example against the model, with estimate's checks (a refused knob
+    is bad input, not a setting that "does not fit")."""
+    if not (req.image_size or req.images_per_example):
+        return
+    if req.model is None:
+        raise BadInputError("--image-size / --images-per-example: pretraining from scratch plans a text model; "
+                            "give a vision-language model (e.g. qwen2-vl-2b)")
+    from trainfit.core.memory.model_knob_checks import check_model_knobs
+
+    check_model_knobs(req.model, TrainingSetup(image_size=req.image_size, images_per_example=req.images_per_example))
 
 
 class MemoryUnknownError(UnavailableError):
@@ -174,6 +194,8 @@ def plan(req: PlanRequest) -> Plan:
     if req.method == "qlora" and not rules.quantization:
         raise UnavailableError(f"--method qlora: {rules.reasons['quantization']}",
                                hint="plan --method lora (or auto) on this hardware")
+    # --examples N is N rows of a length distribution (the data's, else the task's typical one)
+    req = dataclasses.replace(req, dataset=lengths.with_lengths(req.dataset, req.method, req.examples))
     modes = []
     for name in req.modes:
         t = targets(name, memory_share=req.memory_share, tokens_per_param=req.tokens_per_param,
@@ -226,24 +248,52 @@ def _seq_lens(req: PlanRequest, t: ModeTargets, model: ModelSpec) -> list[int]:
     return fitting or [model.max_position_embeddings]
 
 
+def _base(req: PlanRequest, variant: str, rules: DeviceRules, seq: int, lora: LoraSettings) -> TrainingSetup:
+    """The variant's base setup with the request's image knobs (vision-language models)."""
+    base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
+    if req.image_size or req.images_per_example:
+        base = dataclasses.replace(base, image_size=req.image_size, images_per_example=req.images_per_example)
+    return base
+
+
 def _tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec, global_batch: int) -> list[Tier]:
+    """The mode's sequence lengths for every method variant (the user's method first), then, when the
+    user gave no --seq-len, shorter sequences down to SEQ_FLOOR: a shorter context is given up only
+    after every method has failed at the mode's own lengths."""
     lora = req.lora or space.default_lora(model)
+    chain = [v for v in variants.chain(req.method)
+             if not (variants.needs_bitsandbytes(v) and not rules.quantization)]
+    seqs = _seq_lens(req, t, model)
     tiers = []
-    for variant in variants.chain(req.method):
-        if variants.needs_bitsandbytes(variant) and not rules.quantization:
-            continue
-        seqs = _seq_lens(req, t, model)
-        for seq in seqs:
-            base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
-            tag = f" at {seq} tokens" if len(seqs) > 1 else ""
-            tiers.append(_tier(f"{variants.LABELS[variant]}{tag}", base, rules, t, global_batch, offload=False))
-        full_weights = base.lora is None and base.method not in ("inference",)
-        if t.offload and full_weights and rules.device in ("cuda", "rocm"):
-            for seq in seqs:
-                base = variants.base_setup(variant, req.hardware, rules, seq_len=seq, lora=lora)
-                tag = f" at {seq} tokens" if len(seqs) > 1 else ""
-                tiers.append(_tier(f"{variants.LABELS[variant]} with CPU offload{tag}", base, rules, t, global_batch,
-                                   offload=True))
+    for variant in chain:
+        tiers += _variant_tiers(req, t, rules, global_batch, variant, seqs, lora,
+                                tag=lambda seq: f" at {seq} tokens" if len(seqs) > 1 else "")
+    shorter = shorter_seq_lens(seqs, model.max_position_embeddings) if req.seq_len is None else []
+    for seq in shorter:
+        for variant in chain:
+            tiers += _variant_tiers(req, t, rules, global_batch, variant, [seq], lora,
+                                    tag=lambda seq: f" at {seq} tokens (below {t.mode}'s {min(seqs)})")
+    # Last: adapters on the attention projections only (fewer adapter states and activations), for
+    # the default all-linear LoRA; a user's own --lora targets are kept.
+    attention = space.attention_lora(model) if req.lora is None else None
+    if attention is not None and attention != lora:
+        for variant in [v for v in chain if variants.uses_adapters(v)]:
+            tiers += _variant_tiers(req, t, rules, global_batch, variant, [*seqs, *shorter], attention,
+                                    tag=lambda seq: f" on attention only at {seq} tokens")
+    return tiers
+
+
+def _variant_tiers(req: PlanRequest, t: ModeTargets, rules: DeviceRules, global_batch: int, variant: str,
+                   seqs: list[int], lora: LoraSettings, tag) -> list[Tier]:
+    """One variant at these sequence lengths: on the devices alone, then with CPU offload (full weights)."""
+    label = variants.LABELS[variant]
+    tiers = [_tier(f"{label}{tag(seq)}", _base(req, variant, rules, seq, lora), rules, t, global_batch,
+                   offload=False) for seq in seqs]
+    probe = _base(req, variant, rules, seqs[0], lora)
+    full_weights = probe.lora is None and probe.method not in ("inference",)
+    if t.offload and full_weights and rules.device in ("cuda", "rocm"):
+        tiers += [_tier(f"{label} with CPU offload{tag(seq)}", _base(req, variant, rules, seq, lora), rules, t,
+                        global_batch, offload=True) for seq in seqs]
     return tiers
 
 
@@ -314,12 +364,17 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
 
 # ---------------------------------------------------------------------------------------------
 # one mode for a given model
-def _workload(req: PlanRequest, tokens: int | None = None) -> Workload | None:
+def _workload(req: PlanRequest, s: TrainingSetup, tokens: int | None = None) -> Workload | None:
+    """The run's data: the pretraining budget, --dataset-tokens, else the rows at their lengths
+    (packed SFT trains their tokens; unpacked, one row per sequence), else --examples."""
     if tokens is not None:
         return Workload(dataset_tokens=tokens, epochs=1.0)
-    if req.dataset_tokens or req.examples:
-        return Workload(examples=req.examples, dataset_tokens=req.dataset_tokens, epochs=req.epochs)
-    return None
+    if req.dataset_tokens:
+        return Workload(dataset_tokens=req.dataset_tokens, epochs=req.epochs)
+    from_data = data_io.dataset_workload(req.dataset, s, req.epochs)
+    if from_data is not None:
+        return from_data
+    return Workload(examples=req.examples, epochs=req.epochs) if req.examples else None
 
 
 def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec,
@@ -338,11 +393,14 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         if math.isfinite(need):
             warnings.append(f"the closest setting needs {need:.2f}x this mode's memory budget: use a larger "
                             "GPU (trainfit cloud), more GPUs, or a smaller model")
+        if req.method != "inference":
+            warnings += _shorter_seq_advice(req, t, rules, model)
         return ModePlan(t.mode, False, model.id, None, None, None, budget.limit(cap), None, None, None, None,
                         reasons, warnings, t, model, pretrain, result.evaluated)
     best = result.best
     s = best.setup
-    workload = _workload(req, pretrain_tokens) or data_io.dataset_workload(req.dataset, s, req.epochs)
+    workload = _workload(req, s, pretrain_tokens)
+    sized = lengths.data_lengths(req.dataset, s) if pretrain_tokens is None else None
     run_pred = measured.predict_run(req, model, s, workload)
     data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
                                                     run_pred.power, best.memory, pretrain_tokens)
@@ -350,7 +408,10 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
     rental = hours * req.usd_per_hour if hours is not None and req.usd_per_hour is not None else None
     tokens = None
-    if speed.total_steps is not None:
+    packed = s.method == "pretrain" or (data_plan is not None and data_plan.packing)
+    if speed.total_steps is not None and sized is not None and not packed:
+        tokens = int(sized.epoch_tokens * req.epochs)  # the data's own tokens, not the padded sequences
+    elif speed.total_steps is not None:  # packed: full sequences of data (to within the last step)
         tokens = int(speed.total_steps * s.global_batch * s.seq_len * (2 if s.method == "dpo" else 1))
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
     spot_reasons: list[str] = []
@@ -360,10 +421,66 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings
     reasons += _reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons
+    reasons += _shorter_seq_reasons(req, t, model, s, sized) + _length_reasons(sized, s, data_plan.packing if data_plan else None)
+    warnings += _truncation_warnings(sized, s)
     warnings += _warnings(req, t, rules, s, speed, power, hours, rental, best, budget.limit(cap))
     warnings += data_plan.warnings if data_plan is not None else []
     return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan)
+                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan, sized)
+
+
+# A sequence length that cuts off more than this share of the examples gets a warning.
+TRUNCATION_WARNING_SHARE = 0.25
+
+
+def _shorter_seq_reasons(req: PlanRequest, t: ModeTargets, model: ModelSpec, s: TrainingSetup,
+                         sized: lengths.DataLengths | None) -> list[str]:
+    """Why the sequence is shorter than the mode's own, and (without a data size, whose line says it)
+    what that cuts off at typical lengths."""
+    own = _seq_lens(req, t, model)
+    if req.seq_len is not None or s.seq_len >= min(own):
+        return []
+    cut = "what it truncates: see data" if sized is not None else lengths.truncation_at(req.dataset, s.method,
+                                                                                           s.seq_len)
+    return [f"seq {s.seq_len}: none of {t.mode}'s {' / '.join(map(str, own))} tokens fits, so shorter sequences "
+            f"down to {SEQ_FLOOR} were tried; {cut}"]
+
+
+def _shorter_seq_advice(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec) -> list[str]:
+    """Nothing fits: the longest shorter --seq-len that would (a user's --seq-len is kept, not
+    overridden), or that even the floor does not."""
+    if req.seq_len is None:
+        tried = ([f"sequences down to {SEQ_FLOOR} tokens"]
+                 if shorter_seq_lens(_seq_lens(req, t, model), model.max_position_embeddings) else [])
+        if req.lora is None and space.attention_lora(model) is not None and \
+                any(variants.uses_adapters(v) for v in variants.chain(req.method)):
+            tried.append("LoRA on the attention projections only")
+        return [f"also tried, and none fits: {' and '.join(tried)}"] if tried else []
+    for seq in shorter_seq_lens([req.seq_len], model.max_position_embeddings):
+        result = _search_model(dataclasses.replace(req, seq_len=seq), t, rules, model)
+        if result.best is not None:
+            return [f"--seq-len {seq} fits ({result.tier} at {result.best.need_ratio:.0%} of this mode's budget); "
+                    f"{lengths.truncation_at(req.dataset, result.best.setup.method, seq)}"]
+    return [f"a shorter --seq-len does not fit either (tried down to {SEQ_FLOOR})"] if req.seq_len > SEQ_FLOOR else []
+
+
+def _length_reasons(sized: lengths.DataLengths | None, s: TrainingSetup, packed: bool | None) -> list[str]:
+    if sized is None:
+        return []
+    unit = "pairs" if s.method == "dpo" else "documents" if s.method == "pretrain" else "examples"
+    rows = ("packed into full sequences" if packed or s.method == "pretrain"
+            else f"not packed: steps are timed at the full {s.seq_len} tokens per sequence (an upper bound: the "
+                 "collator pads to the longest row of each micro-batch)")
+    return [f"data: {sized.rows:,} {unit} x {sized.mean_row_tokens:,.0f} tokens on average = "
+            f"{_count(sized.epoch_tokens)} tokens per epoch as trained, {rows}; "
+            f"{lengths.truncation_text(sized, s.method)} ({sized.how})"]
+
+
+def _truncation_warnings(sized: lengths.DataLengths | None, s: TrainingSetup) -> list[str]:
+    if sized is None or sized.truncated_share < TRUNCATION_WARNING_SHARE:
+        return []
+    return [f"{lengths.truncation_text(sized, s.method)}: a longer --seq-len (more memory) or shorter examples "
+            "keep them whole"]
 
 
 def _moe_quant_warning(req: PlanRequest, rules: DeviceRules, model: ModelSpec, result: SearchResult) -> list[str]:

@@ -90,3 +90,17 @@ def default_lora(spec: ModelSpec) -> LoraSettings:
     from trainfit.core.params import module_names
 
     return LoraSettings(rank=16, alpha=32, target_modules=[m for m in module_names(spec) if m != "lm_head"])
+
+
+# Attention projections as the model families name them (the LoRA paper adapted q and v; PEFT's
+# default for Llama-style models, and estimate's, is q,k,v,o).
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv")
+
+
+def attention_lora(spec: ModelSpec) -> LoraSettings | None:
+    """Rank 16 / alpha 32 on the attention projections only: about a quarter of default_lora's adapted
+    parameters and their activations. None when the model names no attention projection we know."""
+    from trainfit.core.params import module_names
+
+    names = [m for m in module_names(spec) if m in ATTENTION_MODULES]
+    return LoraSettings(rank=16, alpha=32, target_modules=names) if names else None

@@ -31,6 +31,11 @@ def chain(method: str, *, fallback: bool = True) -> tuple[str, ...]:
     return FALLBACK[method] if fallback else FALLBACK[method][:1]
 
 
+def uses_adapters(variant: str) -> bool:
+    """LoRA / QLoRA, SFT or DPO: the variants whose adapters' targets can change."""
+    return "lora" in variant
+
+
 def needs_bitsandbytes(variant: str) -> bool:
     return "qlora" in variant or variant.startswith("inference+")
 

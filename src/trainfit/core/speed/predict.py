@@ -89,6 +89,14 @@ def predict_step(
     _check(setup)
     rates = hardware if isinstance(hardware, DeviceRates) else device_rates(hardware, setup.device)
     notes = list(rates.notes)
+    if setup.images_per_example and spec.vision is not None:
+        from trainfit.core.memory.vision import image_tokens, with_image_tokens
+
+        # The language model runs over the image tokens too (as the memory model counts them); the
+        # vision tower's own FLOPs are not costed (a small share next to the language model's).
+        notes.append(f"{image_tokens(spec, setup)} image tokens per example join the {setup.seq_len} text tokens "
+                     "(vision tower not timed)")
+        setup = with_image_tokens(spec, setup)
     n_dev = max(1, setup.num_gpus) if rates.kind == "gpu" else 1
     if rates.kind == "gpu" and n_dev > rates.count:
         notes.append(f"setup asks for {n_dev} GPUs, the hardware has {rates.count}: predicted for {n_dev} of them")
