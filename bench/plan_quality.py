@@ -397,6 +397,8 @@ def main() -> int:
                          "skewed on purpose, against a measured sweep; writes bench/results/plan_quality_probe.{md,json}")
     ap.add_argument("--probe-seconds", type=float, default=30.0, help="with --probe: the probe's time budget")
     ap.add_argument("--many", help=argparse.SUPPRESS)
+    ap.add_argument("--phase1-timed", type=int, default=3,
+                    help="with --probe: timed steps of the sweep's first look at each kernel class")
     ap.add_argument("--max-wait", type=float, default=300.0,
                     help="with --probe: seconds to wait for a quiet machine before the sweep (0: do not wait)")
     args = ap.parse_args()

@@ -15,8 +15,8 @@ where the machine was not busy, the stored measurements confirm the picks and no
 Sweep (the truth): the settings of the planner's balanced tier that the memory model fits in the
 balanced share (75 % of 3 GiB), trained by trainfit.train.runner.run_training (Transformers'
 Trainer) from the plan's run config with the knobs set, several per child process (--many),
---warmup untimed + --timed timed optimizer steps, tokens/s from the median. Phase 1 measures each
-kernel class (precision x attention x checkpointing) at the micro-batch the speed model ranks best,
+--warmup untimed + --timed timed optimizer steps (phase 1: --phase1-timed), tokens/s from the median.
+Phase 1 measures each kernel class (precision x attention x checkpointing) at the micro-batch the speed model ranks best,
 and every pick of every run; phase 2 every micro-batch of the classes that came within 70 % of the
 best (the micro-batch moved a class's speed by up to 27 % in the exhaustive sweep,
 bench/results/plan_quality.md, so a class further behind cannot hold the best). The fastest ones
@@ -205,15 +205,15 @@ def probe_bench(args) -> int:
     base = run_config_dict(modes["balanced"], req)
     per_child = 6
 
-    def measure_rows(todo: list[dict], round_no: int) -> None:
+    def measure_rows(todo: list[dict], round_no: int, timed: int) -> None:
         for i in range(0, len(todo), per_child):
-            for res in run_many(sweep_jobs(todo[i:i + per_child], base, tok_dir, args.warmup, args.timed)):
-                by_label[res["label"]]["runs"].append({**res, "round": round_no})
+            for res in run_many(sweep_jobs(todo[i:i + per_child], base, tok_dir, args.warmup, timed)):
+                by_label[res["label"]]["runs"].append({**res, "round": round_no, "timed_steps": timed})
 
     wait_quiet(args.max_wait)
     log(f"sweep phase 1: {len(chosen)} settings (each kernel class at its predicted-best micro-batch, and the picks) "
         f"of the {len(rows)} that fit the balanced share")
-    measure_rows(chosen, 1)
+    measure_rows(chosen, 1, args.phase1_timed)  # a first look: which classes matter
     # Phase 2: every micro-batch of the classes that came within CLASS_NEAR of the best in phase 1
     # (micro-batch moved a class's speed by 7-30 % in the full sweep, bench/results/plan_quality.md).
     best1 = max((measured_tps(r) or 0) for r in chosen)
@@ -221,13 +221,13 @@ def probe_bench(args) -> int:
     more = [r for r in rows if kclass(r) in near and r not in chosen] if not args.quick else []
     log(f"sweep phase 2: {len(more)} more settings, every micro-batch of the classes within {CLASS_NEAR:.0%} of the "
         f"best: {sorted(near)}")
-    measure_rows(more, 1)
+    measure_rows(more, 1, args.timed)
     chosen += more
     ok = [r for r in chosen if any("error" not in x for x in r["runs"])]
     top = sorted(ok, key=lambda r: -max(x["tokens_per_second"] for x in r["runs"] if "error" not in x))[:args.confirm_top]
     confirm = list(reversed(top + [by_label[p] for p in picks if by_label.get(p) and by_label[p] not in top]))
     log(f"second round: {len(confirm)} settings")
-    measure_rows(confirm, 2)
+    measure_rows(confirm, 2, args.timed)
 
     import torch
     import transformers
@@ -238,7 +238,8 @@ def probe_bench(args) -> int:
                        "torch": torch.__version__, "transformers": transformers.__version__},
            "model": spec.id, "seq_len": pq.SEQ_LEN, "target_batch": pq.TARGET_BATCH, "budget_bytes": pq.BUDGET,
            "balanced_budget_bytes": pq.BUDGET * t_bal.memory_share, "warmup_steps": args.warmup,
-           "timed_steps": args.timed, "probe_seconds": args.probe_seconds, "band": mm.BAND,
+           "timed_steps": args.timed, "phase1_timed_steps": args.phase1_timed, "probe_seconds": args.probe_seconds,
+           "band": mm.BAND,
            "speed_model_error": mm.SPEED_MODEL_ERROR, "load_at_start": load_at_start,
            "load_at_end": [round(x, 2) for x in os.getloadavg()], "wall_seconds": time.perf_counter() - started}
     out = Path(args.out) if args.out else pq.RESULTS / "plan_quality_probe"
@@ -299,7 +300,8 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
         f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in ctx['load_at_start'])}, at end "
         f"{'/'.join(f'{x:.2f}' for x in ctx['load_at_end'])}; wall time {ctx['wall_seconds'] / 60:.1f} min. "
         f"Sweep: {s['measured_settings']} settings measured ({ctx['warmup_steps']} warm-up + {ctx['timed_steps']} timed "
-        "optimizer steps with the runner), the fastest and the picks twice; round-to-round spread "
+        f"optimizer steps with the runner, {ctx.get('phase1_timed_steps')} timed in the first look at each class), the "
+        "fastest and the picks twice; round-to-round spread "
         + (f"{s['round_to_round_spread_median']:.0%} median, {s['round_to_round_spread_max']:.0%} max"
            if s["round_to_round_spread_median"] is not None else "n/a") + ".",
         "",
