@@ -256,3 +256,11 @@ def test_unmeasured_classes_get_the_benefit_of_the_doubt_while_probing_and_the_t
     assert mm.unmeasured_factor(ratios) == 0.6  # the machine is faster than the model somewhere
     assert mm.unmeasured_factor({("b",): 6.0}) == 1.0  # one slow class says nothing of the others
     assert mm.unmeasured_factor(ratios, settle=True) == 5.0  # time up: the typical ratio
+
+
+def test_nothing_that_fits_means_nothing_to_measure(req):
+    tiny_budget = dataclasses.replace(req, model=parse_shape("layers=24,hidden=2048,heads=16,vocab=32000"),
+                                      memory_budget_bytes=64 << 20)
+    result, report = probe.confirm_plan(tiny_budget, seconds=30, session=NoMeasuring(None, req.hardware), store=False)
+    assert not any(m.fits for m in result.modes)
+    assert not report.ran and not report.confirmed and "nothing to measure" in report.skipped

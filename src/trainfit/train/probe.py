@@ -343,10 +343,13 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
         where = _store(req, result, new, fingerprint, key, calibration_file) if store else "not stored (store=False)"
     if new:
         skipped = None
-    elif confirmed:
+    elif confirmed and stored:
         skipped = "the measurements stored by an earlier plan on this machine already confirm the picks"
+    elif confirmed:
+        skipped = "nothing to measure: no setting that fits runs in one process on one device"
     else:
         skipped = reason
+    confirmed = confirmed and bool(req.measured_steps)  # confirmed by a measurement, not by having none
     report = ProbeReport(
         ran=bool(new), skipped=skipped, seconds=spent, budget_seconds=seconds, rounds=rounds, confirmed=confirmed,
         unconfirmed=None if confirmed else reason, band=mm.BAND,
