@@ -264,3 +264,13 @@ def test_nothing_that_fits_means_nothing_to_measure(req):
     result, report = probe.confirm_plan(tiny_budget, seconds=30, session=NoMeasuring(None, req.hardware), store=False)
     assert not any(m.fits for m in result.modes)
     assert not report.ran and not report.confirmed and "nothing to measure" in report.skipped
+
+
+def test_a_lower_bound_wins_the_final_pick_only_by_the_whole_error_band(req):
+    best = plan(req).modes[1]
+    s, predicted = best.setup, best.speed.step_seconds
+    bound = mm.MeasuredStep(SPEC.id, s, predicted, predicted, lower_bound=True)
+    probing = dataclasses.replace(req, measured_steps=(bound,))
+    assert mm.adjusted_step(probing, SPEC.id, s, predicted) == (predicted, "measured")
+    final = dataclasses.replace(probing, measured_settle=True)
+    assert mm.adjusted_step(final, SPEC.id, s, predicted)[0] == pytest.approx(predicted * mm.BAND)

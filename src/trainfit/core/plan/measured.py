@@ -96,7 +96,12 @@ def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float
     ratio) or "predicted" (the prediction with the skew hook, see unmeasured_factor)."""
     measured = _measured(req.measured_steps, model_id)
     if s in measured:
-        return measured[s].step_seconds, "measured"
+        m = measured[s]
+        if m.lower_bound and req.measured_settle:
+            # Only "at least this slow": the final pick must not rest on it unless it wins by the
+            # speed model's whole error band.
+            return m.step_seconds * BAND, "measured"
+        return m.step_seconds, "measured"
     planner_seconds = predicted_seconds * skew_factor(req.speed_skew, s)
     ratios = class_ratios(req.measured_steps, model_id)
     ratio = ratios.get(kernel_class(s))
