@@ -621,15 +621,15 @@ def _run_setting(job: dict) -> None:
         return time.perf_counter() - t
 
     if rows > 1:
-        # A one-sequence pilot first (twice: the first call pays one-time kernel and allocator set-up):
+        # A one-sequence pilot first (twice: the first call pays one-time kernel and allocator set-up,
+        # never extrapolated):
         # when the whole micro-batch would not finish within the share (a setting far slower than
         # predicted), the pilot's time scaled by the rows ranks it well enough (it errs slow: a larger
         # batch uses the cores better) and the child needs no stopping (and no restart).
         full = batch
         batch = full[:1]
+        micro()  # the first call of a shape pays one-time kernel set-up (oneDNN compiles per shape)
         pilot = micro()
-        if time.monotonic() + pilot < deadline:  # else the warm-up call is all there is time for
-            pilot = min(pilot, micro())  # the faster call: a stall of the machine is not the setting's
         batch = full
         optimizer.zero_grad(set_to_none=True)
         if pilot * rows > deadline - time.monotonic():
