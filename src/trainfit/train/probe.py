@@ -4,8 +4,8 @@ machine it plans for.
 The speed model ranks settings; where two of them lie within its error of each other
 (core.plan.measured.BAND), only a measurement can tell which is faster here. `confirm_plan`
 plans, asks core.plan.measured.shortlist which settings could still beat the pick, measures them
-(`ProbeSession`, a child process so a setting that runs far slower than predicted can be stopped
-at its time share), plans again with the measured step times, and repeats until the pick is
+(`ProbeSession`, a child process, so a setting that runs far slower than predicted is stopped at
+its time share: a micro-batch that did not finish by then says the step takes at least that long), plans again with the measured step times, and repeats until the pick is
 measured and nothing unmeasured is within the band, or the time (`--probe-seconds`) is spent.
 
 What it measures, per setting: the model built from its config with random weights (the real
@@ -15,7 +15,10 @@ whole model's prediction), fed random token ids of the setting's micro-batch x s
 with the setting's precision (autocast for *-mixed), attention kernel, gradient checkpointing,
 LoRA adapters, DPO reference and optimizer: one warm-up micro-batch and optimizer step, then
 timed micro-batches (forward + backward) and optimizer steps. Step time = accumulation x median
-micro-batch + median optimizer step. Only settings the memory model says fit are ever launched
+micro-batch + median optimizer step. (No one-sequence pilot to extrapolate from: on a busy CPU a
+small model's micro-batch is mostly per-op overhead, one sequence took 0.5-0.9 s where sixteen
+took 0.75 s, and scaling it by the rows misjudged every setting.) Only settings the memory model
+says fit are ever launched
 (the shortlist comes from the search's fitting candidates).
 
 The measurements are stored with this machine's calibration (train/calibration.py: the step-time
@@ -229,12 +232,6 @@ class ProbeSession:
                 timed = res.micro_seconds if kind == "micro" else res.optimizer_seconds
                 warm = res.warm_micro if kind == "micro" else res.warm_optimizer
                 (warm if event.get("warmup") else timed).append(event["seconds"])
-            elif kind == "estimate":  # the pilot says a micro-batch would overrun the share
-                res.step_seconds = job.setup.grad_accum * event["seconds"]
-                res.how = (f"estimated: a one-sequence micro-batch took {event['pilot_seconds']:.2f} s, x "
-                           f"{round(event['seconds'] / event['pilot_seconds'])} rows")
-                res.wall_seconds = time.monotonic() - started
-                return res
             elif kind == "error":
                 res.error = event.get("message", "failed")
                 res.wall_seconds = time.monotonic() - started
@@ -620,22 +617,6 @@ def _run_setting(job: dict) -> None:
         sync()
         return time.perf_counter() - t
 
-    if rows > 1:
-        # A one-sequence pilot first (twice: the first call pays one-time kernel and allocator set-up,
-        # never extrapolated):
-        # when the whole micro-batch would not finish within the share (a setting far slower than
-        # predicted), the pilot's time scaled by the rows ranks it well enough (it errs slow: a larger
-        # batch uses the cores better) and the child needs no stopping (and no restart).
-        full = batch
-        batch = full[:1]
-        micro()  # the first call of a shape pays one-time kernel set-up (oneDNN compiles per shape)
-        pilot = micro()
-        batch = full
-        optimizer.zero_grad(set_to_none=True)
-        if pilot * rows > deadline - time.monotonic():
-            _emit(event="estimate", index=index, seconds=pilot * rows, pilot_seconds=pilot)
-            _release(model, ref, optimizer, device)
-            return
     _emit(event="micro", index=index, seconds=micro(), warmup=True)
     _emit(event="optimizer", index=index, seconds=step(), warmup=True)
     micro_s, optim_s = [], []
