@@ -41,6 +41,9 @@ import plan_quality as pq
 
 GIB = 1 << 30
 CLASS_NEAR = 0.7  # phase 2 measures every micro-batch of a kernel class this close to the best
+# A >= 95 % verdict needs repeat measurements that agree to a few per cent; above this median
+# round-to-round spread the machine was too busy to decide it (the verdict is reported, marked so).
+NOISE_LIMIT = 0.10
 
 
 def log(msg: str) -> None:
@@ -276,7 +279,9 @@ def analyze(ctx: dict, runs: list[dict], rows: list[dict]) -> dict:
                              [m for m in run["report"]["measurements"] if "error" not in m])})
     spread = sorted(max(x) / min(x) - 1 for x in ([y["tokens_per_second"] for y in r["runs"] if "error" not in y]
                                                   for r in measured) if len(x) >= 2)
-    return {"best": best["label"] if best else None, "best_tokens_per_second": measured_tps(best) if best else None,
+    noise = statistics.median(spread) if spread else None
+    return {"decidable": noise is not None and noise <= NOISE_LIMIT, "noise": noise,
+            "best": best["label"] if best else None, "best_tokens_per_second": measured_tps(best) if best else None,
             "verdicts": verdicts, "all_pass": all(v["pass"] for v in verdicts),
             "within_5pct_of_best": [r["label"] for r in measured if best and measured_tps(r) >= 0.95 * measured_tps(best)],
             "round_to_round_spread_median": statistics.median(spread) if spread else None,
@@ -308,7 +313,11 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
         f"Best measured: `{s['best']}` {s['best_tokens_per_second']:.0f} tokens/s; within 5 %: "
         + ", ".join(f"`{x}`" for x in s["within_5pct_of_best"]) + ".",
         "",
-        f"## Verdict: {'**PASS**' if s['all_pass'] else '**FAIL**'} (balanced pick after the probe >= 95 % of the best)",
+        f"## Verdict: {'**PASS**' if s['all_pass'] else '**FAIL**'} (balanced pick after the probe >= 95 % of the best)"
+        + ("" if s.get("decidable") else
+           f" -- **not decidable on this run**: the same setting measured twice differed by "
+           f"{(s.get('noise') or 0):.0%} (median), far above the 5 % the verdict needs; the machine was busy "
+           "(load above); re-run it on a quiet machine"),
         "",
         "| run | speed model's balanced pick (its share of the best) | after the probe | share of the best | probe seconds "
         "| rounds | settings measured | confirmed | verdict |",
