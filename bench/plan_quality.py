@@ -48,6 +48,8 @@ second time (reverse order) and the better of the two medians kept, since this V
     .venv/bin/python bench/plan_quality.py --full-bf16  # every bf16-mixed setting fully too (over an hour)
     .venv/bin/python bench/plan_quality.py --quick    # smoke test: the planner's picks + a few others, to /tmp
     .venv/bin/python bench/plan_quality.py --one JSON # (internal) measure one configuration, print JSON
+    .venv/bin/python bench/plan_quality.py --probe    # the plan's probe, plain and with a skewed speed model
+                                                      # (bench/plan_quality_probe.py; ~15 min quiet)
 """
 
 from __future__ import annotations
@@ -390,10 +392,30 @@ def main() -> int:
     ap.add_argument("--bf16-cap", type=float, default=10.0,
                     help="seconds of training before a capped probe is stopped")
     ap.add_argument("--out", help="output prefix (default bench/results/plan_quality; --quick: /tmp/plan_quality_quick)")
+    ap.add_argument("--probe", action="store_true",
+                    help="the plan's probe (trainfit plan on this machine): its picks, plain and with the speed model "
+                         "skewed on purpose, against a measured sweep; writes bench/results/plan_quality_probe.{md,json}")
+    ap.add_argument("--probe-seconds", type=float, default=30.0, help="with --probe: the probe's time budget")
+    ap.add_argument("--many", help=argparse.SUPPRESS)
+    ap.add_argument("--phase1-timed", type=int, default=3,
+                    help="with --probe: timed steps of the sweep's first look at each kernel class")
+    ap.add_argument("--max-wait", type=float, default=300.0,
+                    help="with --probe: seconds to wait for a quiet machine before the sweep (0: do not wait)")
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure_one(json.loads(args.one))))
         return 0
+    if args.many:
+        for job in json.loads(Path(args.many).read_text()):
+            try:
+                print(json.dumps({"label": job["label"], **measure_one(job)}), flush=True)
+            except Exception as exc:  # one failing configuration must not lose the others
+                print(json.dumps({"label": job["label"], "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 0
+    if args.probe:
+        from plan_quality_probe import probe_bench
+
+        return probe_bench(args)
     if args.make_tokenizer:
         print(json.dumps(make_tokenizer(json.loads(args.make_tokenizer))))
         return 0

@@ -159,6 +159,7 @@ BOUNDS: dict[str, Bound] = {
     # measurement
     "timed_steps": _count(100_000),
     "warmup_timed_steps": _count(100_000, 0),
+    "probe_seconds": _number(0, 3600, low_open=True),  # plan --probe-seconds
     # monitoring
     "interval_seconds": _number(0.05, 3600),
     # safety: a spot machine's mean hours between interruptions (36 seconds to ~114 years)

@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    from trainfit.cli import plan_probe
+
+    plan_probe.add_arguments(p)  # --probe-seconds, --no-probe
 
 
 def parse_hours(text: str | None, flag: str = "--time-budget") -> float | None:
@@ -240,8 +243,6 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.core.plan.planner import plan
-
     if args.pipeline is not None:  # phases in order, one meta-config per mode (cli/plan_pipeline.py)
         from trainfit.cli.plan_pipeline import run as run_pipeline
 
@@ -249,7 +250,9 @@ def run(args: argparse.Namespace) -> int:
     if args.pairs is not None:
         raise BadInputError("--pairs: counts the DPO phase of a --pipeline; for one DPO run give --examples")
     req = build_request(args)
-    result = plan(req)
+    from trainfit.cli import plan_probe
+
+    result, probe = plan_probe.plan(args, req)  # on this machine: confirmed by real steps
     files: dict[str, list[str]] = {}
     if args.out is not None:
         files = write_exports(result, req, Path(args.out), force=args.force, data=_data(args.data),
@@ -257,7 +260,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from trainfit.cli.output import print_json
 
-        print_json(plan_document(result, files))
+        doc = plan_document(result, files)
+        if probe is not None:
+            doc["probe"] = probe
+        print_json(doc)
     else:
         from trainfit.cli.output import console
         from trainfit.cli.render_plan import render_plan
@@ -269,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"[dim]{result.rates['text']}[/]")
         out.print("")
         render_plan(result, out, files=files)
+        plan_probe.render(probe, out)
     return EXIT_OK if any(m.fits for m in result.modes) else EXIT_DOES_NOT_FIT
 
 

@@ -20,7 +20,7 @@ from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.plan import data_io, lengths, space, variants
+from trainfit.core.plan import data_io, lengths, measured, space, variants
 from trainfit.core.plan.data_io import DataPlan, DatasetInfo
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, power_cap_hint, rules_for
@@ -76,6 +76,12 @@ class PlanRequest:
     # their tokens are added to each sequence (core.memory's image model), as `estimate` counts them.
     image_size: int = 0
     images_per_example: int = 0
+    # Step times measured on this machine (core.plan.measured.MeasuredStep, from `plan`'s probe):
+    # they rank their settings instead of the speed model; empty: the speed model alone.
+    measured_steps: tuple = ()
+    measured_settle: bool = False  # the final ranking (core.plan.measured.unmeasured_factor)
+    # Test hook (core.plan.measured.SpeedSkew): a speed model deliberately wrong about one knob.
+    speed_skew: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -222,8 +228,11 @@ def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, g
           offload: bool) -> Tier:
     inference = base.method == "inference"
     precisions = [base.precision]
-    if rules.device == "cpu" and base.precision == "fp32":
-        precisions.append("bf16-mixed")  # emulated on most CPUs; the speed model says when it pays
+    if rules.device == "cpu" and base.precision in ("fp32", "bf16-mixed"):
+        # Both on every CPU: bf16 is emulated on most, and where it has instructions (AVX512-BF16,
+        # AMX) autocast's casts can still cost more than they save on a small model. The speed
+        # model ranks them; on this machine the plan's probe checks it.
+        precisions.append("bf16-mixed" if base.precision == "fp32" else "fp32")
     optimizers = ["adamw"]
     if "adamw-8bit" in rules.optimizers and base.lora is None and not inference:
         optimizers.append("adamw-8bit")
@@ -359,7 +368,8 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
     rates = device_rates(req.hardware, rules.device)  # once per search, not per candidate
     result = search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
                      rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
-                     speed_fn=lambda m, s: predict_step(m, s, rates), memory_fn=_memory_fn(req, rules))
+                     speed_fn=measured.speed_fn(req, model, lambda m, s: predict_step(m, s, rates)),
+                     memory_fn=_memory_fn(req, rules))
     if t.largest_micro_batch and req.method != "inference":
         result = _largest_batch_near_fastest(result)
     return result
@@ -384,8 +394,6 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                 result: SearchResult | None = None, pretrain_tokens: int | None = None,
                 pretrain: dict | None = None, extra_reasons: list[str] | None = None,
                 extra_warnings: list[str] | None = None) -> ModePlan:
-    from trainfit.core.run_prediction import predict_run
-
     result = result or _search_model(req, t, rules, model)
     budget = _budget(req, t)
     cap = _capacity(req, rules)
@@ -406,8 +414,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     s = best.setup
     workload = _workload(req, s, pretrain_tokens)
     sized = lengths.data_lengths(req.dataset, s) if pretrain_tokens is None else None
-    run_pred = predict_run(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
-                           step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
+    run_pred = measured.predict_run(req, model, s, workload)
     data_plan, speed, power = data_io.plan_for_mode(req, t.mode, t.memory_share, t.hours_max, s, run_pred.speed,
                                                     run_pred.power, best.memory, pretrain_tokens)
     asked_hours = speed.total_seconds / 3600 if speed.total_seconds is not None else None
