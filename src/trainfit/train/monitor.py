@@ -256,7 +256,8 @@ class Monitor:
         self.predicted_peak_bytes = predicted_peak_bytes
         self._sampler_spec = sampler
         self.leak_detector = (leak_detector or LeakDetector()) if leak_warning else None
-        # one memory reading at a step end per leak_read_seconds (the thread asks for it), one fit
+        # one memory reading at a step end per leak_read_seconds (the thread asks for it; 0: every
+        # step end), one fit
         # per leak_check_seconds: the leak detector costs the training one psutil / allocator read
         # a second, and the thread a fraction of a millisecond every few seconds
         self.leak_read_seconds = max(self.interval_seconds, 1.0) if leak_read_seconds is None else leak_read_seconds
@@ -367,7 +368,10 @@ class Monitor:
         if samples is not None:
             self._samples_seen += samples
         kind = None
-        if memory_bytes is None and self._want_memory and self.leak_detector is not None:
+        # leak_read_seconds 0: a reading at every step end, however fast the steps come (the
+        # thread's request would arrive once per tick and miss most of a fast run's steps)
+        every_step = self.leak_read_seconds <= 0
+        if memory_bytes is None and (self._want_memory or every_step) and self.leak_detector is not None:
             self._want_memory = False
             memory_bytes, kind = self._memory_fn() if self._memory_fn is not None else self._read_memory()
         point = StepPoint(step, now, step_seconds, tokens, samples, self._tokens_seen)

@@ -611,8 +611,11 @@ class MemoryPressurePolicy(TrainerCallback):
         new = [e for e in found if e.get("time", 0) > self._last_leak_time]
         if new:
             self._last_leak_time = max(e.get("time", 0) for e in new)
-        left = (state.max_steps - state.global_step) if state.max_steps else None
         for e in new:
+            # judged at the step the finding was made: it reaches the policy a tick later, by when a
+            # fast run has taken more steps (memory runs out at that step + steps_to_full)
+            at = e.get("step") if isinstance(e.get("step"), int) else state.global_step
+            left = (state.max_steps - at) if state.max_steps else None
             to_full = e.get("steps_to_full")
             if isinstance(to_full, (int, float)) and left is not None and to_full < left:
                 return (f"a memory leak of {e.get('mib_per_step', 0):.3g} MiB per step uses the free memory up in "
