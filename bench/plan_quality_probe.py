@@ -77,7 +77,7 @@ def probe_run(name: str, req, seconds: float, max_wait: float) -> dict:
     load0 = [round(x, 2) for x in os.getloadavg()]
     result, report = confirm_plan(req, seconds=seconds, log=lambda m: log(f"  {m}"), calibration_file=cal_file)
     out = {"name": name, "skew": [dataclasses.asdict(s) for s in req.speed_skew], "load_before": load0,
-           "load_after": [round(x, 2) for x in os.getloadavg()], "report": dataclasses.asdict(report),
+           "load_after": [round(x, 2) for x in os.getloadavg()], "report": _report_doc(report),
            "model_only": {m.mode: pq.knobs(m.setup) for m in before.modes if m.fits},
            "final": {m.mode: pq.knobs(m.setup) for m in result.modes if m.fits}}
     log(f"[{name}] probe {report.seconds:.1f} s, {report.rounds} rounds, confirmed {report.confirmed}: balanced "
@@ -86,10 +86,18 @@ def probe_run(name: str, req, seconds: float, max_wait: float) -> dict:
         t0 = time.perf_counter()
         again, second = confirm_plan(req, seconds=seconds, log=lambda m: log(f"  (next plan) {m}"),
                                      calibration_file=cal_file)
-        out["next_plan"] = {"report": dataclasses.asdict(second), "wall_seconds": time.perf_counter() - t0,
+        out["next_plan"] = {"report": _report_doc(second), "wall_seconds": time.perf_counter() - t0,
                             "final": {m.mode: pq.knobs(m.setup) for m in again.modes if m.fits}}
         log(f"[{name}] next plan: probe ran {second.ran} ({second.skipped}), {time.perf_counter() - t0:.1f} s")
     return out
+
+
+def _report_doc(report) -> dict:
+    """The probe's report for the results, its calibration file named without the throwaway folder."""
+    doc = dataclasses.asdict(report)
+    if doc.get("stored"):
+        doc["stored"] = f"<temporary folder>/{os.path.basename(doc['stored'])}"
+    return doc
 
 
 def sweep_jobs(rows: list[dict], base: dict, tok_dir: Path, warmup: int, timed: int) -> list[dict]:
