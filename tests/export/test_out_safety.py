@@ -238,13 +238,14 @@ def _staging_started(out: Path) -> bool:
                 or (out.is_dir() and [p for p in out.iterdir() if p.name.startswith(publish.STAGING_PREFIX)]))
 
 
-def _kill_trials(tmp_path: Path, trials: int, seed: int, capsys) -> None:
+def _kill_trials(tmp_path: Path, trials: int, seed: int, capsys) -> list[tuple[str, str]]:
     """Each trial: the previous state (no target, or an earlier plan), a `plan --out --force`
     killed at a seeded moment (SIGKILL anywhere; SIGINT or SIGTERM while it writes). Afterwards
     the target holds the previous state or the complete new one: at once after SIGINT / SIGTERM
     (exit 130 / 143, a message, no staging folder left), after the next run's recovery after
-    SIGKILL."""
+    SIGKILL. Returns each trial's (signal, state the target ended in: "previous" or "new")."""
     rng = random.Random(seed)
+    endings = []
     pause = 0.04
     base = tmp_path / "base"
     run = lambda out, seq: main(PLAN + ["--out", str(out), "--seq-len", str(seq), "--force"])  # noqa: E731
@@ -293,6 +294,7 @@ def _kill_trials(tmp_path: Path, trials: int, seed: int, capsys) -> None:
         assert snapshot(out) in (previous, new), what
         if "nothing was written" in err:
             assert snapshot(out) == previous, what
+        endings.append((signal.Signals(sig).name, "new" if snapshot(out) == new else "previous"))
     # the next run cleans what a killed one left, and writes
     killed = tmp_path / "killed" / "out"
     proc = launch(PLAN + ["--out", str(killed)], **{publish.PAUSE_ENV: "5"})
@@ -302,15 +304,20 @@ def _kill_trials(tmp_path: Path, trials: int, seed: int, capsys) -> None:
     proc.wait()
     assert leftovers(killed.parent)
     assert run(killed, 512) == 0 and not leftovers(killed.parent) and snapshot(killed) is not None
+    return endings
 
 
 def test_killed_at_random_moments_three_times(tmp_path, capsys):
-    _kill_trials(tmp_path, 3, seed=35, capsys=capsys)
+    endings = _kill_trials(tmp_path, 3, seed=35, capsys=capsys)
+    assert [sig for sig, _ in endings] == ["SIGKILL", "SIGTERM", "SIGINT"]
+    assert all(state in ("previous", "new") for _, state in endings)
 
 
 @pytest.mark.slow
 def test_killed_at_random_moments_twenty_times(tmp_path, capsys):
-    _kill_trials(tmp_path, 20, seed=3520, capsys=capsys)
+    endings = _kill_trials(tmp_path, 20, seed=3520, capsys=capsys)
+    assert len(endings) == 20 and {sig for sig, _ in endings} == {"SIGKILL", "SIGTERM", "SIGINT"}
+    assert all(state in ("previous", "new") for _, state in endings)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
