@@ -76,6 +76,11 @@ class Interrupted(KeyboardInterrupt):
         return f"interrupted by {self.signal_name}" + (f"; {self.detail}" if self.detail else "")
 
 
+def raise_interrupted(signum, frame) -> None:
+    """A signal handler: the signal raised as Interrupted where the command was."""
+    raise Interrupted(signum)
+
+
 class TrainingDivergedError(TrainfitError):
     """Training diverged: non-finite losses or gradients kept coming after every recovery (fp32,
     raised accumulation). Exit code 5; the last good checkpoint stays for a --resume."""

@@ -101,6 +101,9 @@ def write_atomic(path: str | os.PathLike, text: str, *, force: bool = True) -> P
     return path
 
 
+# A full disk or quota: the machine's to fix (exit 4, with what to do).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
 # Causes that are the user's to fix (a path that cannot be written); the rest (a full disk, an
 # I/O error) are the machine's.
 _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.ENOENT, errno.ENAMETOOLONG}

@@ -309,7 +309,9 @@ def parse_json(text: str | bytes, origin: str) -> Any:
         raise BadInputError(f"{origin}: {_TOO_DEEP}") from None
     except ValueError as exc:  # Python refuses to read integers of more than 4,300 digits
         raise BadInputError(f"{origin}: {_number_problem(exc)}") from None
-    _check_document(data, origin)
+    # depth only: JSON has no aliases, so its size is its byte count (a large safetensors header
+    # holds over a million values and is a real file)
+    _check_document(data, origin, count_values=False)
     return data
 
 
@@ -347,9 +349,9 @@ def _number_problem(exc: ValueError) -> str:
     return f"cannot be read: {_first_line(exc)}"
 
 
-def _check_document(data: Any, origin: str) -> None:
-    """BadInputError when `data` nests deeper than MAX_DOCUMENT_DEPTH or, counting every value a
-    shared (aliased) part stands for, holds more than MAX_DOCUMENT_VALUES values."""
+def _check_document(data: Any, origin: str, *, count_values: bool = True) -> None:
+    """BadInputError when `data` nests deeper than MAX_DOCUMENT_DEPTH or (`count_values`, for YAML),
+    counting every value a shared (aliased) part stands for, holds more than MAX_DOCUMENT_VALUES values."""
     counted: dict[int, int] = {}  # id of a list / dict -> values under it (aliases share objects)
 
     def values(node: Any, depth: int) -> int:
@@ -363,7 +365,7 @@ def _check_document(data: Any, origin: str) -> None:
         total = 1 + len(node) if isinstance(node, dict) else 1
         for child in children:
             total += values(child, depth + 1)
-            if total > MAX_DOCUMENT_VALUES:
+            if count_values and total > MAX_DOCUMENT_VALUES:
                 raise BadInputError(f"{origin}: expands to more than {MAX_DOCUMENT_VALUES:,} values (YAML aliases "
                                     "repeating each other?); a real file is far smaller")
         counted[id(node)] = total

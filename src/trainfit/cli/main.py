@@ -19,7 +19,9 @@ import sys
 from collections.abc import Collection, Sequence
 
 from trainfit import __version__
-from trainfit.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, Interrupted, TrainfitError
+from trainfit.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, Interrupted, TrainfitError,
+                             raise_interrupted)
+from trainfit.files import DISK_FULL_ERRNOS as _DISK_FULL
 
 # Command -> its module's HELP, in the order shown in --help (tests/test_cli_imports.py checks
 # that each equals trainfit.cli.cmd_<name>.HELP).
@@ -115,10 +117,6 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _raise_interrupted(signum, frame) -> None:
-    raise Interrupted(signum)
-
-
 def _sigterm_as_interrupt():
     """Install the SIGTERM handler; returns the one it replaced (None off the main thread)."""
     import signal
@@ -126,12 +124,11 @@ def _sigterm_as_interrupt():
 
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _raise_interrupted)
+    return signal.signal(signal.SIGTERM, raise_interrupted)
 
 
 # OSErrors that are the machine's or the user's doing, not a bug: a full disk (exit 4, with what to
 # do), a name the filesystem cannot hold or a place the user may not write (exit 2).
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _USER_PATH = {errno.ENAMETOOLONG: ("a file name is too long for the filesystem", "each part of a path holds at most "
                                                                               "255 bytes"),
               errno.EACCES: ("permission denied", "give a path you may use"),

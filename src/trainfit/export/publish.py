@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainfit.errors import BadInputError, Interrupted, TrainfitError, UnavailableError
+from trainfit.errors import BadInputError, Interrupted, TrainfitError, UnavailableError, raise_interrupted
 
 STAGING_PREFIX = ".trainfit-export-"
 JOURNAL = "journal.json"
@@ -428,17 +428,13 @@ def _lock_fd(out_dir: Path) -> int:
 
 
 # -- signals ---------------------------------------------------------------------------------
-def _raise_interrupted(signum, frame) -> None:
-    raise Interrupted(signum)
-
-
 @contextmanager
 def _signals_raise() -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted while the tree is written (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:

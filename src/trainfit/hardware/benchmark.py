@@ -82,10 +82,6 @@ def cpu_fp32_rates(n: int = 2048, reps: int = 3) -> list[float]:
     return [2 * n**3 / t / 1e9 for t in _timings(lambda: a @ b, reps)]
 
 
-def cpu_fp32_gflops(n: int = 2048, reps: int = 3) -> float:
-    return max(cpu_fp32_rates(n, reps))
-
-
 def spread(rates: list[float]) -> float:
     """1 - median / best of repeated rates: 0 when every repeat ran as fast as the best one."""
     import statistics

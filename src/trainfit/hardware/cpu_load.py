@@ -81,7 +81,7 @@ def our_cpus() -> list[int] | None:
         return None
 
 
-def _load_1m() -> float | None:
+def load_1m() -> float | None:
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -107,7 +107,7 @@ def snapshot() -> CpuSnapshot:
     except Exception:  # noqa: BLE001 - no psutil, or a platform without per-CPU times
         busy = steal = own_seconds = None
         count = len(cpus) if cpus else (os.cpu_count() or 1)
-    return CpuSnapshot(wall, own_seconds, busy, steal, count, _load_1m())
+    return CpuSnapshot(wall, own_seconds, busy, steal, count, load_1m())
 
 
 def window(start: CpuSnapshot, end: CpuSnapshot | None = None) -> LoadWindow:

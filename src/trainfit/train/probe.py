@@ -407,10 +407,10 @@ def _measurement_json(m) -> dict:
 
 
 def _load() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
+    from trainfit.hardware.cpu_load import load_1m
+
+    load = load_1m()
+    return None if load is None else round(load, 2)
 
 
 def _torch_device(s: TrainingSetup) -> str:
@@ -574,8 +574,9 @@ def _run_setting(job: dict) -> None:
     if s.lora is not None:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=s.lora.rank, lora_alpha=s.lora.alpha, lora_dropout=s.lora.dropout,
-                                                 target_modules=s.lora.target_modules, task_type="CAUSAL_LM"))
+        from trainfit.export.peft_config import lora_kwargs
+
+        model = get_peft_model(model, LoraConfig(**lora_kwargs(s.lora, dora=s.dora)))
     if s.grad_checkpointing != "none":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if s.lora is not None:

@@ -682,7 +682,7 @@ class RecoverySession:
         resumed_at = int(Path(checkpoint).name.split("-")[-1]) if checkpoint else 0
         if resumed_at < step:  # the steps after the checkpoint are trained again: their records go
             _trim_steps_after(self.run_dir, resumed_at)
-        if new is None and self.world == 1 and self.amp_step_down() is not None:
+        if new is None and self.amp_step_down() is not None:  # one process: world > 1 asked for a restart above
             cfg = self._amp_config()
             reason = (f"out of memory in step {step + 1} ({failure.backend}) with {current.describe()}, the smallest "
                       f"split: precision {self.cfg.training.precision} -> {cfg.training.precision} (16-bit "

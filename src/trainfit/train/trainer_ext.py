@@ -25,12 +25,12 @@ DeepSpeed) is the library's own code path.
 
 from __future__ import annotations
 
-import errno
 import secrets
 import shutil
 from pathlib import Path
 
 from trainfit.errors import BadInputError, TrainfitError, UnavailableError
+from trainfit.files import DISK_FULL_ERRNOS as _DISK_FULL_ERRNOS
 from trainfit.train import checkpoints as ck
 
 _WEIGHTS = "the model weights (model*.safetensors / adapter_model.safetensors)"
@@ -38,7 +38,6 @@ _WEIGHTS = "the model weights (model*.safetensors / adapter_model.safetensors)"
 
 # How a full disk surfaces while a checkpoint is written: an OSError from Python and safetensors
 # ("os error 28"), torch.save's zip writer ("unexpected pos ..." / "file write failed").
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _DISK_FULL_WORDS = ("no space left", "unexpected pos", "file write failed", "os error 28", "disk quota")
 
 

@@ -91,10 +91,13 @@ def class_ratios(steps: tuple, model_id: str) -> dict[tuple, float]:
     return {k: statistics.median(v) for k, v in by_class.items()}
 
 
-def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float) -> tuple[float, str]:
+def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float, *,
+                  measured: dict | None = None, ratios: dict | None = None) -> tuple[float, str]:
     """(seconds, how) of one setting: how is "measured", "class" (scaled by its class's measured
-    ratio) or "predicted" (the prediction with the skew hook, see unmeasured_factor)."""
-    measured = _measured(req.measured_steps, model_id)
+    ratio) or "predicted" (the prediction with the skew hook, see unmeasured_factor). `measured` and
+    `ratios` are the request's, computed here unless the caller (a search) computed them once."""
+    if measured is None:
+        measured = _measured(req.measured_steps, model_id)
     if s in measured:
         m = measured[s]
         if m.lower_bound and req.measured_settle:
@@ -103,7 +106,8 @@ def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float
             return m.step_seconds * BAND, "measured"
         return m.step_seconds, "measured"
     planner_seconds = predicted_seconds * skew_factor(req.speed_skew, s)
-    ratios = class_ratios(req.measured_steps, model_id)
+    if ratios is None:
+        ratios = class_ratios(req.measured_steps, model_id)
     ratio = ratios.get(kernel_class(s))
     if ratio is not None:
         return planner_seconds * ratio, "class"
@@ -138,12 +142,18 @@ def speed_fn(req, model: ModelSpec, base: Callable[[ModelSpec, TrainingSetup], S
     """The planner's speed function with the measurements and the skew hook applied."""
     if not active(req):
         return base
+    # the request's measurements, once per search rather than per candidate
+    measured = _measured(req.measured_steps, model.id)
+    ratios = class_ratios(req.measured_steps, model.id)
 
     def fn(m: ModelSpec, s: TrainingSetup) -> SpeedEstimate:
         from trainfit.core.run_prediction import _scaled
 
         speed = base(m, s)
-        seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds)
+        if m.id == model.id:
+            seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds, measured=measured, ratios=ratios)
+        else:
+            seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds)
         return _scaled(speed, seconds / speed.step_seconds) if speed.step_seconds > 0 else speed
     return fn
 
