@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="HUB_ID", help="a Hub dataset ('owner/name' or 'owner/name:config'): its "
                    "size metadata plans streaming vs download, the cache and the token budget")
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
+    p.add_argument("--for", dest="for_tool", metavar="TOOL", default="trl", help="with --out, also write the "
+                   "native config of the tool you train with: trl (default: trainfit's run config and the TRL / "
+                   "Accelerate / DeepSpeed files only), axolotl, llama-factory, torchtune, litgpt")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     from trainfit.cli import plan_probe
@@ -119,6 +122,11 @@ def build_request(args: argparse.Namespace, hardware=None):
     for m in modes:
         if m not in MODES:
             raise BadInputError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    from trainfit.export.tools import check_method, check_tool
+
+    args.for_tool = check_tool(getattr(args, "for_tool", None))
+    if method != "auto":
+        check_method(args.for_tool, method)  # a method the tool lacks: refused before planning
     if args.out is not None:
         from trainfit.validate import output_dir
 
@@ -224,7 +232,7 @@ def invoked(args: argparse.Namespace) -> str:
 
 
 def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str,
-                  flag: str = "--out") -> dict[str, list[str]]:
+                  flag: str = "--out", tool: str = "trl") -> dict[str, list[str]]:
     """Render every mode's files first (all validated), then publish them all in one step
     (trainfit.export.publish.write_tree); returns mode -> paths."""
     from trainfit.export.plan_files import plan_files
@@ -235,7 +243,7 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
     rendered = {}
     for mp in plan.modes:
         if mp.fits:
-            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode)
+            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode, tool=tool)
     if not rendered:
         return {}
     written = write_tree(out_dir, rendered, force=force, flag=flag)
@@ -243,6 +251,9 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pipeline is not None and getattr(args, "for_tool", "trl") not in (None, "trl"):
+        raise BadInputError("--for: a --pipeline plan is written for trainfit's own run (--for trl); plan each "
+                            "phase on its own with --for")
     if args.pipeline is not None:  # phases in order, one meta-config per mode (cli/plan_pipeline.py)
         from trainfit.cli.plan_pipeline import run as run_pipeline
 
@@ -256,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     files: dict[str, list[str]] = {}
     if args.out is not None:
         files = write_exports(result, req, Path(args.out), force=args.force, data=_data(args.data),
-                              command=invoked(args))
+                              command=invoked(args), tool=args.for_tool)
     if args.json:
         from trainfit.cli.output import print_json
 

@@ -149,9 +149,10 @@ def header_lines(mp: ModePlan, command: str) -> list[str]:
 
 
 def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[str] | None = None,
-               base_dir=None) -> dict[str, str]:
+               base_dir=None, tool: str = "trl") -> dict[str, str]:
     """File name -> text for one mode (run.yaml, training_args.yaml, lora.yaml, accelerate.yaml,
-    deepspeed.json, launch.sh): the run config is validated by the run-config parser first."""
+    deepspeed.json, launch.sh, and with tool the config of that tool: trainfit.export.tools): the run
+    config is validated by the run-config parser first."""
     from pathlib import Path
 
     from trainfit.export.bundle import render_files
@@ -177,6 +178,13 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     assert s is not None
     device = "cuda" if s.device in ("cuda", "rocm") else s.device
     text = yaml.safe_dump(raw, sort_keys=False)
-    return render_files(cfg, header_lines=lines, num_processes=max(1, s.num_gpus) if device != "cpu" else 1,
-                        device=device, run_config_text=text)
+    files = render_files(cfg, header_lines=lines, num_processes=max(1, s.num_gpus) if device != "cpu" else 1,
+                         device=device, run_config_text=text)
+    if tool != "trl":
+        from trainfit.export.tools import ToolPlan, tool_files
+
+        ds = "deepspeed.json" if "deepspeed.json" in files else None
+        files.update(tool_files(tool, ToolPlan(cfg=cfg, spec=mp.model, folder=Path(base_dir or ".").resolve(),
+                                               header_lines=lines, deepspeed_file=ds)))
+    return files
 
