@@ -73,6 +73,9 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
             doc["lora_target_modules"] = list(targets)
         if t.dora:
             doc["peft_use_dora"] = True
+        # Axolotl switches on its Triton LoRA kernels when these are unset; the plan's memory and time
+        # are for PEFT's plain LoRA layers (and the kernels need a CUDA GPU).
+        doc.update(lora_mlp_kernel=False, lora_qkv_kernel=False, lora_o_kernel=False)
     if cfg.method == "dpo":
         doc.update(rl="dpo", rl_beta=t.dpo_beta)
     doc["datasets"] = _datasets(plan)
@@ -99,6 +102,9 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
         "lora_dropout: Axolotl's default 0.0; the plan's dropout is set",
         "val_set_size: set to 0 (Axolotl's default holds out none either; the plan has no eval split)",
     ]
+    if "adapter" in doc:
+        differs.insert(0, "lora_*_kernel: Axolotl turns its fused LoRA kernels on when unset (faster, less memory "
+                          "than planned); off here, as planned")
     if cfg.training.precision in ("bf16-mixed", "fp16-mixed"):
         differs.append(f"precision {cfg.training.precision}: with bf16/fp16 true Axolotl also loads the weights in "
                        "16 bits (trainfit's mixed precision keeps fp32 master weights)")
