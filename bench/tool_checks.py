@@ -51,8 +51,12 @@ def parse_llama_factory(path: Path) -> dict[str, Any]:
 
         model, data, train, tune, _ = get_train_args(dict(raw))
     else:
+        import transformers.training_args as ta
         from llamafactory.hparams.parser import _parse_train_args
 
+        # a GPU plan parsed on a CPU machine: TrainingArguments asks the machine whether bf16 runs
+        # here; answer as the plan's GPU would
+        ta.is_torch_bf16_gpu_available = lambda *a, **k: True
         model, data, train, tune, _ = _parse_train_args(dict(raw))
     return {"model": model.model_name_or_path, "stage": tune.stage, "finetuning_type": tune.finetuning_type,
             "lora_target": list(tune.lora_target), "quantization_bit": model.quantization_bit,
@@ -115,7 +119,9 @@ def short_run_command(tool: str, path: Path, python: str, steps: int = 2, device
         return [str(bin_dir / "litgpt"), litgpt_command(path), "--config", str(path), "--train.max_steps", str(steps)]
     if tool == "llama-factory":
         return [python, str(Path(__file__).resolve()), "run-llama-factory", str(path), str(steps)]
-    return [str(bin_dir / "axolotl"), "train", str(path), f"--max-steps={steps}"]
+    # `axolotl train FILE` relaunches itself through `accelerate launch`; its train module is the
+    # one-process path that command ends in
+    return [python, "-m", "axolotl.cli.train", str(path), f"--max-steps={steps}"]
 
 
 def run_llama_factory(path: Path, steps: int) -> None:

@@ -74,8 +74,6 @@ def short_run(tool: str, case: str, path: Path, python: Path) -> dict:
 
     device = "cpu" if case == "qlora" and tool in CPU_QLORA else None
     argv = short_run_command(tool, path, str(python), steps=2, device=device)
-    if tool == "axolotl":  # axolotl's CLI launches through accelerate; its train module is the one-process path
-        argv = [str(python), "-m", "axolotl.cli.train", str(path), "--max-steps=2"]
     start = time.monotonic()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=tool_env(python), cwd=path.parent,

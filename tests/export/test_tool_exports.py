@@ -7,6 +7,7 @@ nothing written. The short CPU runs are @slow here and in bench/tool_exports.py.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from trainfit.cli.main import main
 
 TOOLS = ("axolotl", "llama-factory", "torchtune", "litgpt")
 CASES = {"lora": ("lora", "cpu"), "qlora": ("qlora", "rtx-4090")}  # QLoRA plans need CUDA (bitsandbytes)
+PLANS = {**CASES, "dpo": ("dpo", "cpu")}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def exports(tiny_model, tmp_path_factory):
 
     def get(tool: str, case: str) -> Path:
         if (tool, case) not in done:
-            method, hardware = CASES[case]
+            method, hardware = PLANS[case]
             out = tmp_path_factory.mktemp(f"{tool}-{case}")
             rc = main(["plan", str(tiny_model), "--method", method, "--hardware", hardware, "--mode", "balanced",
                        "--out", str(out / "plan"), "--for", tool, "--no-probe", "--examples", "600"])
@@ -164,13 +166,30 @@ def test_the_tools_own_parser_loads_the_file(tool, case, exports):
         assert parsed["command"] == "finetune_lora" and parsed["data"] == "JSON" and parsed["lora_r"] == t["lora"]["rank"]
 
 
+@pytest.mark.parametrize("tool", ["axolotl", "llama-factory"])
+def test_the_tools_own_parser_loads_a_dpo_plan(tool, exports):
+    checks = _tool_checks()
+    if importlib.util.find_spec(checks.IMPORTS[tool].split(".")[0]) is None:
+        pytest.skip(f"{tool} is not installed in this environment (make test-tools installs it in its own)")
+    folder = exports(tool, "dpo")
+    parsed = checks.PARSERS[tool](folder / FILES[tool])
+    doc = _load(folder, FILES[tool])
+    if tool == "axolotl":
+        assert doc["rl"] == "dpo" and doc["datasets"][0]["type"] == "chatml.prompt_pairs"
+        assert parsed["micro_batch_size"] == _load(folder, "run.yaml")["training"]["micro_batch"]
+    else:
+        assert parsed["stage"] == "dpo" and doc["pref_beta"] == _load(folder, "run.yaml")["training"]["dpo_beta"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("tool", ["torchtune", "litgpt", "llama-factory"])
+@pytest.mark.parametrize("tool", ["axolotl", "torchtune", "litgpt", "llama-factory"])
 def test_a_short_cpu_run_of_the_lora_file_starts(tool, exports):
     checks = _tool_checks()
     if importlib.util.find_spec(checks.IMPORTS[tool].split(".")[0]) is None:
         pytest.skip(f"{tool} is not installed in this environment (make test-tools installs it in its own)")
     folder = exports(tool, "lora")
     argv = checks.short_run_command(tool, folder / FILES[tool], sys.executable, steps=2)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=folder)
+    env = {**os.environ, "AXOLOTL_DO_NOT_TRACK": "1", "DISABLE_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=folder, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -100,6 +100,9 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
         "lora_rank / lora_alpha: LLaMA-Factory's defaults are 8 / 2 x rank; the plan's are set",
         "template: picked from the model family; check it matches your data's chat format",
     ]
+    if t.num_gpus > 1 or doc.get("deepspeed"):
+        differs.insert(0, "run: FORCE_TORCHRUN=1 llamafactory-cli train llamafactory.yaml (LLaMA-Factory starts "
+                          "DeepSpeed and several GPUs only through torchrun)")
     if uses_fsdp(cfg):
         differs.append("FSDP: LLaMA-Factory shards with FSDP when started by `accelerate launch --config_file "
                        "accelerate.yaml` (beside this file): the sharding lives there, not in this file")

@@ -174,8 +174,10 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
                + (f" (with --nproc_per_node {t.num_gpus})" if t.num_gpus > 1 else ""),
                "loss: torchtune's configs use CEWithChunkedOutputLoss (less logits memory); the plan's "
                f"{'chunked' if t.loss == 'chunked' else 'standard'} loss is set, as the memory figure assumes",
-               "lora_attn_modules / apply_lora_to_mlp: torchtune's configs adapt q, v, output_proj and the MLP; the "
-               "plan's targets are set", "compile: False (torchtune's configs too); True is faster and smaller"]
+               "compile: False (torchtune's configs too); True is faster and smaller"]
+    if cfg.method in ("lora", "qlora"):
+        differs.append("lora_attn_modules / apply_lora_to_mlp: torchtune's configs adapt q, v, output_proj and the "
+                       "MLP; the plan's targets are set")
     if t.precision in ("bf16-mixed", "fp16-mixed"):
         differs.append(f"dtype {DTYPES[t.precision]}: torchtune has no autocast; the weights are {DTYPES[t.precision]} "
                        f"(trainfit's {t.precision} keeps fp32 master weights)")
