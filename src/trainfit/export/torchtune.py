@@ -30,7 +30,8 @@ DTYPES = {"fp32": "fp32", "bf16": "bf16", "bf16-mixed": "bf16", "fp16": "fp16", 
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
               "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit",
               "paged-adamw-32bit": "bitsandbytes.optim.PagedAdamW32bit", "sgd": "torch.optim.SGD",
-              "sgd-momentum": "torch.optim.SGD", "adafactor": "torch.optim.Adafactor", "lion": "bitsandbytes.optim.Lion"}
+              "sgd-momentum": "torch.optim.SGD", "adafactor": "torch.optim.Adafactor",
+              "lion": "bitsandbytes.optim.Lion"}
 
 
 def recipe(plan: ToolPlan) -> str:
@@ -75,6 +76,11 @@ def model_section(plan: ToolPlan) -> dict[str, Any]:
         raise BadInputError(f"--for torchtune: architecture {arch!r} has no torchtune builder here "
                             f"(written for: {', '.join(BUILDERS)})", hint="plan --for trl, axolotl or llama-factory")
     local = _local_config(cfg)
+    scaling = local.get("rope_scaling") or {}
+    if arch == "llama" and spec.family not in ("llama3.1", "llama3.2") and scaling.get("rope_type") != "llama3":
+        # torchtune's llama3_2 builder always applies Llama 3's RoPE scaling: right for Llama 3.1 / 3.2 only
+        raise BadInputError(f"--for torchtune: {spec.id} is a Llama without Llama 3.1's RoPE scaling; this export "
+                            "covers Llama 3.1 / 3.2 and Qwen2 / 2.5", hint="plan --for trl, axolotl or llama-factory")
     adapters = cfg.method in ("lora", "qlora")
     name = ("lora_" if adapters else "") + ("llama3_2" if arch == "llama" else "qwen2")
     model: dict[str, Any] = {"_component_": f"{BUILDERS[arch]}.{name}"}
@@ -84,13 +90,14 @@ def model_section(plan: ToolPlan) -> dict[str, Any]:
         model.update(lora_rank=lo.rank if lo else 16, lora_alpha=float(lo.alpha if lo else 32),
                      lora_dropout=lo.dropout if lo else 0.05, use_dora=bool(cfg.training.dora),
                      quantize_base=cfg.method == "qlora")
+    llama = arch == "llama"
     model.update(vocab_size=spec.vocab_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
                  num_kv_heads=spec.num_kv_heads, embed_dim=spec.hidden_size, intermediate_dim=spec.intermediate_size,
-                 max_seq_len=spec.max_position_embeddings, norm_eps=float(local.get("rms_norm_eps", 1e-5 if arch == "llama" else 1e-6)),
-                 rope_base=float(local.get("rope_theta", 500_000.0 if arch == "llama" else 1_000_000.0)),
+                 max_seq_len=spec.max_position_embeddings,
+                 norm_eps=float(local.get("rms_norm_eps", 1e-5 if llama else 1e-6)),
+                 rope_base=float(local.get("rope_theta", 500_000.0 if llama else 1_000_000.0)),
                  tie_word_embeddings=bool(spec.tie_embeddings))
-    if arch == "llama":
-        scaling = local.get("rope_scaling") or {}
+    if llama:
         model["scale_factor"] = int(scaling.get("factor", 32 if spec.family != "llama3.1" else 8))
     return model
 
