@@ -102,11 +102,14 @@ def markdown(doc: dict) -> str:
         else:
             started = f"no: {run['why']}"
         lines.append(f"| {row['tool']} | {row['case']} | {parsed} | {started} |")
-    lines += ["", "QLoRA plans are for an RTX 4090: bitsandbytes' 4-bit layers need CUDA, so Axolotl, LLaMA-Factory "
-              "and LitGPT stop on CPU (the error is recorded); torchtune quantises with torchao's NF4, which runs on "
-              "CPU with device=cpu. LLaMA-Factory's trainer imports torchaudio at import time and no torchaudio "
-              "build exists for torch 2.13.0, so bench/tool_checks.py starts it with an empty torchaudio module "
-              "(no audio is read).", ""]
+    lines += ["", "The QLoRA files are for the plan's RTX 4090 (bitsandbytes 4-bit weights, and there bf16 weights and "
+              "flash-attention 2 where the plan chose them): on this CPU machine Axolotl, LLaMA-Factory and LitGPT stop "
+              "at the first GPU-only requirement they meet (the error above); torchtune quantises with torchao's NF4, "
+              "which runs on CPU, given device=cpu on its command line. A GPU plan's LLaMA-Factory file is parsed by "
+              "its HfArgumentParser with TrainingArguments told that bf16 runs (as on the plan's GPU); get_train_args' "
+              "own checks ask the machine it runs on. LLaMA-Factory's trainer imports torchaudio at import time and no "
+              "torchaudio build exists for torch 2.13.0, so bench/tool_checks.py starts it with an empty torchaudio "
+              "module (no audio is read).", ""]
     return "\n".join(lines)
 
 
@@ -126,7 +129,7 @@ def main() -> None:
     ap.add_argument("--venvs", default=str(ROOT / ".venv-tools"), help="folder of the per-tool environments")
     ap.add_argument("--no-runs", action="store_true", help="parse only; start no runs")
     args = ap.parse_args()
-    venvs = Path(args.venvs)
+    venvs = Path(args.venvs).resolve()  # the runs start in the plan folders
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny-qwen2"

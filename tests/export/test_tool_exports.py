@@ -196,3 +196,10 @@ def test_a_short_cpu_run_of_the_lora_file_starts(tool, exports):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=folder, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_pipeline_plan_is_not_written_for_another_tool(tmp_path, capsys):
+    assert main(["plan", "Qwen/Qwen2.5-0.5B", "--pipeline", "sft+dpo", "--hardware", "rtx-4090", "--for", "axolotl",
+                 "--out", str(tmp_path / "plan"), "--no-probe"]) == 2
+    assert "--pipeline plan is written for trainfit's own run" in capsys.readouterr().err
+    assert not (tmp_path / "plan").exists()
