@@ -35,7 +35,8 @@ QUICK = {
 
 
 ON_REQUEST = ("cuda_memory", "cuda_speed",  # need a CUDA machine; see bench/README.md
-              "litgpt_meta_trace")  # needs litgpt installed
+              "litgpt_meta_trace",  # needs litgpt installed
+              "tool_exports")  # needs the tools' environments (make test-tools)
 
 
 def scripts() -> list[str]:

@@ -1,7 +1,7 @@
 """`plan --for TOOL` for Axolotl, LLaMA-Factory, torchtune and LitGPT, each in its own environment:
 a LoRA plan (this CPU machine) and a QLoRA plan (an RTX 4090: bitsandbytes 4-bit needs CUDA) of a
-tiny random Qwen2 checkpoint (bench/tiny_checkpoint.py), each exported file loaded by the tool's own
-parser (bench/tool_checks.py) and a two-step run of it started on CPU.
+tiny random Qwen2 checkpoint (bench/_tiny_checkpoint.py), each exported file loaded by the tool's own
+parser (bench/_tool_checks.py) and a two-step run of it started on CPU.
 
 The environments are those `make test-tools` builds (.venv-tools/<tool>: the tool at the release
 named there, beside the test environment's torch 2.13.0 CPU). A QLoRA file is run on CPU only where
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from _results import write_results  # noqa: E402
-from tool_checks import FILES  # noqa: E402
+from _tool_checks import FILES  # noqa: E402
 
 TOOLS = ("axolotl", "llama-factory", "torchtune", "litgpt")
 CASES = {"lora": ("lora", "cpu"), "qlora": ("qlora", "rtx-4090")}
@@ -62,7 +62,7 @@ def plan(tool: str, case: str, model: Path, out: Path) -> Path:
 
 
 def parse(tool: str, path: Path, python: Path) -> dict:
-    done = subprocess.run([str(python), str(ROOT / "bench" / "tool_checks.py"), "parse", tool, str(path)],
+    done = subprocess.run([str(python), str(ROOT / "bench" / "_tool_checks.py"), "parse", tool, str(path)],
                           capture_output=True, text=True, env=tool_env(python), timeout=600)
     if done.returncode == 0:
         return {"parsed": True, "parsed_as": json.loads(done.stdout.strip().splitlines()[-1])}
@@ -70,7 +70,7 @@ def parse(tool: str, path: Path, python: Path) -> dict:
 
 
 def short_run(tool: str, case: str, path: Path, python: Path) -> dict:
-    from tool_checks import short_run_command
+    from _tool_checks import short_run_command
 
     device = "cpu" if case == "qlora" and tool in CPU_QLORA else None
     argv = short_run_command(tool, path, str(python), steps=2, device=device)
@@ -108,7 +108,7 @@ def markdown(doc: dict) -> str:
               "which runs on CPU, given device=cpu on its command line. A GPU plan's LLaMA-Factory file is parsed by "
               "its HfArgumentParser with TrainingArguments told that bf16 runs (as on the plan's GPU); get_train_args' "
               "own checks ask the machine it runs on. LLaMA-Factory's trainer imports torchaudio at import time and no "
-              "torchaudio build exists for torch 2.13.0, so bench/tool_checks.py starts it with an empty torchaudio "
+              "torchaudio build exists for torch 2.13.0, so bench/_tool_checks.py starts it with an empty torchaudio "
               "module (no audio is read).", ""]
     return "\n".join(lines)
 
@@ -134,7 +134,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny-qwen2"
         litgpt_py = venvs / "litgpt" / "bin" / "python"
-        subprocess.run([str(litgpt_py), str(ROOT / "bench" / "tiny_checkpoint.py"), str(model)], check=True,
+        subprocess.run([str(litgpt_py), str(ROOT / "bench" / "_tiny_checkpoint.py"), str(model)], check=True,
                        env=tool_env(litgpt_py), capture_output=True)
         for tool in TOOLS:
             python = venvs / tool / "bin" / "python"
@@ -146,7 +146,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row)[:400], file=sys.stderr)
     doc = {"command": "python bench/tool_exports.py" + (" --no-runs" if args.no_runs else ""),
-           "model": "tiny random Qwen2 (bench/tiny_checkpoint.py: 2 layers, hidden 128, 384-token BPE)",
+           "model": "tiny random Qwen2 (bench/_tiny_checkpoint.py: 2 layers, hidden 128, 384-token BPE)",
            "versions": versions(venvs), "rows": rows}
     write_results(ROOT / "bench" / "results", "tool_exports", doc, markdown(doc))
 

@@ -25,9 +25,9 @@ PLANS = {**CASES, "dpo": ("dpo", "cpu")}
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     pytest.importorskip("transformers", reason="the tiny checkpoint is built with transformers")
-    import tiny_checkpoint
+    import _tiny_checkpoint
 
-    return tiny_checkpoint.build(tmp_path_factory.mktemp("tiny-qwen2"))
+    return _tiny_checkpoint.build(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +140,16 @@ def test_hub_model_plans_name_the_download_step(tmp_path):
 
 # ---- the tools' own parsers (run where the tool is installed: make test-tools) ----------------------
 
-def _tool_checks():
-    import tool_checks
+def _checks():
+    import _tool_checks
 
-    return tool_checks
+    return _tool_checks
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("tool", TOOLS)
 def test_the_tools_own_parser_loads_the_file(tool, case, exports):
-    checks = _tool_checks()
+    checks = _checks()
     if importlib.util.find_spec(checks.IMPORTS[tool].split(".")[0]) is None:
         pytest.skip(f"{tool} is not installed in this environment (make test-tools installs it in its own)")
     folder = exports(tool, case)
@@ -168,7 +168,7 @@ def test_the_tools_own_parser_loads_the_file(tool, case, exports):
 
 @pytest.mark.parametrize("tool", ["axolotl", "llama-factory"])
 def test_the_tools_own_parser_loads_a_dpo_plan(tool, exports):
-    checks = _tool_checks()
+    checks = _checks()
     if importlib.util.find_spec(checks.IMPORTS[tool].split(".")[0]) is None:
         pytest.skip(f"{tool} is not installed in this environment (make test-tools installs it in its own)")
     folder = exports(tool, "dpo")
@@ -187,7 +187,7 @@ def test_the_tools_own_parser_loads_a_dpo_plan(tool, exports):
 @pytest.mark.slow
 @pytest.mark.parametrize("tool", ["axolotl", "torchtune", "litgpt", "llama-factory"])
 def test_a_short_cpu_run_of_the_lora_file_starts(tool, exports):
-    checks = _tool_checks()
+    checks = _checks()
     if importlib.util.find_spec(checks.IMPORTS[tool].split(".")[0]) is None:
         pytest.skip(f"{tool} is not installed in this environment (make test-tools installs it in its own)")
     folder = exports(tool, "lora")

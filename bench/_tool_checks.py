@@ -1,6 +1,6 @@
 """Load an exported tool config with that tool's own parser, and the command that starts a short
 run of it on CPU. Used by tests/export/test_tool_exports.py (in-process, when the tool is
-importable) and bench/tool_exports.py (in each tool's own environment: python bench/tool_checks.py
+importable) and bench/tool_exports.py (in each tool's own environment: python bench/_tool_checks.py
 parse TOOL FILE prints one JSON line).
 
 The parsers:
