@@ -30,20 +30,24 @@ def template(plan: ToolPlan) -> str:
 
 
 def dataset_info(plan: ToolPlan) -> dict[str, Any]:
+    """One dataset_info.json entry per data file (llamafactory.yaml's dataset names them all)."""
     cfg = plan.cfg
     fmt = data_format(cfg)
+    entries = {}
     paths = data_files(cfg)
-    entry: dict[str, Any] = {"file_name": paths[0] if len(paths) == 1 else paths[0].rsplit("/", 1)[0]}
-    if fmt == "chat":
-        entry.update(formatting="sharegpt", columns={"messages": cfg.data.messages_column},
-                     tags={"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                           "assistant_tag": "assistant", "system_tag": "system"})
-    elif fmt == "preference":
-        entry.update(ranking=True, columns={"prompt": cfg.data.prompt_column, "chosen": cfg.data.chosen_column,
-                                            "rejected": cfg.data.rejected_column})
-    else:
-        entry["columns"] = {"prompt": cfg.data.text_column}
-    return {DATASET_NAME: entry}
+    for i, path in enumerate(paths):
+        entry: dict[str, Any] = {"file_name": path}
+        if fmt == "chat":
+            entry.update(formatting="sharegpt", columns={"messages": cfg.data.messages_column},
+                         tags={"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                               "assistant_tag": "assistant", "system_tag": "system"})
+        elif fmt == "preference":
+            entry.update(ranking=True, columns={"prompt": cfg.data.prompt_column, "chosen": cfg.data.chosen_column,
+                                                "rejected": cfg.data.rejected_column})
+        else:
+            entry["columns"] = {"prompt": cfg.data.text_column}
+        entries[DATASET_NAME if len(paths) == 1 else f"{DATASET_NAME}_{i}"] = entry
+    return entries
 
 
 def _stage(plan: ToolPlan) -> str:
@@ -73,7 +77,7 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
             doc.update(quantization_type="nf4", double_quantization=t.quant == "nf4-dq")
     if cfg.method == "dpo":
         doc.update(pref_beta=t.dpo_beta, pref_loss="sigmoid")
-    doc.update(dataset=DATASET_NAME, dataset_dir=str(plan.folder), template=template(plan), cutoff_len=t.seq_len,
+    doc.update(dataset=",".join(dataset_info(plan)), dataset_dir=str(plan.folder), template=template(plan), cutoff_len=t.seq_len,
                packing=bool(cfg.data.packing), overwrite_cache=True, val_size=0.0)
     doc.update(output_dir=run_dir(plan, "llama-factory"), logging_steps=cfg.logging.every_steps,
                save_steps=cfg.checkpointing.every_steps, save_total_limit=cfg.checkpointing.keep_last,
