@@ -17,6 +17,8 @@ import yaml
 
 from trainfit.cli.main import main
 
+from .conftest import make_cfg
+
 TOOLS = ("axolotl", "llama-factory", "torchtune", "litgpt")
 CASES = {"lora": ("lora", "cpu"), "qlora": ("qlora", "rtx-4090")}  # QLoRA plans need CUDA (bitsandbytes)
 PLANS = {**CASES, "dpo": ("dpo", "cpu")}
@@ -203,3 +205,37 @@ def test_a_pipeline_plan_is_not_written_for_another_tool(tmp_path, capsys):
                  "--out", str(tmp_path / "plan"), "--no-probe"]) == 2
     assert "--pipeline plan is written for trainfit's own run" in capsys.readouterr().err
     assert not (tmp_path / "plan").exists()
+
+
+def _lora_plan(targets, tmp_path):
+    from trainfit.core.model_catalog import resolve_model
+    from trainfit.export.tools import ToolPlan
+
+    cfg = make_cfg("lora", model={"id": "Qwen/Qwen2.5-0.5B", "weights": "hub", "shape": None},
+                   training={"lora": {"rank": 8, "alpha": 16, "target_modules": targets}})
+    return ToolPlan(cfg=cfg, spec=resolve_model("Qwen/Qwen2.5-0.5B"), folder=tmp_path, header_lines=["test"])
+
+
+@pytest.mark.parametrize("targets,torchtune,litgpt", [
+    (["q_proj", "v_proj"], (["q_proj", "v_proj"], False, False), {"lora_query", "lora_value"}),
+    (["all-linear"], (["q_proj", "k_proj", "v_proj", "output_proj"], True, False),
+     {"lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp"}),
+    (["o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"], (["output_proj"], True, True),
+     {"lora_projection", "lora_mlp", "lora_head"}),
+])
+def test_lora_targets_map_to_torchtune_and_litgpt_keys(targets, torchtune, litgpt, tmp_path):
+    from trainfit.export import litgpt_config
+    from trainfit.export import torchtune as tt
+
+    plan = _lora_plan(targets, tmp_path)
+    keys = tt.lora_keys(plan)
+    assert (keys["lora_attn_modules"], keys["apply_lora_to_mlp"], keys["apply_lora_to_output"]) == torchtune
+    assert {k for k, on in litgpt_config.lora_switches(plan).items() if on} == litgpt
+
+
+def test_a_target_torchtune_cannot_express_is_refused(tmp_path):
+    from trainfit.errors import BadInputError
+    from trainfit.export import torchtune as tt
+
+    with pytest.raises(BadInputError, match="whole MLP or none"):
+        tt.lora_keys(_lora_plan(["q_proj", "up_proj"], tmp_path))
