@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="HUB_ID", help="a Hub dataset ('owner/name' or 'owner/name:config'): its "
                    "size metadata plans streaming vs download, the cache and the token budget")
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
+    p.add_argument("--launcher", action="append", metavar="ENGINE", help="with --out: also write the job spec for "
+                   "slurm (slurm.sbatch), skypilot (skypilot.yaml, skypilot-job.yaml) or kubernetes (pytorchjob.yaml), "
+                   "repeatable; docs: README 'Running on a cluster'")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     from trainfit.cli import plan_probe
@@ -119,6 +122,7 @@ def build_request(args: argparse.Namespace, hardware=None):
     for m in modes:
         if m not in MODES:
             raise BadInputError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    _launchers(args)
     if args.out is not None:
         from trainfit.validate import output_dir
 
@@ -223,8 +227,21 @@ def invoked(args: argparse.Namespace) -> str:
     return command_line(argv[argv.index("plan") + 1:])
 
 
+def _launchers(args: argparse.Namespace) -> tuple[str, ...]:
+    """--launcher ENGINE (repeatable), checked before planning."""
+    from trainfit.export.cluster_job import LAUNCHERS
+
+    given = tuple(dict.fromkeys(getattr(args, "launcher", None) or ()))
+    for name in given:
+        if name not in LAUNCHERS:
+            raise BadInputError(f"--launcher: {short_repr(name)} is not one of {', '.join(LAUNCHERS)}")
+    if given and getattr(args, "out", None) is None:
+        raise BadInputError("--launcher: writes a job spec next to launch.sh; give --out DIR too")
+    return given
+
+
 def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str,
-                  flag: str = "--out") -> dict[str, list[str]]:
+                  flag: str = "--out", launchers: tuple[str, ...] = ()) -> dict[str, list[str]]:
     """Render every mode's files first (all validated), then publish them all in one step
     (trainfit.export.publish.write_tree); returns mode -> paths."""
     from trainfit.export.plan_files import plan_files
@@ -235,7 +252,7 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
     rendered = {}
     for mp in plan.modes:
         if mp.fits:
-            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode)
+            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode, launchers=launchers)
     if not rendered:
         return {}
     written = write_tree(out_dir, rendered, force=force, flag=flag)
@@ -243,6 +260,9 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pipeline is not None and getattr(args, "launcher", None):
+        raise BadInputError("--launcher: writes one run's job spec; a --pipeline runs its phases in order, "
+                            "so plan each phase with --launcher")
     if args.pipeline is not None:  # phases in order, one meta-config per mode (cli/plan_pipeline.py)
         from trainfit.cli.plan_pipeline import run as run_pipeline
 
@@ -256,11 +276,12 @@ def run(args: argparse.Namespace) -> int:
     files: dict[str, list[str]] = {}
     if args.out is not None:
         files = write_exports(result, req, Path(args.out), force=args.force, data=_data(args.data),
-                              command=invoked(args))
+                              command=invoked(args), launchers=_launchers(args))
     if args.json:
         from trainfit.cli.output import print_json
 
         doc = plan_document(result, files)
+        doc["cluster"] = cluster_document(req.hardware)
         if probe is not None:
             doc["probe"] = probe
         print_json(doc)
@@ -275,6 +296,11 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"[dim]{result.rates['text']}[/]")
         out.print("")
         render_plan(result, out, files=files)
+        cluster = cluster_document(req.hardware)
+        if cluster is not None:
+            out.print(f"[bold]cluster[/] ({cluster['network']}): " + " ".join(
+                f"{v['name']}={v['value']}" if v["value"] is not None else v["name"] for v in cluster["env"]))
+            out.print(f"[dim]{cluster['checkpoint_dir']}[/]")
         plan_probe.render(probe, out)
     return EXIT_OK if any(m.fits for m in result.modes) else EXIT_DOES_NOT_FIT
 
@@ -294,6 +320,23 @@ def _data(paths: list[str] | None) -> list[str] | None:
             raise BadInputError(f"--data: {p} does not exist")
         out.append(str(path.resolve()))
     return out
+
+
+def cluster_document(hw) -> dict | None:
+    """A multi-node plan's rendezvous, interface and fabric variables (core.cluster_env) and the
+    shared-storage rule for its checkpoints; None on one node."""
+    if hw.node_count <= 1:
+        return None
+    from dataclasses import asdict
+
+    from trainfit.core.cluster_env import cluster_env
+    from trainfit.core.network_catalog import get_network
+
+    network = get_network(hw.nodes.network) if hw.nodes.network else None
+    return {"network": network.id if network else None, "env": [asdict(v) for v in cluster_env(network)],
+            "checkpoint_dir": "TRAINFIT_CHECKPOINT_DIR: the run directory (checkpoints) must be on storage every "
+                              "node mounts; trainfit train refuses a node-local one (relative, /tmp, /local, "
+                              "/scratch-local, ..., or a local filesystem type)"}
 
 
 def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:

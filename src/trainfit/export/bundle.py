@@ -86,12 +86,14 @@ def precision_lines(cfg: RunConfig, class_name: str) -> list[str]:
 
 
 def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int, device: str,
-                 run_config_text: str, transformers_major: int | None = None) -> dict[str, str]:
+                 run_config_text: str, transformers_major: int | None = None, network=None) -> dict[str, str]:
     """File name -> full text for one configuration run as num_processes processes on device.
 
     device: the resolved device (cpu, cuda, mps). transformers_major: the Transformers major
     version the files are for (FSDP and checkpointing argument forms); default: the installed
     one, or trainfit.export.versions.TRANSFORMERS_MAJOR_DEFAULT without Transformers.
+    network: several nodes: the NetworkSpec between them, whose NCCL / EFA variables launch.sh sets
+    (trainfit.core.cluster_env; None: plain Ethernet).
     """
     major = installed_transformers_major() if transformers_major is None else transformers_major
     eng = engine(cfg, num_processes=num_processes)
@@ -144,10 +146,12 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
                   "copied (or shared) there:",
                   "  node 0:  NODE_RANK=0 MASTER_ADDR=<node 0's address> [MASTER_PORT=29500] ./launch.sh",
                   f"  node R:  NODE_RANK=R MASTER_ADDR=<node 0's address> [MASTER_PORT=29500] ./launch.sh  "
-                  f"(R = {'1' if nodes == 2 else f'1..{nodes - 1}'})"]
+                  f"(R = {'1' if nodes == 2 else f'1..{nodes - 1}'})",
+                  "  with TRAINFIT_CHECKPOINT_DIR=<a directory every node mounts> on every node: the run directory is "
+                  f"$TRAINFIT_CHECKPOINT_DIR/{run_dir} (checkpoints a --resume reads on every node)"]
     files[LAUNCH_FILE] = ("#!/usr/bin/env bash\n" + _comments(_header_lines(header_lines, about)) + "set -euo pipefail\n"
         + 'cd "$(dirname "${BASH_SOURCE[0]}")"  # the files below are named relative to this folder\n'
-        + (node_preamble(nodes) if nodes > 1 else "")
+        + (node_preamble(nodes, network) if nodes > 1 else "")
         + f'{command} "$@"\n')
     return files
 

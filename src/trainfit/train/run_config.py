@@ -158,6 +158,9 @@ class ScheduleConfig:
 class CheckpointConfig:
     every_steps: int = 100
     keep_last: int = 2
+    # A multi-node run's run directory must be shared storage (shared_storage_errors); true: the
+    # user vouches for storage the rule cannot see is shared.
+    allow_node_local: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,7 @@ class RunConfig:
         data = self.to_dict()
         data.pop("logging", None)
         data["checkpointing"].pop("keep_last", None)
+        data["checkpointing"].pop("allow_node_local", None)  # where checkpoints live, not what they hold
         data.pop("safety", None)  # pauses and extra checkpoints do not change a loss either
         data.pop("monitoring", None)  # watching a run does not change it
         data["data"] = data_hash_view(data["data"], self.method)  # workers, caches: speed, not maths
@@ -526,6 +530,21 @@ def _bound_errors(cfg: RunConfig) -> list[str]:
         errs += section_problems(section, path)
     errs += section_problems(cfg.safety, "safety")
     return errs
+
+
+def shared_storage_errors(cfg: RunConfig, run_dir: str) -> list[str]:
+    """A multi-node run's run directory (`trainfit train --out`) must be storage every node shares:
+    each rank reads the checkpoint from it on --resume (the rule: trainfit.train.shared_storage)."""
+    if cfg.training.num_nodes <= 1 or cfg.checkpointing.allow_node_local:
+        return []
+    from trainfit.train.shared_storage import node_local_reason
+
+    reason = node_local_reason(str(run_dir))
+    if reason is None:
+        return []
+    return [f"--out {run_dir}: training.num_nodes {cfg.training.num_nodes} needs the run directory (its checkpoints) "
+            f"on storage every node mounts, and {reason}; give --out a shared directory (NFS, Lustre, a bucket "
+            "mount, a ReadWriteMany volume), or set checkpointing.allow_node_local: true if it is shared"]
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -224,6 +224,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     for key in ("logging", "safety", "monitoring"):
         data.pop(key, None)
     data["checkpointing"].pop("keep_last", None)
+    data["checkpointing"].pop("allow_node_local", None)  # added later; where checkpoints live, not their maths
     # Keys that did not exist when this hash was written: left out while at their default.
     for section, cls, keys in (("training", TrainingConfig, LEGACY_ABSENT_TRAINING), ("data", DataConfig, LEGACY_ABSENT_DATA)):
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -518,6 +519,10 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     rank, world_size = world()
     log = log or (lambda m: None)
     say = log if rank == 0 else (lambda m: None)
+    from trainfit.train.run_config import shared_storage_errors
+
+    for problem in shared_storage_errors(cfg, str(run_dir)):  # before anything is read or written
+        raise BadInputError(problem)
     run_dir = Path(run_dir).resolve()
     user_cfg = cfg
     requests = _recovery_requests(run_dir, user_cfg) if recover else []
