@@ -1,6 +1,6 @@
 """Regenerate tests/export/data/sbatch_options.txt: every long option sbatch documents, from its man page.
 
-    python bench/sbatch_options_from_man.py SBATCH_1_FILE COMMIT
+    python bench/_sbatch_options_from_man.py SBATCH_1_FILE COMMIT
 
 SBATCH_1_FILE: doc/man/man1/sbatch.1 of the Slurm source (https://github.com/SchedMD/slurm), the
 page published as https://slurm.schedmd.com/sbatch.html. An option is a `.TP` paragraph whose
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     head = ["# sbatch's documented long options: NAME VALUE (required | optional | none)",
             "# source: the sbatch man page, https://slurm.schedmd.com/sbatch.html, as doc/man/man1/sbatch.1 of",
             f"# https://github.com/SchedMD/slurm at commit {commit} (read 2026-11-28)",
-            "# regenerate: python bench/sbatch_options_from_man.py sbatch.1 COMMIT"]
+            "# regenerate: python bench/_sbatch_options_from_man.py sbatch.1 COMMIT"]
     OUT.write_text("\n".join(head + [f"{k} {v}" for k, v in sorted(options.items())]) + "\n", encoding="utf-8")
     print(f"{len(options)} options -> {OUT}")
     return 0
