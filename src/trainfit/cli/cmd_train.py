@@ -54,6 +54,10 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
         return train_pipeline_file(config, out, resume=resume, max_steps=max_steps, verify=verify, quiet=quiet, log=log)
     cfg = load_run_config(config)  # a bad config is named first: it is the first thing to fix
     check_out()
+    from trainfit.train.run_config import shared_storage_errors
+
+    for problem in shared_storage_errors(cfg, out or default_run_dir(config)):  # several nodes: shared storage
+        raise BadInputError(problem)
     report = None
     if verify:
         from trainfit.cli.cmd_verify import render_report

@@ -37,10 +37,8 @@ MOUNTS_FILE = "/proc/mounts"
 
 
 def _under(path: str, root: str) -> bool:
-    if root.endswith("*"):
-        stem = root[:-1]
-        head = path[len(stem):].split("/", 1)[0] if path.startswith(stem) else None
-        return head is not None and path[:len(stem)].rsplit("/", 1)[0] == stem.rsplit("/", 1)[0]
+    if root.endswith("*"):  # /mnt/nvme* : /mnt/nvme, /mnt/nvme0, /mnt/nvme0n1/...
+        return path.startswith(root[:-1])
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -69,10 +67,13 @@ def mount_of(path: str, mounts_text: str) -> tuple[str, str] | None:
     return best
 
 
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
+def _real(path: Path) -> Path:
+    """`path` with the links of its nearest existing ancestor resolved (the rest is not created yet)."""
+    head, rest = path, []
+    while not head.exists() and head != head.parent:
+        rest.insert(0, head.name)
+        head = head.parent
+    return head.resolve().joinpath(*rest)
 
 
 def node_local_reason(path: str, mounts_text: str | None = None) -> str | None:
@@ -85,7 +86,7 @@ def node_local_reason(path: str, mounts_text: str | None = None) -> str | None:
             mounts_text = Path(MOUNTS_FILE).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None  # not Linux: rules 1 and 2 only
-    real = str(_existing(Path(path)).resolve())
+    real = str(_real(Path(os.path.normpath(path))))
     mount = mount_of(real, mounts_text)
     if mount is not None and mount[1] in LOCAL_FS_TYPES:
         return f"it is on {mount[0]}, a {mount[1]} filesystem: one machine's own storage"
