@@ -123,7 +123,8 @@ def test_sbatch_script_is_valid_bash_with_documented_options(two_nodes):
     # 2e9 tokens: the plan's predicted hours x 1.2 + 15 min, whole minutes
     assert re.fullmatch(r"0-00:[0-9]{2}:00", options["time"]) and options["mem"].endswith("G")
     text = path.read_text()
-    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
+    assert 'HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"' in text
+    assert 'MASTER_ADDR="${HOSTS%%$\'\\n\'*}"' in text
     assert 'NODE_RANK="$SLURM_NODEID" exec ./launch.sh --resume --out "$TRAINFIT_CHECKPOINT_DIR/runs/balanced"' in text
 
 

@@ -46,7 +46,7 @@ SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "oci", "ibm", "flu
 
 RUN = f"""set -euo pipefail
 export NODE_RANK="$SKYPILOT_NODE_RANK"
-MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n 1)"
+MASTER_ADDR="${{SKYPILOT_NODE_IPS%%$'\\n'*}}"  # the first line: node 0
 export MASTER_ADDR MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"
 if [ "$SKYPILOT_NUM_NODES" != "{{nodes}}" ]; then
   echo "trainfit: this plan is for {{nodes}} node(s), SkyPilot started $SKYPILOT_NUM_NODES" >&2; exit 2

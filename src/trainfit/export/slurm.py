@@ -2,7 +2,7 @@
 
 One task per node (`srun --ntasks-per-node=1`) runs launch.sh, which starts that node's training
 processes (torchrun / accelerate launch); NODE_RANK is the task's SLURM_NODEID and MASTER_ADDR the
-first host of the allocation (`scontrol show hostnames "$SLURM_JOB_NODELIST"`). The plan folder is
+first host of the allocation (`scontrol show hostnames "$SLURM_JOB_NODELIST"`, first line). The plan folder is
 the submit directory (SLURM_SUBMIT_DIR), which every node must see; the run directory defaults to
 it too (TRAINFIT_CHECKPOINT_DIR, overridable: `sbatch --export=ALL,TRAINFIT_CHECKPOINT_DIR=/shared/x`).
 
@@ -65,7 +65,8 @@ def sbatch_script(job: ClusterJob) -> str:
 PLAN_DIR="${{SLURM_SUBMIT_DIR:-$(pwd)}}"  # sbatch from the plan folder
 cd "$PLAN_DIR"
 export TRAINFIT_CHECKPOINT_DIR="${{TRAINFIT_CHECKPOINT_DIR:-$PLAN_DIR}}"
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"  # no pipe into head: pipefail would see SIGPIPE
+MASTER_ADDR="${{HOSTS%%$'\\n'*}}"  # the first host is node 0 (SLURM_NODEID 0)
 export MASTER_ADDR MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"
 echo "trainfit: job ${{SLURM_JOB_ID:-?}} start ${{SLURM_RESTART_COUNT:-0}}: {job.num_nodes} node(s), node 0 $MASTER_ADDR:$MASTER_PORT" >&2
 
