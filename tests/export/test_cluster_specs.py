@@ -226,3 +226,39 @@ def test_bad_launcher_is_refused_before_planning(tmp_path, capsys, argv, message
     assert main([*args, *extra]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------- network
+def test_plan_names_the_cluster_variables_for_the_network_in_json_and_launch_sh(tmp_path, capsys):
+    args = ["plan", "shape:125m", "--method", "pretrain", "--hardware", "2 nodes x 8x h100-sxm over efa-p5",
+            "--mode", "balanced", "--no-probe", "--json"]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    env = {v["name"]: v["value"] for v in doc["cluster"]["env"]}
+    assert doc["cluster"]["network"] == "efa-p5"
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1" and env["NCCL_IB_DISABLE"] == "1"
+    assert env["MASTER_PORT"] == "29500" and env["MASTER_ADDR"] is None and "GLOO_SOCKET_IFNAME" in env
+    assert "shared" in doc["cluster"]["checkpoint_dir"] or "every node" in doc["cluster"]["checkpoint_dir"]
+    launch = (tmp_path / "o" / "balanced" / "launch.sh").read_text()
+    assert 'export FI_PROVIDER="${FI_PROVIDER:-efa}"' in launch and "NCCL_IB_HCA" not in launch
+    assert main(["plan", "shape:125m", "--method", "pretrain", "--hardware", "8x h100-sxm", "--mode", "balanced",
+                 "--no-probe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"] is None
+
+
+def test_launch_sh_sets_the_interfaces_from_the_default_route_unless_given(two_nodes, tmp_path):
+    """The preamble alone (up to the launcher command), run with fake `ip` output."""
+    launch = (two_nodes / "launch.sh").read_text()
+    preamble = launch[:launch.index("accelerate launch")] + 'echo "$NCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"\n'
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ip").write_text("#!/bin/sh\necho 'default via 10.0.0.1 dev ens5 proto dhcp'\n")
+    (fake / "ip").chmod(0o755)
+    (tmp_path / "pre.sh").write_text(preamble)
+    base = {"PATH": f"{fake}:/usr/bin:/bin", "MASTER_ADDR": "10.0.0.2", "NODE_RANK": "1",
+            "TRAINFIT_CHECKPOINT_DIR": "/shared/x"}
+    run = subprocess.run(["bash", str(tmp_path / "pre.sh")], env=base, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ens5 ens5", run.stderr
+    run = subprocess.run(["bash", str(tmp_path / "pre.sh")], env={**base, "GLOO_SOCKET_IFNAME": "ib0"},
+                         capture_output=True, text=True)
+    assert run.stdout.strip() == "ens5 ib0"
