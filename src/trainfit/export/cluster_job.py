@@ -67,6 +67,7 @@ class ClusterJob:
     network: NetworkSpec | None
     run_dir: str  # runs/<name>, under TRAINFIT_CHECKPOINT_DIR
     provider: str | None = None  # the --flavor's cloud
+    flavor_id: str | None = None  # the --flavor (an instance type on AWS / GCP / Azure)
     plan_files: dict[str, str] = field(default_factory=dict)  # the folder launch.sh runs in
 
     @property
@@ -143,15 +144,16 @@ def cluster_job(mp, req, *, run_dir: str, keep_last: int, header_lines: list[str
     width = 2 if s.precision in ("bf16", "fp16", "bf16-mixed", "fp16-mixed") else 4
     weights = (mp.params_total or 0) * width if mp.model is not None and mp.model.source != "shape" else 0
     source = hw.source or ""
-    provider = None
-    if source.startswith("flavor ") and "(" in source:
+    provider = flavor_id = None
+    if source.startswith("flavor ") and "(" in source:  # plan --flavor: "flavor ID (provider)"
+        flavor_id = source[len("flavor "):].rsplit("(", 1)[0].strip() or None
         provider = source.rsplit("(", 1)[1].rstrip(")").strip() or None
     return ClusterJob(
         name=job_name(mp.mode), header_lines=header_lines, num_nodes=nodes, gpus_per_node=per_node,
         gpu_id=hw.gpus[0].catalog_id if hw.gpus else None, cpus_per_node=max(1, per_node) * (1 + workers),
         mem_bytes_per_node=mp.host_ram_bytes, run_seconds=(mp.run.hours * 3600.0) if mp.run and mp.run.hours else None,
         checkpoint_bytes=ckpt, weights_bytes=weights, keep_last=keep_last, spot=getattr(req, "spot", None) is not None,
-        network=network, run_dir=run_dir, provider=provider, plan_files=plan_files)
+        network=network, run_dir=run_dir, provider=provider, flavor_id=flavor_id, plan_files=plan_files)
 
 
 def launcher_files(job: ClusterJob, launchers: list[str] | tuple[str, ...]) -> dict[str, str]:

@@ -16,7 +16,8 @@ with an error, trainfit.export.launch); the relaunch reads the bucket's last che
 
 Accelerators: the plan's GPU as SkyPilot names it (SKYPILOT_ACCELERATORS, from
 `sky show-gpus`; a GPU not there is refused with the reason). A --flavor from a cloud SkyPilot
-runs on pins `cloud:`. The bucket name is the job name plus "-checkpoints"; change
+runs on pins `cloud:`; its instance type is named in the header, not pinned: SkyPilot picks the
+instance for the accelerators itself, and checking an instance type needs its online catalog. The bucket name is the job name plus "-checkpoints"; change
 `envs.CHECKPOINT_BUCKET` (or `--env CHECKPOINT_BUCKET=...`) for a name of your own.
 """
 
@@ -98,7 +99,8 @@ def _about(job: ClusterJob, managed: bool) -> list[str]:
            "failures) and resumed from the bucket's last checkpoint"
            if managed else f"cd <this folder> && sky launch -c {job.name} {TASK_FILE}")
     return [f"SkyPilot task: {job.num_nodes} node(s) x {accelerators(job) or 'CPU'}"
-            + (", spot" if job.spot else "") + f"; disk {job.disk_gb} GB (image, weights, keep_last + 1 checkpoints staged)",
+            + (", spot" if job.spot else "") + (f" (planned as {job.flavor_id} on {job.provider})" if job.flavor_id else "")
+            + f"; disk {job.disk_gb} GB (image, weights, keep_last + 1 checkpoints staged)",
             f"  {how}",
             f"Checkpoints: the bucket $CHECKPOINT_BUCKET mounted at {CHECKPOINT_MOUNT} (TRAINFIT_CHECKPOINT_DIR)."]
 
