@@ -119,6 +119,10 @@ class TrainingConfig(TrainingSetup):
     precision: PrecisionMode | Literal["auto"] = "auto"
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dpo_beta: float = 0.1
+    # Runtime knobs of the knob table that are no TrainingSetup field (trainfit.core.knobs): a run
+    # is the installed versions, so the rules refuse them when set.
+    transformers_version: str | None = None
+    bitsandbytes_version: str | None = None
 
 
 # Training keys that say how the global batch is spread (GPUs, nodes, hybrid sharding) and how a
@@ -139,7 +143,16 @@ NOT_TRAINING_KEYS = ("method", "generate_tokens", "optimizer_impl", "bnb_keeps_i
                      "kbit_upcast", "autocast_16bit_weights", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state",
                      "logits_shift_copy", "logits_returned_fp32", "output_kept", "experts_fused",
                      "reentrant_checkpoint_around_fsdp_units", "cache_under_checkpointing", "model_code",
-                     "previous_step_kept", "fsdp_flat_params", "torch_compile")
+                     "previous_step_kept", "fsdp_flat_params", "torch_compile", "transformers_version",
+                     "bitsandbytes_version")
+
+
+def _knob_keys() -> set[str]:
+    """The `training:` keys the knob table declares (trainfit.core.knobs): read, then checked by its
+    rules (trainfit.core.knob_rules), which refuse what a run does not do."""
+    from trainfit.core.knobs import KNOBS
+
+    return {k.yaml_key.split(".")[1] for k in KNOBS if k.yaml_key.startswith("training.")}
 
 
 @dataclass(frozen=True)
@@ -306,8 +319,8 @@ def _build_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
     if not isinstance(raw, dict):
         errors.append(f"{path}: expected a mapping, got {type(raw).__name__}")
         return None
-    fields = {f.name: f for f in dataclasses.fields(cls)
-              if f.init and not (cls is TrainingConfig and f.name in NOT_TRAINING_KEYS)}
+    skipped = set(NOT_TRAINING_KEYS) - _knob_keys() if cls is TrainingConfig else set()
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skipped}
     hints = __import__("typing").get_type_hints(cls)
     errors.extend(unknown_keys(raw, fields, f"{path}."))
     kwargs: dict[str, Any] = {}
@@ -463,12 +476,9 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
     if s.max_steps is None and s.epochs is None:
         errs.append("schedule: give max_steps or epochs")
     errs.extend(_data_errors(cfg))
-    from trainfit.train.knob_refusals import sharding_knob_errors
+    from trainfit.core.knob_rules import run_config_problems
 
-    errs.extend(sharding_knob_errors(cfg))  # fsdp_strategy, offload, activation_offload, optimizer_in_backward
-    from trainfit.train.model_knob_refusals import model_knob_errors
-
-    errs.extend(model_knob_errors(cfg))  # loss, gptq/awq quant, dora, image_size, images_per_example
+    errs.extend(run_config_problems(cfg))  # the knob table's refusals, worded by key (trainfit.core.knob_rules)
     return errs
 
 

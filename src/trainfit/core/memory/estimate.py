@@ -24,15 +24,14 @@ from trainfit.core.memory.framework_effects import (BNB_QUANTS, cached_kv_bytes_
 from trainfit.core.memory.fsdp import (SHARDED_STRATEGIES, flat_root_bytes, gathered_by_phase, gathered_what,
                                        no_sync_applies)
 from trainfit.core.memory.inference import inference_components
-from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, model_dropout, quant_formats, vision
-from trainfit.core.memory.model_knob_checks import check_model_knobs
 from trainfit.core.memory.overheads import (ACTIVATION_PHASES, STEP_PHASES, cpu_capacity, gpu_capacity, margins,
                                            phase_pool_bytes, required_bytes)
 from trainfit.core.memory.paged_states import paged_note, paged_what
 from trainfit.core.memory.states import model_states, trained_param_bytes
 from trainfit.core.memory.stats import lora_stats, model_stats
+from trainfit.core import knob_rules  # a module: knob_rules imports core.memory in turn
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
@@ -47,9 +46,8 @@ EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                     hardware: HardwareProfile | None = None) -> MemoryEstimate:
     """Memory per device for `setup` on `model`; capacities from `hardware` when given."""
-    check_knobs(setup)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
+    knob_rules.check_knobs(setup, model)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
     check_setup(model, setup)
-    check_model_knobs(model, setup)
     text_tokens = setup.seq_len
     setup = vision.with_image_tokens(model, setup)  # image tokens join the language model's sequence
     untied = setup.model_code == "litgpt" and model.tie_embeddings
@@ -75,7 +73,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if model.architecture in EAGER_ONLY and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
-    if setup.quantize_lm_head and model.tie_embeddings:  # check_knobs refused it for a non-bitsandbytes quant
+    if setup.quantize_lm_head and model.tie_embeddings:  # knob_rules refused it for a non-bitsandbytes quant
         notes.append("the lm_head is tied to the embeddings: it stays 16-bit with them (--quantize-lm-head "
                      "quantises an lm_head of its own)")
     if quant_formats.experts_left_dense(st, setup):

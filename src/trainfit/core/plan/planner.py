@@ -180,9 +180,9 @@ def _check_image_knobs(req: PlanRequest) -> None:
     if req.model is None:
         raise BadInputError("--image-size / --images-per-example: pretraining from scratch plans a text model; "
                             "give a vision-language model (e.g. qwen2-vl-2b)")
-    from trainfit.core.memory.model_knob_checks import check_model_knobs
+    from trainfit.core.knob_rules import check_knobs
 
-    check_model_knobs(req.model, TrainingSetup(image_size=req.image_size, images_per_example=req.images_per_example))
+    check_knobs(TrainingSetup(image_size=req.image_size, images_per_example=req.images_per_example), req.model)
 
 
 class MemoryUnknownError(UnavailableError):
