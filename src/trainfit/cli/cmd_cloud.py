@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sft = full)")
     parser.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
     parser.add_argument("--examples", type=arg("examples"), help="examples (DPO: preference pairs) in the dataset")
-    parser.add_argument("--seq-len", type=arg("seq_len"), default=1024, help="tokens per example (default 1024)")
+    from trainfit.cli.knob_flags import add_knob_flags
+
+    add_knob_flags(parser, "cloud", only=("seq_len",))  # declared in trainfit.core.knobs
     parser.add_argument("--epochs", type=arg("epochs"), default=1.0, help="epochs (default 1)")
     parser.add_argument("--budget", type=arg("budget_usd"), help="most dollars to spend")
     parser.add_argument("--max-hours", type=arg("max_hours"), help="most hours the run may take")

@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", action="append", help=f"{', '.join(MODES)} (repeatable; default all three)")
     p.add_argument("--hardware", help="catalog machine ('rtx-4090', '2x a100-80gb', 'm2-16gb', 'cpu') or a profile "
                    "JSON; default: this machine")
-    p.add_argument("--seq-len", type=arg("seq_len"), help="tokens per example (default: each mode's range)")
+    from trainfit.cli.knob_flags import add_knob_flags
+
+    add_knob_flags(p, "plan", only=("seq_len",))  # declared in trainfit.core.knobs
     p.add_argument("--target-batch", type=arg("target_batch"), help="effective batch to keep (default: 16 / 32 / 64 by mode)")
     p.add_argument("--examples", type=arg("examples"), help="training examples (DPO: pairs)")
     p.add_argument("--pipeline", help="plan phases that run in order, joined by their hand-offs: sft+dpo, "

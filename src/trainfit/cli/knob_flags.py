@@ -77,3 +77,25 @@ class HelpAll(argparse.Action):
         print("\nknobs (flag, run-config key, valid values, default, level; runtime knobs: --runtime KEY=VALUE):")
         print(markdown_table("estimate"))
         parser.exit(0)
+
+
+START, END = "<!-- knobs:start -->", "<!-- knobs:end -->"
+
+
+def with_knob_table(readme: str) -> str:
+    """`readme` with the generated knob table between its markers (tests/memory/test_knob_table.py)."""
+    from trainfit.core.knobs import markdown_table
+
+    head, _, rest = readme.partition(START)
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}\n{markdown_table('estimate')}\n{END}{tail}"
+
+
+if __name__ == "__main__":  # python -m trainfit.cli.knob_flags README.md: regenerate the README's table
+    import sys
+    from pathlib import Path
+
+    from trainfit.files import write_atomic
+
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    write_atomic(path, with_knob_table(path.read_text()))
