@@ -54,17 +54,32 @@ CASES: dict[str, list[str]] = {
 
 
 def _digest(doc) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(_setups_reduced(doc), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _not_default(setup: dict) -> dict:
+    """A setup's fields that differ from TrainingSetup's defaults: a knob added later, at its
+    default, changes no recorded output."""
+    from trainfit.core.serde import to_jsonable
+    from trainfit.core.setup import TrainingSetup
+
+    default = to_jsonable(TrainingSetup())
+    return {k: v for k, v in setup.items() if k not in default or default[k] != v}
+
+
+def _setups_reduced(node):
+    if isinstance(node, dict):
+        return {k: _not_default(v) if k == "setup" and isinstance(v, dict) else _setups_reduced(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_setups_reduced(v) for v in node]
+    return node
 
 
 def compact(doc: dict) -> dict:
     """What a reader checks first, beside a digest of the whole document."""
     if "devices" in doc:  # estimate
-        from trainfit.core.serde import to_jsonable
-        from trainfit.core.setup import TrainingSetup
-
-        default = to_jsonable(TrainingSetup())
-        return {"fits": doc["fits"], "setup_not_default": {k: v for k, v in doc["setup"].items() if default.get(k) != v},
+        return {"fits": doc["fits"], "setup_not_default": _not_default(doc["setup"]),
                 "devices": [[d["device"], d["total_bytes"], d["tensor_peak_bytes"]] for d in doc["devices"]],
                 "nearest_changes": (doc["nearest_fitting"] or {}).get("changes"),
                 "step_seconds": (doc["run"] or {}).get("speed", {}).get("step_seconds")}
@@ -86,7 +101,8 @@ def run_case(argv: list[str]) -> dict:
     if out.getvalue().strip():
         doc = json.loads(out.getvalue())
         if argv[0] == "plan":  # the plan's text mentions timings of this machine: compare its modes only
-            doc = {"modes": [[m["mode"], m["setup"], m["memory_used_bytes"], m["fits"]] for m in doc["modes"]]}
+            doc = {"modes": [[m["mode"], _not_default(m["setup"]), m["memory_used_bytes"], m["fits"]]
+                             for m in doc["modes"]]}
         result["digest"] = _digest(doc)
         result["compact"] = compact(doc)
     return result

@@ -147,6 +147,13 @@ NOT_TRAINING_KEYS = ("method", "generate_tokens", "optimizer_impl", "bnb_keeps_i
                      "bitsandbytes_version")
 
 
+def _runtime_keys() -> tuple[str, ...]:
+    """The knob table's runtime knobs (refused when set), so a new one changes no config hash."""
+    from trainfit.core.knobs import RUNTIME_KNOBS
+
+    return tuple(k.yaml_key.split(".")[1] for k in RUNTIME_KNOBS)
+
+
 def _knob_keys() -> set[str]:
     """The `training:` keys the knob table declares (trainfit.core.knobs): read, then checked by its
     rules (trainfit.core.knob_rules), which refuse what a run does not do."""
@@ -247,7 +254,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         data = to_jsonable(self)
         data.pop("source", None)
-        for key in NOT_TRAINING_KEYS:
+        for key in NOT_TRAINING_KEYS + _runtime_keys():  # a run is trainfit's own runtime: never written
             data["training"].pop(key, None)
         return data
 
