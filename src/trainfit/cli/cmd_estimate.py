@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainfit.cli.knob_flags import HelpAll, add_knob_flags, add_runtime_flag, knob_values
+from trainfit.cli.knob_flags import HelpAll, add_knob_flags, add_runtime_flag, knob_values, wording
 from trainfit.core.knob_setup import setup_from_knobs
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
@@ -89,7 +89,8 @@ def _model(args: argparse.Namespace):
 
 def build_setup(args: argparse.Namespace, hardware, spec=None) -> TrainingSetup:
     """The command's flags as knob values, through the table, to the setup (core.knob_setup)."""
-    return setup_from_knobs(with_installed_versions(knob_values(args, "estimate"), args.hardware), hardware, spec)
+    values = with_installed_versions(knob_values(args, "estimate"), args.hardware)
+    return setup_from_knobs(values, hardware, spec, word=wording(args))
 
 
 def with_installed_versions(values: dict, named_hardware: str | None) -> dict:
@@ -428,4 +429,17 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("fp16 quant state")
     if setup.torch_compile:
         parts.append("torch.compile")
+    parts += _other_runtime_knobs(setup)
     return "".join(f", {p}" for p in parts)
+
+
+_NAMED_ABOVE = ("optimizer_impl", "output_kept", "previous_step_kept", "model_code", "fsdp_mixed_units", "kbit_upcast",
+                "autocast_16bit_weights", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "torch_compile")
+
+
+def _other_runtime_knobs(setup: TrainingSetup) -> list[str]:
+    """Runtime knobs set away from trainfit's own run that the header does not word yet, as KEY=VALUE."""
+    from trainfit.core.knobs import RUNTIME_KNOBS
+
+    return [f"{k.name}={getattr(setup, k.field)}" for k in RUNTIME_KNOBS
+            if k.field and k.field not in _NAMED_ABOVE and getattr(setup, k.field) != k.default]

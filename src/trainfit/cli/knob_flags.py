@@ -61,6 +61,14 @@ def knob_values(args: argparse.Namespace, front: str) -> dict[str, Any]:
     return values
 
 
+def wording(args: argparse.Namespace):
+    """How a message names a knob: `--runtime KEY` where the user gave it so, else its flag."""
+    from trainfit.core.knobs import flag_of
+
+    given = {item.partition("=")[0].strip().replace("-", "_") for item in getattr(args, "runtime", None) or []}
+    return lambda name: f"--runtime {name}" if name in given else flag_of(name)
+
+
 class HelpAll(argparse.Action):
     """`--help-all`: the help with every flag, then the knob table."""
 
