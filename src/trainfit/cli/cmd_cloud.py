@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainfit.cli.framework_arg import add_framework_argument, chosen, print_profile, profile_json
+from trainfit.core.frameworks import resolve_framework
 from trainfit.core.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
 from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, TRAIN_METHODS, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
@@ -34,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--setup-minutes", type=arg("setup_minutes"), default=DEFAULT_SETUP_MINUTES,
                         help=f"billed time before training starts (default {DEFAULT_SETUP_MINUTES:g})")  # fmt: skip
     parser.add_argument("--top", type=arg("top"), default=0, help="show only the first N rows (default all)")
+    add_framework_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -53,6 +56,7 @@ def cloud(
     spot: bool = False,
     global_batch: int = DEFAULT_GLOBAL_BATCH,
     setup_minutes: float = DEFAULT_SETUP_MINUTES,
+    framework: str | None = None,
 ) -> CloudRanking:
     """Python twin of `trainfit cloud`: the ranking it prints."""
     from trainfit.core.cloud_catalog import load_cloud_catalog
@@ -63,6 +67,8 @@ def cloud(
     method = parse_method("full" if method == "auto" else method, allowed=TRAIN_METHODS)  # auto: plan's name
     if dataset_tokens is not None and examples is not None:
         raise BadInputError("give either --dataset-tokens or --examples, not both")
+    if framework is not None:
+        resolve_framework(framework)  # a bad --framework fails before any work
     catalog = load_cloud_catalog(prices)  # bad price files fail before any model work
     spec = resolve_model(model)
     req = CloudRequest(
@@ -70,6 +76,7 @@ def cloud(
         workload=Workload(examples=examples, dataset_tokens=dataset_tokens, epochs=epochs),
         allow_fallback=allow_fallback, budget_usd=budget, max_hours=max_hours, global_batch=global_batch,
         setup_minutes=setup_minutes, spot=spot,
+        framework=None if framework is None else resolve_framework(framework),
     )  # fmt: skip
     return rank_flavors(req, catalog, flavor_ids=flavors)
 
@@ -79,14 +86,19 @@ def run(args: argparse.Namespace) -> int:
         args.model, method=args.method, dataset_tokens=args.dataset_tokens, examples=args.examples,
         seq_len=args.seq_len, epochs=args.epochs, budget=args.budget, max_hours=args.max_hours,
         prices=args.prices, flavors=args.flavor, allow_fallback=not args.no_fallback, spot=args.spot,
-        global_batch=args.global_batch, setup_minutes=args.setup_minutes,
+        global_batch=args.global_batch, setup_minutes=args.setup_minutes, framework=args.framework,
     )  # fmt: skip
+    framework = chosen(args, this_machine=False)
     if args.json:
         from trainfit.cli.output import print_json
+        from trainfit.core.serde import to_jsonable
 
-        print_json(ranking)
+        doc = to_jsonable(ranking)
+        doc["framework"] = profile_json(framework)
+        print_json(doc)
     else:
         _render(ranking, args.top)
+        print_profile(framework)
     if ranking.cheapest is None:
         from trainfit.cli.output import say
 

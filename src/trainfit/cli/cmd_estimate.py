@@ -11,6 +11,7 @@ import typing
 
 from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
     LoraSettings, LossKernel, ModelCode, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
+from trainfit.cli.framework_arg import add_framework_argument, apply_to
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -140,6 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
                    "output feature; with --method lora/qlora")
     add_image_arguments(p)
+    add_framework_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -311,7 +313,7 @@ def _twin_args(model: str | None, hardware: str | None, flags: dict) -> argparse
 def _inputs(args: argparse.Namespace):
     spec = _model(args)
     hw = load_hardware(args.hardware)
-    return spec, hw, build_setup(args, hw, spec)
+    return spec, hw, apply_to(args, build_setup(args, hw, spec), this_machine=args.hardware is None)
 
 
 def _estimate(args: argparse.Namespace):
@@ -430,6 +432,7 @@ def run(args: argparse.Namespace) -> int:
         doc["run_setting"] = "nearest_fitting" if suggestion is not None else "asked"
         doc["rates"] = rates
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
+        doc["framework"] = framework_report(args, spec, hw, as_json=True)
         print_json(doc)
     else:
         _render(result, setup, changes, suggestion is not None, host=(host_need, host_usable, over_host))
@@ -437,7 +440,23 @@ def run(args: argparse.Namespace) -> int:
             _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
                         inference=setup.method == "inference")
             _render_rates(rates)
+        framework_report(args, spec, hw, as_json=False)
     return EXIT_DOES_NOT_FIT if fits is False else EXIT_OK
+
+
+def framework_report(args: argparse.Namespace, spec, hw, *, as_json: bool):
+    """Which framework the figures are for and what each of its behaviours adds (printed, or the JSON)."""
+    from trainfit.cli.framework_arg import effects, framework_json, framework_lines, needed_bytes_fn
+
+    applied = args.framework_applied
+    found = effects(applied, needed_bytes_fn(spec, hw))
+    if as_json:
+        return framework_json(applied, found)
+    from trainfit.cli.output import console
+
+    for line in framework_lines(applied, found):
+        console().print(line, markup=False, highlight=False)
+    return None
 
 
 def _render_rates(rates: dict | None) -> None:

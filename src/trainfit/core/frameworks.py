@@ -137,7 +137,7 @@ def catalog() -> dict[str, dict]:
     from trainfit import yaml_io
 
     text = resources.files("trainfit").joinpath("data/frameworks.yaml").read_text(encoding="utf-8")
-    profiles = yaml_io.load_yaml(text)["profiles"]
+    profiles = yaml_io.load_yaml_cached(text, "frameworks.yaml")["profiles"]
     problems = catalog_problems(profiles)
     if problems:
         raise ValueError("frameworks.yaml: " + "; ".join(problems))
@@ -349,6 +349,27 @@ def apply_framework(setup: TrainingSetup, framework: Framework) -> tuple[Trainin
         framed = dataclasses.replace(framed, **{b.knob: b.value})
         changes.append(Change(b.knob, before, b.value, b.says, b.source))
     return framed, changes
+
+
+def base_setup(framed: TrainingSetup, framework: Framework) -> TrainingSetup:
+    """A framed setup with every knob the framework may set back at trainfit's default: what
+    apply_framework started from when the setup was built with the defaults (the planner's)."""
+    defaults = TrainingSetup()
+    knobs = {b.knob for b in framework.behaviours}
+    return dataclasses.replace(framed, **{k: getattr(defaults, k) for k in knobs})
+
+
+def framed_tiers(tiers: list, framework: Framework | None) -> list:
+    """A search's tiers (core.plan.engine.Tier) with every candidate setup as the framework runs it,
+    so each candidate's memory and step time are the framework's. None: unchanged."""
+    if framework is None or framework.is_own:
+        return tiers
+    return [dataclasses.replace(t, chains=[_framed_chain(c, framework) for c in t.chains]) for t in tiers]
+
+
+def _framed_chain(chain, framework: Framework):
+    for setup in chain:
+        yield apply_framework(setup, framework)[0]
 
 
 def without_change(framed: TrainingSetup, change: Change) -> TrainingSetup:
