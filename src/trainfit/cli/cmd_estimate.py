@@ -333,7 +333,8 @@ def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
         prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
         result = apply_memory_factor(result, prefix, calibration.memory_factor, calibration_source(calibration))
     over_host = host_ram(result, setup, hw)[2] if hw is not None else False
-    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False or over_host else None
+    framework = args.framework_applied.framework if hasattr(args, "framework_applied") else None
+    suggestion = nearest_fitting(spec, setup, hw, framework) if result.fits is False or over_host else None
     return result, suggestion
 
 

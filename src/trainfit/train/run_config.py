@@ -237,6 +237,8 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         data = to_jsonable(self)
         data.pop("source", None)
+        if data.get("framework") is None:  # written only when named (files and hashes of before stay as they were)
+            data.pop("framework", None)
         for key in NOT_TRAINING_KEYS:
             data["training"].pop(key, None)
         return data
