@@ -198,3 +198,45 @@ def test_held_out_granite_runs_match_their_allocated_peak(doc, run_id):
     assert row["metric"] == "allocated" and row["model"] == "ibm/PowerLM-3b"
     result = bench.evaluate(row, doc["models"])
     assert abs(result["error"]) < 0.05, result["error"]
+
+
+EMULATION_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "kbit_upcast", "fsdp_no_sync",
+                  "quantize_lm_head", "bnb_fp16_quant_state", "transformers", "output_kept", "model_code",
+                  "reentrant_checkpoint_around_fsdp_units", "previous_step_kept", "fsdp_flat_params",
+                  "autocast_16bit_weights", "logits_shift_copy", "bnb_keeps_input")
+
+
+def test_rows_name_their_tool_as_a_user_does_and_set_no_emulation_knob(doc):
+    """Each row's tool reaches the model only through `framework` (the --framework resolver)."""
+    assert "frameworks" not in doc
+    for row in doc["runs"]:
+        assert not [k for k in EMULATION_KEYS if k in row], row["id"]
+    row = _row(doc, "rt-phi15-qlora-mb1")  # lit-gpt's 2023 scripts: the longest batch first
+    setup = bench.setup_for(row)
+    assert setup.model_code == "litgpt" and setup.bnb_keeps_input and not setup.previous_step_kept
+    from trainfit.core.frameworks import apply_framework, resolve_framework
+
+    own = bench.setup_for(row, framework=False)  # trainfit's own run: no litgpt knob
+    assert own.model_code == "transformers" and not own.bnb_keeps_input
+    assert apply_framework(own, resolve_framework(row["framework"]))[0] == setup
+
+
+def test_naming_the_tool_is_reported_beside_the_same_rows_without_it(doc):
+    ids = ("rt-llama2-7b-lora-mb1", "hub-gemma7b-lora", "fms-mistral7b-bnb-1gpu-bs4")
+    rows = [bench.evaluate(_row(doc, i), doc["models"]) for i in ids]
+    summary = bench.summarise(rows)
+    own = summary["no_framework"]
+    assert own["median_abs_error"] is not None and set(own["by_framework"]) == set(summary["by_framework"])
+    text = bench.to_markdown(rows, summary)
+    assert "median |error| with no framework" in text and "error, no framework" in text
+
+
+def test_committed_results_meet_the_targets():
+    """bench/results/published_memory.json as committed (regenerate: bench/published_memory.py)."""
+    from pathlib import Path
+
+    s = json.loads((Path(bench.__file__).parent / "results" / "published_memory.json").read_text())["summary"]
+    assert s["median_abs_error"] <= 0.03 and s["under_10pct_share"] <= 0.03
+    # open with their reason (bench FINDINGS 23): the two-GPU Llama 2 70B QLoRA pair at micro-batch 4
+    assert set(s["ooms_predicted_fitting"]) <= {"fms-llama2-70b-bnb-2gpu-bs4", "fms-llama2-70b-abnb-2gpu-bs4"}
+    assert s["no_framework"]["median_abs_error"] > s["median_abs_error"]

@@ -142,7 +142,7 @@ def _effect_text(e: Effect) -> str:
 def _what(fw: Framework, change: Change) -> str:
     """'trl 0.12 upcasts ...'; a behaviour a version decides names that version itself."""
     if change.source.startswith("derived:"):
-        return f"{change.says} (under {fw.label})"
+        return change.says if change.says.startswith(f"{fw.name} ") else f"{change.says} (under {fw.label})"
     return f"{fw.label} {change.says}"
 
 

@@ -46,7 +46,9 @@ def _sharded_fsdp(s: TrainingSetup) -> bool:
 
 
 _condition("always")(lambda s: True)
-_condition("adamw")(lambda s: s.optimizer == "adamw")
+# torch picks foreach for AdamW only when every parameter is on a GPU (torch/optim/optimizer.py
+# _default_to_fused_or_foreach); on a CPU the tools run the per-parameter loop, as trainfit does
+_condition("adamw")(lambda s: s.optimizer == "adamw" and s.device in ("cuda", "rocm"))
 _condition("bnb_4bit")(lambda s: s.quant in ("nf4", "nf4-dq"))
 _condition("bnb")(lambda s: s.quant in ("nf4", "nf4-dq", "int8"))
 _condition("fsdp_lora")(lambda s: _sharded_fsdp(s) and s.method == "lora" and s.quant == "none")
