@@ -96,13 +96,19 @@ def needed_bytes_fn(model, hardware) -> Callable[[TrainingSetup], float]:
 
 
 def framework_json(applied: Applied, found: list[Effect]) -> dict:
-    fw = applied.framework
+    """The framework the figures describe and each change with what it adds (bytes, seconds)."""
+    return {**profile_fields(applied.framework), "changes": [_change_json(e) for e in found]}
+
+
+def _change_json(e: Effect) -> dict:
+    return {"knob": e.change.knob, "from": e.change.before, "to": e.change.after, "what": e.change.says,
+            "source": e.change.source, "needed_bytes": _num(e.bytes), "step_seconds": _num(e.seconds)}
+
+
+def profile_fields(fw: Framework) -> dict:
     return {
         "name": fw.name, "title": fw.title, "release": fw.release, "asked": fw.asked if not fw.is_own else None,
         "versions": fw.versions, "own_run": fw.is_own, "describes": describe(fw), "partial": fw.partial or None,
-        "changes": [{"knob": e.change.knob, "from": e.change.before, "to": e.change.after, "what": e.change.says,
-                     "source": e.change.source, "needed_bytes": _num(e.bytes), "step_seconds": _num(e.seconds)}
-                    for e in found],
     }
 
 
@@ -164,10 +170,8 @@ def plan_framework(result, req, *, as_json: bool):
         per_mode[mp.mode] = (applied, effects(applied, needed_bytes_fn(model, req.hardware),
                                                lambda s, m=model: predict_step(m, s, rates).step_seconds))
     if as_json:
-        doc = framework_json(Applied(framework, None, None), [])  # type: ignore[arg-type]
-        doc.pop("changes")
-        doc["modes"] = {mode: framework_json(a, found)["changes"] for mode, (a, found) in per_mode.items()}
-        return doc
+        return {**profile_fields(framework),
+                "modes": {mode: [_change_json(e) for e in found] for mode, (_, found) in per_mode.items()}}
     from trainfit.cli.output import console
 
     out = console()
@@ -182,11 +186,9 @@ def plan_framework(result, req, *, as_json: bool):
 
 def profile_json(framework: Framework) -> dict:
     """The framework and the behaviours it may set (cloud: each flavor's setting is the tool's)."""
-    doc = framework_json(Applied(framework, None, None), [])  # type: ignore[arg-type]
-    doc.pop("changes")
-    doc["behaviours"] = [{"knob": b.knob, "to": b.value, "when": b.when, "what": b.says, "source": b.source}
-                         for b in framework.behaviours]
-    return doc
+    return {**profile_fields(framework),
+            "behaviours": [{"knob": b.knob, "to": b.value, "when": b.when, "what": b.says, "source": b.source}
+                           for b in framework.behaviours]}
 
 
 def print_profile(framework: Framework) -> None:

@@ -19,7 +19,7 @@ from importlib import metadata
 from typing import Any
 
 from trainfit.core.setup import TrainingSetup
-from trainfit.errors import BadInputError, short_repr
+from trainfit.errors import BadInputError, TrainfitError, short_repr
 
 OWN = "trainfit"
 # Conditions a behaviour applies under (frameworks.yaml `when`), on the setup it is applied to.
@@ -388,7 +388,7 @@ def change_effects(framed: TrainingSetup, changes: list[Change], measure: Callab
     for c in changes:
         try:
             out.append((c, total - measure(without_change(framed, c))))
-        except Exception:  # noqa: BLE001 - a combination the model refuses without this knob: no figure
+        except TrainfitError:  # a combination the model refuses without this knob: no figure
             out.append((c, float("nan")))
     return out
 
