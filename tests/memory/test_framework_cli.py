@@ -73,11 +73,16 @@ def test_plan_computes_every_mode_for_the_framework(capsys):
     assert own_mode["setup"]["kbit_upcast"] is False and own["framework"]["own_run"] is True
 
 
-def test_cloud_names_the_framework(capsys):
+def test_cloud_ranks_the_frameworks_settings_and_measures_its_behaviours(capsys):
     argv = ["cloud", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--dataset-tokens", "1000000", "--top", "2"]
-    assert main([*argv, "--framework", "litgpt@0.4.9", "--json"]) in (0, 3)
+    assert main([*argv, "--framework", "trl@0.12", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["framework"]["name"] == "litgpt" and doc["framework"]["versions"]["bitsandbytes"] == "0.42.0"
+    fw = doc["framework"]
+    assert fw["name"] == "trl" and fw["versions"]["transformers"] == "4.46.3" and fw["flavor"] == doc["cheapest"]
+    changes = {c["knob"]: c for c in fw["changes"]}
+    assert changes["kbit_upcast"]["needed_bytes"] > 2**30  # measured on the cheapest flavor's setting
+    assert main(argv) == 0
+    assert "figures for: trainfit's own run" in capsys.readouterr().out
     assert main([*argv, "--framework", "nope"]) == 2
 
 

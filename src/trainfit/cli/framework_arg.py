@@ -97,10 +97,10 @@ def needed_bytes_fn(model, hardware) -> Callable[[TrainingSetup], float]:
 
 def framework_json(applied: Applied, found: list[Effect]) -> dict:
     """The framework the figures describe and each change with what it adds (bytes, seconds)."""
-    return {**profile_fields(applied.framework), "changes": [_change_json(e) for e in found]}
+    return {**profile_fields(applied.framework), "changes": [change_json(e) for e in found]}
 
 
-def _change_json(e: Effect) -> dict:
+def change_json(e: Effect) -> dict:
     return {"knob": e.change.knob, "from": e.change.before, "to": e.change.after, "what": e.change.says,
             "source": e.change.source, "needed_bytes": _num(e.bytes), "step_seconds": _num(e.seconds)}
 
@@ -171,7 +171,7 @@ def plan_framework(result, req, *, as_json: bool):
                                                lambda s, m=model: predict_step(m, s, rates).step_seconds))
     if as_json:
         return {**profile_fields(framework),
-                "modes": {mode: [_change_json(e) for e in found] for mode, (_, found) in per_mode.items()}}
+                "modes": {mode: [change_json(e) for e in found] for mode, (_, found) in per_mode.items()}}
     from trainfit.cli.output import console
 
     out = console()
@@ -191,10 +191,16 @@ def profile_json(framework: Framework) -> dict:
                            for b in framework.behaviours]}
 
 
-def print_profile(framework: Framework) -> None:
+def print_profile(framework: Framework, flavor: str | None = None, found: list[Effect] | None = None) -> None:
+    """cloud: the framework every setting is for, and what each behaviour adds on one flavor's setting."""
     from trainfit.cli.output import console
 
-    console().print(f"figures for: {describe(framework)}", markup=False, highlight=False)
-    if not framework.is_own:
-        console().print(f"  every setting is as {framework.label} runs it; what each behaviour adds: "
-                        f"trainfit estimate ... --framework {framework.asked}", markup=False, highlight=False)
+    out = console()
+    out.print(f"figures for: {describe(framework)}", markup=False, highlight=False)
+    if framework.is_own:
+        return
+    out.print(f"  every setting is as {framework.label} runs it", markup=False, highlight=False)
+    if flavor and found is not None:
+        applied = Applied(framework, None, None, [e.change for e in found])  # type: ignore[arg-type]
+        for line in framework_lines(applied, found, indent="")[1:]:
+            out.print(f"  {flavor}: {line}", markup=False, highlight=False)

@@ -256,6 +256,17 @@ def rank_flavors(
     return _rank(req, results, skipped)
 
 
+def chosen_setting(req: CloudRequest, catalog: CloudCatalog, flavor_id: str):
+    """(setup, hardware, rates) of the setting the ranking chose on one flavor, or None where nothing
+    fits: what `cloud --framework` measures each behaviour's effect on."""
+    if req.lora is None:
+        req = dataclasses.replace(req, lora=default_lora(req.model))
+    flavor = catalog.get(flavor_id)
+    hw, rates = _hardware(flavor)
+    best, _, _ = _search(req, hw, rates, max(1, flavor.gpu_count), _default_memory_fn())
+    return None if best is None else (best.setup, hw, rates)
+
+
 def _spot_fields(req: CloudRequest, flavor: Flavor, best: _Best, terms: SpotTerms) -> dict:
     """The expected run on the spot machine (core.spot), with the balanced mode's cadence rule."""
     from trainfit.core.plan.modes import safety_thresholds
