@@ -84,7 +84,8 @@ def effects(applied: Applied, memory_bytes: Callable[[TrainingSetup], float],
             step_seconds: Callable[[TrainingSetup], float] | None = None) -> list[Effect]:
     """Each change's own effect: the estimate with and without that one behaviour."""
     mem = change_effects(applied.framed, applied.changes, memory_bytes)
-    time = change_effects(applied.framed, applied.changes, step_seconds) if step_seconds else [(c, None) for c in applied.changes]
+    time = (change_effects(applied.framed, applied.changes, step_seconds) if step_seconds
+            else [(c, None) for c in applied.changes])
     return [Effect(c, b, t) for (c, b), (_, t) in zip(mem, time)]
 
 

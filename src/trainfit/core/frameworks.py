@@ -232,16 +232,12 @@ def _entry_for(name: str, version_text: str | None) -> tuple[dict, str]:
                 entry = e
         if entry is None:
             raise ValueError(f"{version_text} is older than every release described")
-        return entry, version_text.lstrip("=").strip() if _known_digits(version_text) else str(entry["release"])
+        return entry, version_text.lstrip("=").strip()  # the release asked, in the span that describes it
     for e in reversed(spans):  # the newest release that satisfies every constraint
         release = _release_of(e)
         if release is not None and all(_satisfies(release, op, b) for op, b in constraints):
             return e, str(e["release"])
     raise ValueError(f"no described release satisfies {version_text}")
-
-
-def _known_digits(version_text: str) -> bool:
-    return bool(re.match(r"^\s*=*\s*\d", version_text))
 
 
 def _from(entry: dict) -> tuple[int, int, int]:
@@ -287,12 +283,19 @@ def _uses_hf_trainer(name: str) -> bool:
 
 # What a transformers release decides (framework_effects.transformers_knobs), as the output says it.
 TRANSFORMERS_SAYS = {
-    "logits_shift_copy": "copies the shifted fp32 logits in the causal-LM loss (transformers < 4.49)",
-    "logits_returned_fp32": "returns the logits upcast to fp32 from the forward (transformers < 4.46)",
-    "experts_fused": "stores MoE experts as fused 3-D parameters that bitsandbytes does not quantise (transformers >= 5)",
-    "reentrant_checkpoint_around_fsdp_units": "checkpoints each decoder layer's call, the FSDP unit's, reentrantly (transformers < 4.52)",
-    "cache_under_checkpointing": "keeps the key/value cache on under checkpointing in gpt_bigcode (transformers < 4.53)",
-    "fsdp_flat_params": "runs FSDP1 with flat parameters (Accelerate's default before transformers 5)",
+    ("logits_shift_copy", True): "copies the shifted fp32 logits in the causal-LM loss (before 4.49)",
+    ("logits_shift_copy", False): "shifts the labels, not the logits, in the causal-LM loss (4.49 on)",
+    ("logits_returned_fp32", True): "returns the logits upcast to fp32 from the forward (before 4.46)",
+    ("logits_returned_fp32", False): "returns the logits in the compute dtype (4.46 on)",
+    ("experts_fused", True): "stores MoE experts as fused 3-D parameters, left unquantised by bitsandbytes (5.0 on)",
+    ("experts_fused", False): "builds one nn.Linear per MoE expert, which bitsandbytes quantises (before 5)",
+    ("reentrant_checkpoint_around_fsdp_units", True):
+        "checkpoints each decoder layer's call, the FSDP unit's, reentrantly (before 4.52)",
+    ("reentrant_checkpoint_around_fsdp_units", False): "checkpoints inside each FSDP unit (4.52 on)",
+    ("cache_under_checkpointing", True): "keeps gpt_bigcode's key/value cache on under checkpointing (before 4.53)",
+    ("cache_under_checkpointing", False): "turns the key/value cache off under checkpointing (4.53 on)",
+    ("fsdp_flat_params", True): "runs FSDP1 with flat parameters (Accelerate's default before 5)",
+    ("fsdp_flat_params", False): "runs FSDP2, one gradient per parameter (5.0 on)",
 }
 
 
@@ -306,12 +309,14 @@ def _derived(versions: dict[str, str], hf_trainer: bool) -> list[Behaviour]:
     if tf:
         for knob, value in transformers_knobs(tf).items():
             when = "transformers_fsdp" if knob in FSDP_ONLY_KNOBS else "transformers_code"
-            out.append(Behaviour(knob, value, when, f"transformers {tf} {TRANSFORMERS_SAYS[knob]}",
+            out.append(Behaviour(knob, value, when, f"transformers {tf} {TRANSFORMERS_SAYS[knob, value]}",
                                  "derived: trainfit.core.memory.framework_effects.transformers_knobs"))
     bnb = versions.get("bitsandbytes")
     if bnb:
-        out.append(Behaviour("bnb_keeps_input", bnb_keeps_input_for(bnb), "bnb_4bit",
-                             f"bitsandbytes {bnb} keeps each 4-bit linear's input for backward (before 0.43.2)",
+        keeps = bnb_keeps_input_for(bnb)
+        says = "keeps each 4-bit linear's input for backward (before 0.43.2)" if keeps else \
+            "keeps no 4-bit linear's input (0.43.2 on)"
+        out.append(Behaviour("bnb_keeps_input", keeps, "bnb_4bit", f"bitsandbytes {bnb} {says}",
                              "derived: bitsandbytes#1270 (0.43.2), framework_effects.bnb_keeps_input_for"))
     if hf_trainer and tf:
         impl = trainer_optimizer_impl(tf, versions.get("torch"))
@@ -326,7 +331,8 @@ def trainer_optimizer_impl(transformers_version: str, torch_version: str | None)
     tf = release_tuple(transformers_version)
     if tf < TRAINER_ADAMW_TORCH:
         return "for-loop"
-    fused = tf >= TRAINER_FUSED_DEFAULT and torch_version is not None and release_tuple(torch_version) >= TORCH_FUSED_DEFAULT
+    new_torch = torch_version is not None and release_tuple(torch_version) >= TORCH_FUSED_DEFAULT
+    fused = tf >= TRAINER_FUSED_DEFAULT and new_torch
     return "fused" if fused else "foreach"
 
 
