@@ -2,8 +2,10 @@
 
 Every run in bench/data/published_memory.yaml is a fine-tuning run someone measured on a GPU and
 published (the source, section and settings are in the file). For each we call trainfit's
-`estimate_memory` (the core function, no subprocess) with the published settings and compare the
-metric the source reports:
+`estimate_memory` (the core function, no subprocess) with the published settings, run by the row's
+tool as `--framework` names it (`framework: litgpt@0.4.13`, resolved and applied by
+trainfit.core.frameworks; no row sets a knob of its own), and compare the metric the source reports
+(and, beside it, the same settings as trainfit's own run, no framework named):
 
 * allocated (torch.cuda.max_memory_allocated)  <->  tensor_peak_bytes
 * reserved (torch.cuda.max_memory_reserved)     <->  tensor peak + the margins inside the caching

@@ -4,7 +4,9 @@ Each row of bench/data/published_speed.yaml is a training run someone published 
 Foundry, torchtune, Answer.AI fsdp_qlora, Qwen, torchtitan, the PyTorch FSDP blog, and, held
 out, fms-acceleration's reference runs) with its settings and source. This script predicts every
 row with trainfit's speed model (trainfit.core.speed.predict_step on catalog GPU rates; no
-subprocess, no GPU) and compares tokens/s per GPU with the published figure.
+subprocess, no GPU), as the row's tool runs it (`framework`, resolved as `--framework` is; rows of
+a tool with no profile are trainfit's own run), and compares tokens/s per GPU with the published
+figure, beside the same settings with no framework named.
 
 Run:  .venv/bin/python bench/published_speed.py [--only SUBSTRING] [--out DIR]
 Writes bench/results/published_speed.md and .json: per row predicted vs published tokens/s per
