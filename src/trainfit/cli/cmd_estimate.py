@@ -11,6 +11,7 @@ import argparse
 from trainfit.cli.knob_flags import HelpAll, add_knob_flags, add_runtime_flag, knob_values, wording
 from trainfit.core.knob_setup import setup_from_knobs
 from trainfit.core.setup import TrainingSetup
+from trainfit.cli.framework_arg import add_framework_argument, apply_to
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -52,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser, *, show_all: bool = False) -> None
     p.add_argument("--vocab", type=arg("vocab"), default=32000,
                    help=more or "pretraining shape: vocabulary size (default 32000)")
     p.add_argument("--schema", action=SchemaAction, help=more or "print the JSON schema of the knobs and exit")
+    add_framework_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -178,7 +180,7 @@ def _library_inputs(model: str | None, hardware: str | None, setup: TrainingSetu
 def _inputs(args: argparse.Namespace):
     spec = _model(args)
     hw = load_hardware(args.hardware)
-    return spec, hw, build_setup(args, hw, spec)
+    return spec, hw, apply_to(args, build_setup(args, hw, spec), this_machine=args.hardware is None)
 
 
 def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
@@ -192,7 +194,8 @@ def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
         prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
         result = apply_memory_factor(result, prefix, calibration.memory_factor, calibration_source(calibration))
     over_host = host_ram(result, setup, hw)[2] if hw is not None else False
-    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False or over_host else None
+    framework = args.framework_applied.framework if hasattr(args, "framework_applied") else None
+    suggestion = nearest_fitting(spec, setup, hw, framework) if result.fits is False or over_host else None
     return result, suggestion
 
 
@@ -291,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
         doc["run_setting"] = "nearest_fitting" if suggestion is not None else "asked"
         doc["rates"] = rates
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
+        doc["framework"] = framework_report(args, spec, hw, as_json=True)
         print_json(doc)
     else:
         _render(result, setup, changes, suggestion is not None, host=(host_need, host_usable, over_host))
@@ -298,7 +302,23 @@ def run(args: argparse.Namespace) -> int:
             _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
                         inference=setup.method == "inference")
             _render_rates(rates)
+        framework_report(args, spec, hw, as_json=False)
     return EXIT_DOES_NOT_FIT if fits is False else EXIT_OK
+
+
+def framework_report(args: argparse.Namespace, spec, hw, *, as_json: bool):
+    """Which framework the figures are for and what each of its behaviours adds (printed, or the JSON)."""
+    from trainfit.cli.framework_arg import effects, framework_json, framework_lines, needed_bytes_fn
+
+    applied = args.framework_applied
+    found = effects(applied, needed_bytes_fn(spec, hw))
+    if as_json:
+        return framework_json(applied, found)
+    from trainfit.cli.output import console
+
+    for line in framework_lines(applied, found):
+        console().print(line, markup=False, highlight=False)
+    return None
 
 
 def _render_rates(rates: dict | None) -> None:

@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from trainfit.cli.framework_arg import add_framework_argument, chosen, plan_framework
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError, short_repr
 from trainfit.validate import arg
 
@@ -63,6 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "size metadata plans streaming vs download, the cache and the token budget")
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
+    add_framework_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     from trainfit.cli import plan_probe
 
@@ -157,7 +159,8 @@ def build_request(args: argparse.Namespace, hardware=None):
         memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
         vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset, **_image_knobs(args),
-        spot=flavor.spot if flavor is not None else None)
+        spot=flavor.spot if flavor is not None else None,
+        framework=chosen(args, this_machine=args.hardware is None and flavor is None))
 
 
 def _image_knobs(args: argparse.Namespace) -> dict:
@@ -263,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
         from trainfit.cli.output import print_json
 
         doc = plan_document(result, files)
+        doc["framework"] = plan_framework(result, req, as_json=True)
         if probe is not None:
             doc["probe"] = probe
         print_json(doc)
@@ -277,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"[dim]{result.rates['text']}[/]")
         out.print("")
         render_plan(result, out, files=files)
+        plan_framework(result, req, as_json=False)
         plan_probe.render(probe, out)
     return EXIT_OK if any(m.fits for m in result.modes) else EXIT_DOES_NOT_FIT
 

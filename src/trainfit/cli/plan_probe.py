@@ -65,6 +65,9 @@ def why_no_probe(args: argparse.Namespace, req) -> str | None:
         return "planned for other hardware (--hardware), not this machine"
     if req.method == "inference":
         return "inference plans rank by batch size, not step time"
+    framework = getattr(req, "framework", None)
+    if framework is not None and not framework.is_own:  # the probe times trainfit's own loop
+        return f"planned for {framework.label} (--framework), whose steps the probe cannot run"
     return None
 
 

@@ -226,6 +226,9 @@ class RunConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    # The tool meant to run this config, as `--framework NAME[@VERSION]` (core/frameworks.py). trainfit
+    # train and verify run trainfit's own loop, so they refuse another tool's name (own_run_problem).
+    framework: str | None = None
     source: str = ""  # file the config was read from (not part of the hash)
 
     @property
@@ -254,6 +257,8 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         data = to_jsonable(self)
         data.pop("source", None)
+        if data.get("framework") is None:  # written only when named (files and hashes of before stay as they were)
+            data.pop("framework", None)
         for key in NOT_TRAINING_KEYS + _runtime_keys():  # a run is trainfit's own runtime: never written
             data["training"].pop(key, None)
         return data
@@ -287,6 +292,7 @@ class RunConfig:
         data["checkpointing"].pop("keep_last", None)
         data.pop("safety", None)  # pauses and extra checkpoints do not change a loss either
         data.pop("monitoring", None)  # watching a run does not change it
+        data.pop("framework", None)  # which tool is named does not change trainfit's own run
         data["data"] = data_hash_view(data["data"], self.method)  # workers, caches: speed, not maths
         t = data["training"]
         n = processes if processes is not None else self.training.num_gpus
@@ -354,7 +360,7 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     errors: list[str] = []
     if not isinstance(raw, dict):
         raise BadInputError(f"{source or 'run config'}: expected a YAML mapping at the top level")
-    top = {"version", "name", "method"} | set(_SECTIONS)
+    top = {"version", "name", "method", "framework"} | set(_SECTIONS)
     errors.extend(unknown_keys(raw, sorted(top)))
     version = raw.get("version")
     if type(version) is not int or version != CONFIG_VERSION:  # `true` == 1 in Python, not in a schema
@@ -368,6 +374,14 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     if not isinstance(name, str):
         errors.append("name: expected a string")
     sections = {k: _build_section(cls, raw.get(k), k, errors) for k, cls in _SECTIONS.items()}
+    framework = raw.get("framework")
+    if framework is not None:
+        from trainfit.core.frameworks import resolve_framework
+
+        try:
+            resolve_framework(framework, key="framework")
+        except TrainfitError as exc:
+            errors.append(exc.message)
     if "model" not in raw:
         errors.append("model: missing (give one of model.id, model.path or model.shape)")
     if "data" not in raw:
@@ -377,11 +391,26 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     base = base_dir or Path.cwd()
     sections["model"], sections["tokenizer"], sections["data"] = _resolve_paths(
         sections["model"], sections["tokenizer"], sections["data"], base)
-    cfg = RunConfig(version=version, method=method, name=name, source=source, **sections)
+    cfg = RunConfig(version=version, method=method, name=name, source=source, framework=framework, **sections)
     errors.extend(semantic_errors(cfg))
     if errors:
         raise BadInputError(_joined(source, errors))
     return cfg
+
+
+def own_run_problem(cfg: RunConfig, command: str) -> str | None:
+    """Why `command` (trainfit train / verify) will not run a config that names another tool: it runs
+    trainfit's own loop, whose memory and speed are not that tool's. None for no framework or trainfit."""
+    if cfg.framework is None:
+        return None
+    from trainfit.core.frameworks import resolve_framework
+
+    framework = resolve_framework(cfg.framework, key="framework")
+    if framework.is_own:
+        return None
+    return (f"framework: {cfg.framework}: {command} runs trainfit's own training loop, not {framework.title}; "
+            f"run the config's settings with that tool (trainfit estimate/plan --framework {cfg.framework} give "
+            "its figures), or drop the key (or set framework: trainfit) to train here")
 
 
 def _joined(source: str, errors: list[str]) -> str:

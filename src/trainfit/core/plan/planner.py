@@ -82,6 +82,9 @@ class PlanRequest:
     measured_settle: bool = False  # the final ranking (core.plan.measured.unmeasured_factor)
     # Test hook (core.plan.measured.SpeedSkew): a speed model deliberately wrong about one knob.
     speed_skew: tuple = ()
+    # The tool that will run the plan (core.frameworks.Framework, `--framework`): every candidate's memory
+    # and step time are that tool's. None: trainfit's own run.
+    framework: object | None = None
 
 
 @dataclass(frozen=True)
@@ -366,7 +369,10 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
 
     global_batch = req.target_batch or t.global_batch
     rates = device_rates(req.hardware, rules.device)  # once per search, not per candidate
-    result = search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
+    from trainfit.core.frameworks import framed_tiers
+
+    tiers = framed_tiers(_tiers(req, t, rules, model, global_batch), req.framework)  # type: ignore[arg-type]
+    result = search(model, req.hardware, tiers,
                      rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
                      speed_fn=measured.speed_fn(req, model, lambda m, s: predict_step(m, s, rates)),
                      memory_fn=_memory_fn(req, rules))
