@@ -321,3 +321,11 @@ def test_cli_full_dpo_on_four_a100s_shards_the_reference():
     gpu = {c["name"]: c["bytes"] for c in json.loads(out.stdout)["devices"][0]["components"]}
     assert gpu["reference_model"] == gpu["weights"]  # 16-bit, / 4 GPUs, like the policy's own weights
     assert gpu["weights"] == pytest.approx(2 * 14_770_033_664 / 4, rel=1e-6)
+
+
+def test_zero3_gradients_are_partitioned_and_say_so():
+    out = _run("Qwen/Qwen2.5-14B-Instruct", "--method", "dpo", "--zero", "3", "--hardware", "4x a100-80gb", "--json")
+    comps = {c["name"]: c for c in json.loads(out.stdout)["devices"][0]["components"]}
+    # DeepSpeed's 16-bit gradient partition + its fp32 one (states.py), each / 4 ranks
+    assert comps["gradients"]["bytes"] == pytest.approx((2 + 4) * 14_770_033_664 / 4, rel=1e-6)
+    assert "/ 4 GPUs (ZeRO-3)" in comps["gradients"]["what"]

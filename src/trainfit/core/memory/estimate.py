@@ -482,4 +482,6 @@ def _grad_what(setup: TrainingSetup, states, *, at_step: bool) -> str:
         return ("unsharded gradients of every trained FSDP unit, kept across accumulation micro-steps "
                 "(FSDP no_sync: no reduce-scatter until the last micro-batch)")
     why = "alive at the optimizer step" if setup.grad_accum == 1 else "kept across accumulation micro-steps"
-    return f"gradients of {states.trainable:,} trainable params ({why})"
+    shard = f" / {setup.shard_group} GPUs (ZeRO-{setup.zero_stage})" if (
+        setup.uses_deepspeed and setup.zero_stage >= 2 and setup.shard_group > 1) else ""
+    return f"gradients of {states.trainable:,} trainable params{shard} ({why})"
