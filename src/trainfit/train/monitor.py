@@ -273,6 +273,7 @@ class Monitor:
         self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
         self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self._events_emitted = 0  # ever: events_since's readers pass back the count they have seen
         self._readings: collections.deque[tuple[int, int, Any]] = collections.deque()  # leak readings to fit
         # (step, loss): floats, and tensors the monitor thread reads (a .item() there blocks that
         # thread, never the training loop)
@@ -433,6 +434,7 @@ class Monitor:
         rec = event(kind, self._step, reason, **details)
         with self._lock:
             self._events.append(rec)
+            self._events_emitted += 1
         self._write(rec)
         if self._on_event is not None:
             try:
@@ -612,6 +614,14 @@ class Monitor:
     def events(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._events)
+
+    def events_since(self, seen: int) -> tuple[list[dict[str, Any]], int]:
+        """The event records emitted after the first `seen` (of those kept: the last 100), and how many
+        have been emitted: a reader that passes that count back next time reads each record once, at
+        the cost of what is new, however long the run."""
+        with self._lock:
+            new = min(self._events_emitted - seen, len(self._events))
+            return [self._events[i] for i in range(-new, 0)], self._events_emitted
 
     @property
     def current_step(self) -> int:

@@ -728,7 +728,7 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
         # the monitor's latest sample each time they look (a function, not the sample of now).
         if monitor.enabled:
-            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events
+            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since
         else:
             sample_fn = leak_events = None
             say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
