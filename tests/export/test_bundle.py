@@ -1,4 +1,4 @@
-"""render_files' file set and headers; write_files' all-or-nothing behaviour."""
+"""render_files' file set and headers; publish.write_tree's all-or-nothing behaviour with one folder."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from trainfit.errors import EXIT_BAD_INPUT, BadInputError, UnavailableError
 from trainfit.export import publish as publish_mod
-from trainfit.export.bundle import render_files, write_files
+from trainfit.export.bundle import render_files
+from trainfit.export.publish import write_tree
 
 from .conftest import HEADER, make_cfg
 
@@ -17,6 +18,11 @@ from .conftest import HEADER, make_cfg
 def render(cfg, procs=1, device="cpu", **kw):
     return render_files(cfg, header_lines=HEADER, num_processes=procs, device=device,
                         run_config_text="version: 1\nmethod: x\n", **kw)
+
+
+def write_files(out_dir, files, *, force):
+    """One folder's files written the way plan --out writes each mode's."""
+    return write_tree(out_dir, {"": files}, force=force)[""]
 
 
 def listing(folder) -> dict[str, bytes]:
