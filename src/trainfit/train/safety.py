@@ -142,17 +142,13 @@ class SafetyContext:
     thermal_risk_until: float = -math.inf
     signal_received: int | None = None
     stop: StopRequest | None = None
-    _cached: tuple[float, Sample] | None = None
     _read_failed: bool = False
 
-    def read(self, max_age_seconds: float = 1.0) -> Sample | None:
-        """A reading (the last one when younger than max_age_seconds); None when there is no
-        sampler or it failed (reported once: a failing sampler never stops training)."""
+    def read(self) -> Sample | None:
+        """The sampler's reading now; None when there is no sampler or it failed (reported once: a
+        failing sampler never stops training)."""
         if self.sample_fn is None:
             return None
-        now = self.clock()
-        if self._cached is not None and now - self._cached[0] < max_age_seconds:
-            return self._cached[1]
         try:
             sample = self.sample_fn()
         except Exception as exc:  # noqa: BLE001
@@ -162,7 +158,6 @@ class SafetyContext:
                          "thermal and battery policies are blind until they work again")
             return None
         self._read_failed = False
-        self._cached = (now, sample)
         return sample
 
     def emit(self, kind: str, step: int | None, reason: str, *, say: bool = True, **details: Any) -> dict[str, Any]:
@@ -202,7 +197,7 @@ class SafetyContext:
             if self.signal_received is not None:
                 outcome = "signal"
                 break
-            sample = self.read(max_age_seconds=0.0)
+            sample = self.read()
             now = self.clock()
             if sample is not None:
                 last = sample
@@ -244,7 +239,7 @@ def _due_sample(policy, state):
     if _last_step(state) or now - policy._last_check < policy.ctx.thresholds.check_seconds:
         return None, now
     policy._last_check = now
-    return policy.ctx.read(max_age_seconds=0.0), now
+    return policy.ctx.read(), now
 
 
 def _gpu_reading(g: GpuSample) -> dict[str, Any]:
