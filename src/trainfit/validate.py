@@ -339,6 +339,25 @@ MAX_DOCUMENT_VALUES = 1_000_000
 _TOO_DEEP = f"nested more than {MAX_DOCUMENT_DEPTH} levels deep; a real file is not"
 
 
+def nested_deeper_than(value: Any, levels: int) -> bool:
+    """True when the lists / dicts of parsed JSON nest more than `levels` deep (a scalar is 0 levels,
+    [] or {} one), found without recursion. For trees: a YAML document's aliases (shared parts) are
+    walked once per reference, so count those first (_check_document)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > levels:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 

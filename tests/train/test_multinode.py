@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfit.export.bundle import LAUNCH_FILE, render_files, run_dir_name, write_files
+from trainfit.export.bundle import LAUNCH_FILE, render_files, run_dir_name
+from trainfit.export.publish import write_tree
 from trainfit.train.run_config import load_run_config, parse_run_config
 from trainfit.train.runner import run_training
 
@@ -79,7 +80,7 @@ def test_two_nodes_launched_from_the_exported_files_match_one_process(tmp_path):
     accel = yaml.safe_load(files["accelerate.yaml"])
     assert accel["num_machines"] == 2 and accel["distributed_type"] == "MULTI_CPU"
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
-    write_files(node0, files, force=False)
+    write_tree(node0, {"": files}, force=False)
     shutil.copytree(node0, node1)  # the second machine gets its own copy of the folder
 
     port = _free_port()
