@@ -64,8 +64,7 @@ class NoMeasuring(FakeSession):
 
 def best_by_truth(req, step, mode="balanced"):
     """The truly fastest setting that fits the mode (exhaustive, by the truth)."""
-    result = plan(dataclasses.replace(req, modes=(mode,)))
-    _, fitting = mm.mode_searches(req, result)[mode]
+    _, fitting = mm.plan_searched(dataclasses.replace(req, modes=(mode,)))[1][mode]
     return min((c.setup for c in fitting), key=lambda s: step(SPEC, s, req.hardware))
 
 
@@ -74,9 +73,8 @@ def test_a_measured_step_replaces_the_prediction_and_scales_its_kernel_class(req
     s = base.setup
     predicted = base.speed.step_seconds
     m = mm.MeasuredStep(SPEC.id, s, predicted * 3.0, predicted)
-    again = plan(dataclasses.replace(req, measured_steps=(m,)))
-    searched = dict((c.setup, c.speed.step_seconds) for c in mm.mode_searches(
-        dataclasses.replace(req, measured_steps=(m,)), again)["balanced"][1])
+    again, searches = mm.plan_searched(dataclasses.replace(req, measured_steps=(m,)))
+    searched = dict((c.setup, c.speed.step_seconds) for c in searches["balanced"][1])
     assert searched[s] == pytest.approx(predicted * 3.0)
     sibling = next(x for x in searched if x != s and mm.kernel_class(x) == mm.kernel_class(s))
     raw = predict_step(SPEC, sibling, req.hardware).step_seconds
