@@ -72,8 +72,9 @@ SETTLED_SPEEDUP = 0.9  # a warm-up micro-batch faster than this x the one before
 SETTLED_FAULT_PAGES = 4096  # 16 MiB of 4 KiB pages: memory no longer growing
 UNTIMED_SPREAD = 0.25  # the spread given a step figure from warm-up micro-batches only (no timed one)
 # The finalists (the speed model's pick and a setting measured faster) are measured again,
-# interleaved with their first measurement (A B B A), for at most this many pairs per probe.
+# interleaved with their first measurement (A B B A), at most this many times per probe.
 MAX_RECHECKS = 3
+MAX_PAIR_RECHECKS = 2  # a pair still within the noise after one re-measurement gets a second
 STORED_MAX_AGE_SECONDS = 30 * 24 * 3600
 MAX_STORED_STEPS = 200
 
@@ -140,7 +141,7 @@ class SettingResult:
     warm_optimizer: list[float] = field(default_factory=list)
     warm_faults: list[int] = field(default_factory=list)  # minor page faults of each warm-up micro-batch
     wall_seconds: float = 0.0
-    spread: float = 0.0  # interquartile range of the timed micro-batches over their median (micro_spread)
+    spread: float = 0.0  # relative spread of the timed micro-batches (micro_spread)
 
 
 class ProbeSession:
@@ -282,15 +283,13 @@ def _finish(res: SettingResult, job: ProbeJob, built_at: float | None, *, stoppe
 
 
 def micro_spread(seconds: list[float]) -> float:
-    """Relative spread of one setting's timed micro-batches: the interquartile range over the median
-    (a single stall, another process taking the core, moves it little); the range under four."""
+    """Relative spread of one setting's timed micro-batches: twice their median absolute deviation
+    over their median (the interquartile range of normal noise; unlike the range or the
+    interquartile range of four, a single stall, another process taking the core, moves it little)."""
     if len(seconds) < 2:
         return 0.0
     mid = statistics.median(seconds)
-    if len(seconds) >= 4:
-        q1, _, q3 = statistics.quantiles(seconds, n=4, method="inclusive")
-        return (q3 - q1) / mid if mid > 0 else 0.0
-    return (max(seconds) - min(seconds)) / mid if mid > 0 else 0.0
+    return 2 * statistics.median(abs(x - mid) for x in seconds) / mid if mid > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +349,8 @@ class _Measuring:
             self.log(f"probe:   not measured: {res.error}")
             return None
         step = res.step_seconds * scale
-        m = MeasuredStep(model.id, setup, step, predicted, res.lower_bound, spread=res.spread, samples=(step,))
+        m = MeasuredStep(model.id, setup, step, predicted, res.lower_bound, spread=res.spread, samples=(step,),
+                         sample_spreads=(res.spread,))
         self.new.append(m)
         self.log(f"probe:   {'>= ' if res.lower_bound else ''}{step:.3g} s/step measured "
                  f"({step / predicted:.2f}x predicted; {res.how}; {res.wall_seconds:.1f} s)")
@@ -459,65 +459,76 @@ def _measure_round(run: _Measuring, req, todo: list, reserve: float) -> list:
     return [m] if m is not None else []
 
 
-def _speed_ranked(mp) -> bool:
-    """A mode whose pick is its fastest setting (extreme picks the largest micro-batch near it)."""
-    return mp.fits and mp.setup is not None and not mp.targets.largest_micro_batch and mp.setup.method != "inference"
+def _decidable(mp, before) -> bool:
+    """A mode where `core.plan.measured.decide` judges the measured pick against the speed model's:
+    one ranked by step time (extreme, which picks the largest micro-batch near the fastest, only
+    where both picks have the same micro-batch: then they differ in speed alone)."""
+    if not mp.fits or mp.setup is None or before is None or before.setup is None or mp.setup.method == "inference":
+        return False
+    if before.model_id != mp.model_id:
+        return False
+    return not mp.targets.largest_micro_batch or mp.setup.micro_batch == before.setup.micro_batch
 
 
-def _finalists(req, result, model_only) -> list[tuple]:
-    """(mode, model id, speed model's pick, measured pick, gap) where the measured ranking replaced
-    the speed model's pick with another setting, both measured to the end."""
-    from trainfit.core.plan.measured import RECHECK_GAP
+def _finalists(req, result, model_only, rechecked: dict) -> list[tuple]:
+    """(model id, speed model's pick, measured pick, gap) where the measured ranking replaced the
+    speed model's pick with another setting, both measured to the end, less than RECHECK_GAP apart;
+    a pair measured again already only while its gap is still within the noise (then once more)."""
+    from trainfit.core.plan.measured import MIN_SPREAD, RECHECK_GAP
 
     before = {mp.mode: mp for mp in model_only.modes if mp.fits}
     out = []
     for mp in result.modes:
         b = before.get(mp.mode)
-        if not _speed_ranked(mp) or b is None or b.model_id != mp.model_id or b.setup == mp.setup:
+        if not _decidable(mp, b) or b.setup == mp.setup:
             continue
         measured = {m.setup: m for m in req.measured_steps if m.model_id == mp.model_id and not m.lower_bound}
         inc, ch = measured.get(b.setup), measured.get(mp.setup)
-        if inc is not None and ch is not None and ch.step_seconds > 0:
-            gap = inc.step_seconds / ch.step_seconds - 1
-            if gap < RECHECK_GAP:
-                out.append((mp.mode, mp.model_id, b.setup, mp.setup, gap))
+        if inc is None or ch is None or ch.step_seconds <= 0:
+            continue
+        pair = (mp.model_id, b.setup, mp.setup)
+        gap = inc.step_seconds / ch.step_seconds - 1
+        noise = max(MIN_SPREAD, inc.spread, ch.spread)
+        times = rechecked.get(pair, 0)
+        if gap < RECHECK_GAP and (times == 0 or times < MAX_PAIR_RECHECKS and gap <= noise) and pair not in out:
+            out.append((*pair, gap))
     return out
 
 
 def _recheck_reserve(req, result, model_only, run: _Measuring) -> float:
     """Seconds to keep for measuring the current finalists again (0 when there are none)."""
-    pairs = [p for p in _finalists(req, result, model_only) if run.rechecks < MAX_RECHECKS]
+    pairs = _finalists(req, result, model_only, {}) if run.rechecks < MAX_RECHECKS else []
     if not pairs:
         return 0.0
-    _, mid, inc, ch, _ = pairs[0]
+    mid, inc, ch, _ = pairs[0]
     return sum(max(MIN_SHARE_SECONDS, run.walls.get((mid, s), MIN_SHARE_SECONDS)) for s in (inc, ch))
 
 
 def _recheck_finalists(run: _Measuring, req, result, searches, model_only):
-    """Measure each finalist pair again, in the reverse order of their first measurements (A B B A:
-    a drift in the machine's speed, or the first setting of a fresh process, weighs on both alike);
+    """Measure each finalist pair again, the one measured last first (A B, then B A, then A B: a
+    drift in the machine's speed, or a cold first measurement, weighs on both alike);
     `with_measurements` pools the repeats (median, spread)."""
     from trainfit.core.plan import measured as mm
 
-    done: set = set()
+    rechecked: dict = {}
+    models = {mp.model_id: mp.model for mp in result.modes if mp.fits and mp.model is not None}
     while run.rechecks < MAX_RECHECKS:
-        pairs = [p for p in _finalists(req, result, model_only) if p[:4] not in done]
+        pairs = _finalists(req, result, model_only, rechecked)
         if not pairs:
             break
-        mode, mid, inc, ch, gap = pairs[0]
-        done.add((mode, mid, inc, ch))
-        first = {(m.model_id, m.setup): i for i, m in reversed(list(enumerate(run.new)))}
-        order = (ch, inc) if first.get((mid, inc), -1) <= first.get((mid, ch), -1) else (inc, ch)
+        mid, inc, ch, gap = pairs[0]
+        rechecked[(mid, inc, ch)] = rechecked.get((mid, inc, ch), 0) + 1
+        last = {(m.model_id, m.setup): i for i, m in enumerate(run.new)}
+        order = (inc, ch) if last.get((mid, inc), -1) > last.get((mid, ch), -1) else (ch, inc)
         shares = [max(MIN_SHARE_SECONDS, run.walls.get((mid, s), MIN_SHARE_SECONDS)) for s in order]
         if time.monotonic() + sum(shares) > run.deadline:
             run.log(f"probe: no time left to measure {setup_label(ch)} ({gap:.0%} faster) and the speed model's "
                     f"pick again")
             break
-        model = searches[mode][0]
         predicted = {m.setup: m.predicted_step_seconds for m in req.measured_steps if m.model_id == mid}
         run.rechecks += 1
         got = [m for s, share in zip(order, shares)
-               if (m := run.measure(req, model, s, predicted[s], share, run.deadline, what="measuring again"))]
+               if (m := run.measure(req, models[mid], s, predicted[s], share, run.deadline, what="measuring again"))]
         if not got:
             break
         req = mm.with_measurements(req, got)
@@ -533,7 +544,7 @@ def _decisions(req, result, searches, model_only) -> list[tuple]:
     out = []
     for mp in result.modes:
         b = before.get(mp.mode)
-        if not _speed_ranked(mp) or b is None or b.model_id != mp.model_id or mp.speed is None:
+        if not _decidable(mp, b) or mp.speed is None:
             continue
         measured = {m.setup: m for m in req.measured_steps if m.model_id == mp.model_id}
         fitting = {c.setup for c in searches.get(mp.mode, (None, []))[1]}

@@ -63,10 +63,11 @@ class MeasuredStep:
     predicted_step_seconds: float  # what the planner predicted for it when it was measured
     lower_bound: bool = False  # stopped before it finished: at least this slow
     source: str = "probe"  # "probe" (this plan) or "stored" (an earlier plan's probe)
-    # Relative noise of step_seconds: the largest of each measurement's own spread (interquartile
-    # range of its timed micro-batches over their median) and the range between repeated measurements.
+    # Relative noise of step_seconds: the largest of each measurement's own spread (of its timed
+    # micro-batches, train.probe.micro_spread) and the range between repeated measurements.
     spread: float = 0.0
     samples: tuple[float, ...] = ()  # each measurement's step seconds (step_seconds is their median)
+    sample_spreads: tuple[float, ...] = ()  # each measurement's own spread
 
     @property
     def repeats(self) -> int:
@@ -81,9 +82,23 @@ def pooled(old: MeasuredStep, new: MeasuredStep) -> MeasuredStep:
     if new.lower_bound:
         return old if not old.lower_bound or old.step_seconds >= new.step_seconds else new
     samples = (*(old.samples or (old.step_seconds,)), *(new.samples or (new.step_seconds,)))
-    between = max(samples) / min(samples) - 1 if min(samples) > 0 else 0.0
-    return dataclasses.replace(old, step_seconds=statistics.median(samples), samples=samples,
-                               spread=max(old.spread, new.spread, between))
+    own = (*(old.sample_spreads or (old.spread,) * len(old.samples or (0,))),
+           *(new.sample_spreads or (new.spread,) * len(new.samples or (0,))))
+    return dataclasses.replace(old, step_seconds=statistics.median(samples), samples=samples, sample_spreads=own,
+                               spread=repeat_spread(samples, own))
+
+
+def repeat_spread(samples: tuple[float, ...], own: tuple[float, ...] = ()) -> float:
+    """The spread of a setting measured several times: the larger of how far the measurements
+    disagree and of their own spreads. Two: their range and the larger own spread; three or more:
+    twice their median absolute deviation over their median, and the median own spread (one cold or
+    stalled measurement among three moves these little, as it moves their median little)."""
+    if len(samples) < 2 or min(samples) <= 0:
+        return max(own, default=0.0)
+    if len(samples) == 2:
+        return max(max(samples) / min(samples) - 1, *own)
+    mid = statistics.median(samples)
+    return max(2 * statistics.median(abs(x - mid) for x in samples) / mid, statistics.median(own) if own else 0.0)
 
 
 @dataclass(frozen=True)
