@@ -333,6 +333,7 @@ class _Measuring:
         key = (model.id, setup)
         if not self.session.ready(deadline):
             self.failed[key] = "the probe process did not start in time (importing torch)"
+            self.log(f"probe: {setup_label(setup)} not measured: {self.failed[key]}")
             return None
         build, scale = slice_for(model, setup, req.hardware, share)
         job = ProbeJob(self.jobs, build, setup, share, _torch_device(setup))
@@ -385,31 +386,18 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
         req = mm.with_measurements(req, stored)
         result, searches = mm.plan_searched(req)
     run = _Measuring(session, log, t0 + seconds)
-    reason = unavailable
-    confirmed = False
+    reason, confirmed = unavailable, False
     try:
         while True:
-            todo = [c for c in mm.shortlist(req, searches) if (c.model.id, c.setup) not in run.failed]
-            if not todo:
-                confirmed = True
+            req, result, searches, confirmed, reason = _explore(run, req, result, searches, model_only, reason,
+                                                                 seconds)
+            if unavailable is not None:
                 break
-            reserve = _recheck_reserve(req, result, model_only, run)
-            if reason is not None or time.monotonic() + MIN_SHARE_SECONDS + reserve > run.deadline:
-                reason = reason or (f"time is up ({seconds:g} s) with {len(todo)} setting(s) still unmeasured"
-                                    + (f" ({reserve:.0f} s kept to measure the finalists again)" if reserve else ""))
-                break
-            run.rounds += 1
-            failures = len(run.failed)
-            got = _measure_round(run, req, todo, reserve)
-            if not got:
-                if len(run.failed) == failures or time.monotonic() + MIN_SHARE_SECONDS > run.deadline:
-                    reason = f"no setting could be measured in the {seconds:g} s"
-                    break
-                continue  # the ones that cannot run here are left out of the next shortlist
-            req = mm.with_measurements(req, got)
-            result, searches = mm.plan_searched(req)
-        if unavailable is None:
+            rechecks = run.rechecks
             req, result, searches = _recheck_finalists(run, req, result, searches, model_only)
+            if run.rechecks == rechecks:
+                break
+            reason = None  # a setting measured again moves the ranking and its spread: the shortlist again
     finally:
         session.close()
     decisions: list = []
@@ -444,6 +432,33 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
         picks=_picks(model_only, result, dict((mp.mode, d) for mp, d in decisions)), stored=where,
         load_average_1m=[load_start, load_end], rechecks=run.rechecks)
     return result, report
+
+
+def _explore(run: _Measuring, req, result, searches, model_only, reason: str | None, seconds: float):
+    """Rounds until the shortlist is empty (confirmed) or the time is up (reason): measure its best
+    setting, plan again. Returns (req, result, searches, confirmed, reason)."""
+    from trainfit.core.plan import measured as mm
+
+    while True:
+        todo = [c for c in mm.shortlist(req, searches) if (c.model.id, c.setup) not in run.failed]
+        if not todo:
+            return req, result, searches, True, reason
+        reserve = _recheck_reserve(req, result, model_only, run)
+        if reason is not None or time.monotonic() + MIN_SHARE_SECONDS + reserve > run.deadline:
+            reason = reason or (f"time is up ({seconds:g} s) with {len(todo)} setting(s) still unmeasured"
+                                + (f" ({reserve:.0f} s kept to measure the finalists again)" if reserve else ""))
+            return req, result, searches, False, reason
+        run.rounds += 1
+        failures = len(run.failed)
+        got = _measure_round(run, req, todo, reserve)
+        if not got:
+            if len(run.failed) == failures or time.monotonic() + MIN_SHARE_SECONDS > run.deadline:
+                reason = (f"time is up ({seconds:g} s) with {len(todo)} setting(s) still unmeasured" if run.new
+                          else f"no setting could be measured in the {seconds:g} s")
+                return req, result, searches, False, reason
+            continue  # the ones that cannot run here are left out of the next shortlist
+        req = mm.with_measurements(req, got)
+        result, searches = mm.plan_searched(req)
 
 
 def _measure_round(run: _Measuring, req, todo: list, reserve: float) -> list:
@@ -486,6 +501,8 @@ def _finalists(req, result, model_only, rechecked: dict) -> list[tuple]:
         inc, ch = measured.get(b.setup), measured.get(mp.setup)
         if inc is None or ch is None or ch.step_seconds <= 0:
             continue
+        if inc.source == ch.source == "stored":
+            continue  # judged by the earlier plan's probe that measured them
         pair = (mp.model_id, b.setup, mp.setup)
         gap = inc.step_seconds / ch.step_seconds - 1
         noise = max(MIN_SPREAD, inc.spread, ch.spread)

@@ -63,8 +63,8 @@ class MeasuredStep:
     predicted_step_seconds: float  # what the planner predicted for it when it was measured
     lower_bound: bool = False  # stopped before it finished: at least this slow
     source: str = "probe"  # "probe" (this plan) or "stored" (an earlier plan's probe)
-    # Relative noise of step_seconds: the largest of each measurement's own spread (of its timed
-    # micro-batches, train.probe.micro_spread) and the range between repeated measurements.
+    # Relative noise of step_seconds: each measurement's own spread (of its timed micro-batches,
+    # train.probe.micro_spread) and, measured again, how far the measurements disagree (repeat_spread).
     spread: float = 0.0
     samples: tuple[float, ...] = ()  # each measurement's step seconds (step_seconds is their median)
     sample_spreads: tuple[float, ...] = ()  # each measurement's own spread
