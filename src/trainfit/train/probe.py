@@ -13,9 +13,11 @@ shape, or a slice of its layers when a step of the whole model would not fit the
 its random init would take too long; the slice's measured / predicted ratio is applied to the
 whole model's prediction), fed random token ids of the setting's micro-batch x sequence length,
 with the setting's precision (autocast for *-mixed), attention kernel, gradient checkpointing,
-LoRA adapters, DPO reference and optimizer: one warm-up micro-batch and optimizer step, then
-timed micro-batches (forward + backward) and optimizer steps. Step time = accumulation x median
-micro-batch + median optimizer step. (No one-sequence pilot to extrapolate from: on a busy CPU a
+LoRA adapters, DPO reference and optimizer: warm-up micro-batches and optimizer steps until the
+setting runs settled (settled_after), then timed micro-batches (forward + backward) and optimizer
+steps. Step time = accumulation x median micro-batch + median optimizer step; its spread
+(micro_spread) says how noisy the figure is, and the finalists are measured again, interleaved,
+before the pick moves off the speed model's (confirm_plan, core.plan.measured.decide). (No one-sequence pilot to extrapolate from: on a busy CPU a
 small model's micro-batch is mostly per-op overhead, one sequence took 0.5-0.9 s where sixteen
 took 0.75 s, and scaling it by the rows misjudged every setting.) Only settings the memory model
 says fit are ever launched
@@ -62,10 +64,12 @@ MIN_SHARE_SECONDS = 3.0  # below this a setting is not started
 TIMED_MICRO_BATCHES = 4
 TIMED_OPTIMIZER_STEPS = 3
 # Warm-up, per setting: micro-batches (each with an optimizer step) until one is no longer much faster
-# than the one before and its page faults stopped growing the memory. A fresh process's first
-# setting here faulted ~700 MB of pages over its first two micro-batches (176k + 119k minor faults,
-# 1.7x the CPU time of a settled one): with a single warm-up micro-batch the first setting measured
-# read 15-40 % slow and lost to settings measured after it.
+# than the one before and its page faults stopped growing the memory. The first setting of a fresh
+# process (6 x 256 Llama, micro-batch 16 x 256 tokens, bf16 autocast) faulted in 160-176k then
+# 93-119k minor page faults (~0.4-0.7 GB) in its first two micro-batches, 6-17k in the third and
+# ~0 after, its first two taking 1.6-1.7x the CPU time of a settled one (idle machine): with one
+# warm-up micro-batch the second was timed, and the first setting measured read slow against
+# those measured after it (0.69 s/step where the benchmark's sweep measured 0.54).
 WARMUP_MAX = 4
 WARMUP_SHARE = 0.5  # at most this share of a setting's time goes to its warm-up
 SETTLED_SPEEDUP = 0.9  # a warm-up micro-batch faster than this x the one before: still warming up
@@ -322,7 +326,8 @@ class _Measuring:
     failed: dict = field(default_factory=dict)  # (model id, setup) -> why it could not be measured
     walls: dict = field(default_factory=dict)  # (model id, setup) -> seconds its last measurement took
     rounds: int = 0
-    rechecks: int = 0
+    rechecks: int = 0  # finalist pairs measured again
+    rechecked: dict = field(default_factory=dict)  # (model id, setup, setup) -> times that pair was
     jobs: int = 0
 
     def measure(self, req, model: ModelSpec, setup: TrainingSetup, predicted: float, share: float,
@@ -514,7 +519,7 @@ def _finalists(req, result, model_only, rechecked: dict) -> list[tuple]:
 
 def _recheck_reserve(req, result, model_only, run: _Measuring) -> float:
     """Seconds to keep for measuring the current finalists again (0 when there are none)."""
-    pairs = _finalists(req, result, model_only, {}) if run.rechecks < MAX_RECHECKS else []
+    pairs = _finalists(req, result, model_only, run.rechecked) if run.rechecks < MAX_RECHECKS else []
     if not pairs:
         return 0.0
     mid, inc, ch, _ = pairs[0]
@@ -527,14 +532,13 @@ def _recheck_finalists(run: _Measuring, req, result, searches, model_only):
     `with_measurements` pools the repeats (median, spread)."""
     from trainfit.core.plan import measured as mm
 
-    rechecked: dict = {}
     models = {mp.model_id: mp.model for mp in result.modes if mp.fits and mp.model is not None}
     while run.rechecks < MAX_RECHECKS:
-        pairs = _finalists(req, result, model_only, rechecked)
+        pairs = _finalists(req, result, model_only, run.rechecked)
         if not pairs:
             break
         mid, inc, ch, gap = pairs[0]
-        rechecked[(mid, inc, ch)] = rechecked.get((mid, inc, ch), 0) + 1
+        run.rechecked[(mid, inc, ch)] = run.rechecked.get((mid, inc, ch), 0) + 1
         last = {(m.model_id, m.setup): i for i, m in enumerate(run.new)}
         order = (inc, ch) if last.get((mid, inc), -1) > last.get((mid, ch), -1) else (ch, inc)
         shares = [max(MIN_SHARE_SECONDS, run.walls.get((mid, s), MIN_SHARE_SECONDS)) for s in order]
