@@ -67,7 +67,7 @@ TIMED_OPTIMIZER_STEPS = 3
 # than the one before and its page faults stopped growing the memory. The first setting of a fresh
 # process (6 x 256 Llama, micro-batch 16 x 256 tokens, bf16 autocast) faulted in 160-176k then
 # 93-119k minor page faults (~0.4-0.7 GB) in its first two micro-batches, 6-17k in the third and
-# ~0 after, its first two taking 1.6-1.7x the CPU time of a settled one (idle machine): with one
+# ~0 after, its first two taking 1.85 and 1.68 CPU-seconds against 1.06 settled (load 2.3): with one
 # warm-up micro-batch the second was timed, and the first setting measured read slow against
 # those measured after it (0.69 s/step where the benchmark's sweep measured 0.54).
 WARMUP_MAX = 4
