@@ -33,42 +33,49 @@ def step(setup, seconds, spread=0.0, samples=()):
 # ---------------------------------------------------------------------------------------------
 # the rule
 def test_a_challenger_faster_within_the_spread_does_not_move_the_pick():
-    d = mm.decide("balanced", A, B, 0.97, {A: step(A, 1.0, spread=0.08), B: step(B, 0.97, spread=0.05)})
+    d = mm.decide("balanced", A, 1.0, B, 0.97, {A: step(A, 1.0, spread=0.08), B: step(B, 0.97, spread=0.05)})
     assert d.action == "kept" and d.pin and d.pick == A
     assert d.faster_by == pytest.approx(1 / 0.97 - 1) and d.spread == pytest.approx(0.08)
     assert "kept the speed model's pick" in d.text and "3% faster, within the 8% spread" in d.text
 
 
 def test_a_gap_beyond_the_spread_switches_and_says_by_how_much():
-    d = mm.decide("balanced", A, B, 0.7, {A: step(A, 1.0, spread=0.08), B: step(B, 0.7, spread=0.05)})
+    d = mm.decide("balanced", A, 1.0, B, 0.7, {A: step(A, 1.0, spread=0.08), B: step(B, 0.7, spread=0.05)})
     assert d.action == "switched" and not d.pin and d.pick == B
     assert "43% faster" in d.text and "beyond the 8% spread" in d.text
 
 
 def test_without_measured_noise_a_few_per_cent_never_switch():
-    d = mm.decide("balanced", A, B, 0.98, {A: step(A, 1.0), B: step(B, 0.98)})
+    d = mm.decide("balanced", A, 1.0, B, 0.98, {A: step(A, 1.0), B: step(B, 0.98)})
     assert d.action == "kept" and d.spread == mm.MIN_SPREAD
-    d = mm.decide("balanced", A, B, 0.9, {A: step(A, 1.0), B: step(B, 0.9)})
+    d = mm.decide("balanced", A, 1.0, B, 0.9, {A: step(A, 1.0), B: step(B, 0.9)})
     assert d.action == "switched"
 
 
-def test_an_unmeasured_challenger_must_beat_the_measured_pick_by_the_speed_model_error():
-    near = mm.decide("balanced", A, B, 0.9, {A: step(A, 1.0, spread=0.02)})  # class-scaled, 11 % faster
-    assert near.action == "kept" and near.spread == mm.SPEED_MODEL_ERROR and "not measured itself" in near.text
-    far = mm.decide("balanced", A, B, 0.5, {A: step(A, 1.0, spread=0.02)})
+def test_an_estimated_side_must_be_beaten_by_the_speed_model_error():
+    near = mm.decide("balanced", A, 1.0, B, 0.9, {A: step(A, 1.0, spread=0.02)})  # B class-scaled, 11 % faster
+    assert near.action == "kept" and near.spread == mm.SPEED_MODEL_ERROR and "not measured to the end" in near.text
+    far = mm.decide("balanced", A, 1.0, B, 0.5, {A: step(A, 1.0, spread=0.02)})
     assert far.action == "switched"
+    # the speed model's pick unmeasured, its class measured 3x slower: the measured challenger wins
+    d = mm.decide("balanced", A, 3.0, B, 1.0, {B: step(B, 1.0, spread=0.05)})
+    assert d.action == "switched" and "the speed model's pick not measured to the end" in d.text
+    bound = dataclasses.replace(step(A, 1.0), lower_bound=True)  # "at least 1.0" ranks at 1.0 x BAND
+    d = mm.decide("balanced", A, 1.0 * mm.BAND, B, 0.99, {A: bound, B: step(B, 0.99)})
+    assert d.action == "switched"
 
 
-def test_a_model_pick_that_was_not_measured_gets_no_benefit_of_the_doubt():
-    d = mm.decide("balanced", A, B, 0.99, {B: step(B, 0.99)})
-    assert d.action == "switched" and "was not measured" in d.text
-    bound = dataclasses.replace(step(A, 1.0), lower_bound=True)
-    d = mm.decide("balanced", A, B, 0.99, {A: bound, B: step(B, 0.99)})
-    assert d.action == "switched" and "did not finish" in d.text
+def test_two_estimates_never_move_the_pick_and_a_pick_that_cannot_run_always_does():
+    bound = dataclasses.replace(step(A, 11.3), lower_bound=True)  # a busy machine: nothing finished
+    other = dataclasses.replace(step(B, 3.0), lower_bound=True)
+    d = mm.decide("balanced", A, 11.3 * mm.BAND, B, 3.1, {A: bound, B: other})
+    assert d.action == "kept" and d.pin and "neither it nor" in d.text
+    d = mm.decide("balanced", A, 1.0, B, 1.2, {B: step(B, 1.2)}, pick_error="ImportError: flash_attn")
+    assert d.action == "switched" and "could not run here (ImportError: flash_attn)" in d.text
 
 
 def test_a_confirmed_pick_names_the_runner_up_and_its_gap():
-    d = mm.decide("balanced", A, A, 1.0, {A: step(A, 1.0), B: step(B, 1.2)}, runner_up=step(B, 1.2))
+    d = mm.decide("balanced", A, 1.0, A, 1.0, {A: step(A, 1.0), B: step(B, 1.2)}, runner_up=step(B, 1.2))
     assert d.action == "confirmed" and "20% slower" in d.text
 
 

@@ -409,7 +409,7 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
     if req.measured_steps:  # the final ranking: unmeasured classes at this machine's typical error
         req = dataclasses.replace(req, measured_settle=True)
         result, searches = mm.plan_searched(req)
-        decisions = _decisions(req, result, searches, model_only)
+        decisions = _decisions(req, result, searches, model_only, run.failed)
         pins = tuple((mp.mode, mp.model_id, d.pick) for mp, d in decisions if d.pin)
         if pins:  # kept: the speed model's pick ranks first where nothing beat it beyond the noise
             req = dataclasses.replace(req, measured_pins=pins)
@@ -557,7 +557,7 @@ def _recheck_finalists(run: _Measuring, req, result, searches, model_only):
     return req, result, searches
 
 
-def _decisions(req, result, searches, model_only) -> list[tuple]:
+def _decisions(req, result, searches, model_only, failed: dict) -> list[tuple]:
     """(mode plan, core.plan.measured.Decision) for each speed-ranked mode the speed model also planned."""
     from trainfit.core.plan import measured as mm
 
@@ -568,10 +568,13 @@ def _decisions(req, result, searches, model_only) -> list[tuple]:
         if not _decidable(mp, b) or mp.speed is None:
             continue
         measured = {m.setup: m for m in req.measured_steps if m.model_id == mp.model_id}
-        fitting = {c.setup for c in searches.get(mp.mode, (None, []))[1]}
-        others = [m for s, m in measured.items() if s in fitting and s != b.setup and not m.lower_bound]
+        ranked = {c.setup: c.speed.step_seconds for c in searches.get(mp.mode, (None, []))[1] if c.speed}
+        others = [m for s, m in measured.items() if s in ranked and s != b.setup and not m.lower_bound]
         runner_up = min(others, key=lambda m: m.step_seconds, default=None)
-        out.append((mp, mm.decide(mp.mode, b.setup, mp.setup, mp.speed.step_seconds, measured, runner_up)))
+        error = failed.get((mp.model_id, b.setup))
+        out.append((mp, mm.decide(mp.mode, b.setup, ranked.get(b.setup, b.speed.step_seconds), mp.setup,
+                                  ranked.get(mp.setup, mp.speed.step_seconds), measured, runner_up,
+                                  pick_error=error)))
     return out
 
 

@@ -354,25 +354,31 @@ class Decision:
         return self.action == "kept"
 
 
-def decide(mode: str, model_pick: TrainingSetup, ranked_pick: TrainingSetup, ranked_seconds: float,
-           measured: dict, runner_up: MeasuredStep | None = None) -> Decision:
+def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, ranked_pick: TrainingSetup,
+           ranked_seconds: float, measured: dict, runner_up: MeasuredStep | None = None,
+           pick_error: str | None = None) -> Decision:
     """Keep the speed model's pick unless a setting is measured faster by more than the noise.
 
-    `ranked_pick`: the measured ranking's pick (ranked_seconds its figure: measured, or scaled by
-    its class's measured ratio); `measured`: setup -> MeasuredStep of this model; `runner_up`: the
-    fastest measured setting other than the speed model's pick (the evidence for a confirmation).
-    The noise is the larger of the two settings' spreads, at least MIN_SPREAD; a challenger that
-    was not measured itself also carries the speed model's error."""
-    inc = measured.get(model_pick)
-    if inc is not None and inc.lower_bound:
-        inc = None
+    `ranked_pick`: the measured ranking's pick; `*_seconds`: the two settings' figures in that
+    ranking (measured, "at least" x BAND, or scaled by their class's measured ratio); `measured`:
+    setup -> MeasuredStep of this model; `runner_up`: the fastest setting measured to the end other
+    than the speed model's pick (the evidence for a confirmation); `pick_error`: why the speed
+    model's pick could not run here, if it could not.
+
+    The noise is the larger of the two settings' spreads, at least MIN_SPREAD; where either was not
+    measured to the end, also the speed model's error. Where neither was measured to the end, the
+    speed model's pick stays: two estimates say nothing a measurement said."""
+    def complete(m: MeasuredStep | None) -> MeasuredStep | None:
+        return m if m is not None and not m.lower_bound else None
+
     name = setup_label
+    inc = complete(measured.get(model_pick))
     if ranked_pick == model_pick:
         if inc is None:
             return Decision(mode, "unmeasured", model_pick, model_pick, None, None, None, {},
-                            "the speed model's pick, not measured (the probe had no measurement of it)")
+                            "the speed model's pick, not measured to the end (nothing measured beat it)")
         reps = {name(model_pick): inc.repeats}
-        if runner_up is None or runner_up.lower_bound:
+        if complete(runner_up) is None:
             return Decision(mode, "confirmed", model_pick, model_pick, None, None, None, reps,
                             f"confirmed: the speed model's pick measured {inc.step_seconds:.3g} s/step "
                             f"(spread {inc.spread:.0%}), nothing measured faster")
@@ -382,22 +388,25 @@ def decide(mode: str, model_pick: TrainingSetup, ranked_pick: TrainingSetup, ran
                         max(MIN_SPREAD, inc.spread, runner_up.spread), reps,
                         f"confirmed: the speed model's pick measured fastest; the next, {name(runner_up.setup)}, "
                         f"{slower:.0%} slower")
-    ch = measured.get(ranked_pick)
-    if inc is None:
-        why = ("did not finish within its time share" if model_pick in measured else "was not measured")
-        return Decision(mode, "switched", model_pick, ranked_pick, ranked_pick, None, None,
-                        {name(ranked_pick): ch.repeats} if ch else {},
-                        f"switched: the speed model's pick {why}; the measured ranking picks {name(ranked_pick)}")
-    gain = inc.step_seconds / ranked_seconds - 1 if ranked_seconds > 0 else 0.0
-    if ch is not None and not ch.lower_bound:
-        noise = max(MIN_SPREAD, inc.spread, ch.spread)
-        reps = {name(model_pick): inc.repeats, name(ranked_pick): ch.repeats}
-        how = _repeats_text(inc, ch)
-        what = "measured"
+    ch = complete(measured.get(ranked_pick))
+    reps = {name(s): m.repeats for s, m in ((model_pick, inc), (ranked_pick, ch)) if m is not None}
+    if pick_error:
+        return Decision(mode, "switched", model_pick, ranked_pick, ranked_pick, None, None, reps,
+                        f"switched: the speed model's pick could not run here ({pick_error}); the measured "
+                        f"ranking picks {name(ranked_pick)}")
+    if inc is None and ch is None:
+        return Decision(mode, "kept", model_pick, model_pick, ranked_pick, None, None, reps,
+                        f"kept the speed model's pick: neither it nor {name(ranked_pick)} was measured to the end")
+    gain = model_pick_seconds / ranked_seconds - 1 if ranked_seconds > 0 else 0.0
+    spreads = [m.spread for m in (inc, ch) if m is not None]
+    if inc is not None and ch is not None:
+        noise = max(MIN_SPREAD, *spreads)
+        how, what = _repeats_text(inc, ch), "measured"
     else:
-        noise = max(MIN_SPREAD, inc.spread, SPEED_MODEL_ERROR)
-        reps = {name(model_pick): inc.repeats}
-        how = "not measured itself: scaled by its kernel class's measured ratio, within the speed model's error"
+        noise = max(MIN_SPREAD, SPEED_MODEL_ERROR, *spreads)
+        unmeasured = "the speed model's pick" if inc is None else name(ranked_pick)
+        how = (f"{unmeasured} not measured to the end: its kernel class's measured ratio, or its lower bound, "
+               "within the speed model's error")
         what = "ranked"
     if gain > noise:
         return Decision(mode, "switched", model_pick, ranked_pick, ranked_pick, gain, noise, reps,
