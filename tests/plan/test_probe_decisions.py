@@ -237,6 +237,17 @@ def test_a_measurements_spread_is_robust_to_one_stall():
     assert probe.micro_spread([1.0, 1.3, 0.8, 1.1]) > 0.2  # noise throughout shows
 
 
+def test_a_step_figure_from_fewer_than_two_timed_micro_batches_counts_as_noisy():
+    job = probe.ProbeJob(0, SPEC, B, 5.0, "cpu")  # accumulation 2
+    one = probe.SettingResult(0, micro_seconds=[1.0], optimizer_seconds=[0.1], warm_micro=[2.0])
+    assert probe._finish(one, job, None, stopped=True).spread == probe.UNTIMED_SPREAD
+    four = probe.SettingResult(0, micro_seconds=[1.0, 1.02, 0.98, 1.0], optimizer_seconds=[0.1, 0.3, 0.1],
+                               warm_micro=[2.0, 1.1])
+    done = probe._finish(four, job, None, stopped=False)
+    assert done.step_seconds == pytest.approx(2 * 1.0 + 0.1) and done.spread < 0.05
+    assert "2 warm-up + 4 timed micro-batches" in done.how and "spread" in done.how
+
+
 # ---------------------------------------------------------------------------------------------
 # no work done twice
 def test_plan_searched_searches_each_mode_once_and_gives_the_searches_plan_used(req, monkeypatch):

@@ -74,7 +74,7 @@ WARMUP_MAX = 4
 WARMUP_SHARE = 0.5  # at most this share of a setting's time goes to its warm-up
 SETTLED_SPEEDUP = 0.9  # a warm-up micro-batch faster than this x the one before: still warming up
 SETTLED_FAULT_PAGES = 4096  # 16 MiB of 4 KiB pages: memory no longer growing
-UNTIMED_SPREAD = 0.25  # the spread given a step figure from warm-up micro-batches only (no timed one)
+UNTIMED_SPREAD = 0.25  # the spread given a step figure from fewer than two timed micro-batches
 # The finalists (the speed model's pick and a setting measured faster) are measured again,
 # interleaved with their first measurement (A B B A), at most this many times per probe.
 MAX_RECHECKS = 3
@@ -271,7 +271,8 @@ def _finish(res: SettingResult, job: ProbeJob, built_at: float | None, *, stoppe
     if micro:
         res.step_seconds = accum * statistics.median(micro) + (statistics.median(optim) if optim else 0.0)
         res.lower_bound = not optim  # the optimizer step left out
-        res.spread = micro_spread(res.micro_seconds) if res.micro_seconds else UNTIMED_SPREAD
+        # fewer than two timed micro-batches show no spread: counted as large, not as none
+        res.spread = micro_spread(res.micro_seconds) if len(res.micro_seconds) >= 2 else UNTIMED_SPREAD
         res.how = (f"{len(res.warm_micro)} warm-up + {len(res.micro_seconds)} timed micro-batches, "
                    f"{len(res.optimizer_seconds)} timed optimizer steps, spread {res.spread:.0%}"
                    if res.micro_seconds else "the warm-up micro-batches only") + tail
