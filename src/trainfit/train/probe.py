@@ -17,11 +17,11 @@ LoRA adapters, DPO reference and optimizer: warm-up micro-batches and optimizer 
 setting runs settled (settled_after), then timed micro-batches (forward + backward) and optimizer
 steps. Step time = accumulation x median micro-batch + median optimizer step; its spread
 (micro_spread) says how noisy the figure is, and the finalists are measured again, interleaved,
-before the pick moves off the speed model's (confirm_plan, core.plan.measured.decide). (No one-sequence pilot to extrapolate from: on a busy CPU a
-small model's micro-batch is mostly per-op overhead, one sequence took 0.5-0.9 s where sixteen
-took 0.75 s, and scaling it by the rows misjudged every setting.) Only settings the memory model
-says fit are ever launched
-(the shortlist comes from the search's fitting candidates).
+before the pick moves off the speed model's (confirm_plan, core.plan.measured.decide). (No
+one-sequence pilot to extrapolate from: on a busy CPU a small model's micro-batch is mostly per-op
+overhead, one sequence took 0.5-0.9 s where sixteen took 0.75 s, and scaling it by the rows
+misjudged every setting.) Only settings the memory model says fit are ever launched (the
+shortlist comes from the search's fitting candidates).
 
 The measurements are stored with this machine's calibration (train/calibration.py: the step-time
 ratio of the balanced pick as a calibration sample, the step times as `probe_steps`), so the next
@@ -328,7 +328,7 @@ class _Measuring:
     walls: dict = field(default_factory=dict)  # (model id, setup) -> seconds its last measurement took
     rounds: int = 0
     rechecks: int = 0  # finalist pairs measured again
-    rechecked: dict = field(default_factory=dict)  # (model id, setup, setup) -> times that pair was
+    rechecked: dict = field(default_factory=dict)  # (model id, setup, setup) -> times measured again
     jobs: int = 0
 
     def measure(self, req, model: ModelSpec, setup: TrainingSetup, predicted: float, share: float,
