@@ -61,6 +61,10 @@ MAX_BUILD_PARAMS = 300_000_000
 # a few x on small shapes, so slicing on its word alone would slice models that need none).
 SLICE_PIECES = 3
 MIN_SHARE_SECONDS = 3.0  # below this a setting is not started
+# The child stops a setting itself at the end of its time share; the parent stops the child only
+# this share later (a micro-batch still running): a stopped child is started again, paying torch's
+# import and a cold first setting again (page faults, thread pools) for the next setting measured.
+OVERRUN_SHARE = 0.5
 TIMED_MICRO_BATCHES = 4
 TIMED_OPTIMIZER_STEPS = 3
 # Warm-up, per setting: micro-batches (each with an optimizer step) until one is no longer much faster
@@ -234,7 +238,8 @@ class ProbeSession:
         self.proc.stdin.flush()
         built_at = None
         while True:
-            event = self._next(deadline if built_at is None else min(deadline, built_at + job.share_seconds))
+            event = self._next(deadline if built_at is None else
+                               min(deadline, built_at + job.share_seconds * (1 + OVERRUN_SHARE)))
             if event is None:  # stopped at its time share (or the child died): what it finished counts
                 stopped = self.proc is not None and self.proc.poll() is None
                 code = None if stopped or self.proc is None else self.proc.poll()
@@ -833,8 +838,9 @@ def _run_setting(job: dict) -> None:
     micro_s, optim_s = [], []
     while len(micro_s) < TIMED_MICRO_BATCHES or len(optim_s) < TIMED_OPTIMIZER_STEPS:
         spent_micro = statistics.median(micro_s) if micro_s else 0.0
-        if micro_s and optim_s and time.monotonic() + spent_micro > deadline:
-            break
+        now = time.monotonic()
+        if now >= deadline or (micro_s and optim_s and now + spent_micro > deadline):
+            break  # its share is spent: stop here rather than be stopped (a restart costs the next setting)
         micro_s.append(micro())
         _emit(event="micro", index=index, seconds=micro_s[-1], warmup=False)
         if len(optim_s) < TIMED_OPTIMIZER_STEPS:
