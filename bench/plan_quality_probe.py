@@ -373,7 +373,8 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
                 each = me.get("samples_seconds") or [me["measured_step_seconds"]]
                 lines.append(f"| {me['setup']} | {'>= ' if me['lower_bound'] else ''}{me['measured_step_seconds']:.3g}"
                              + (f" ({' / '.join(f'{x:.3g}' for x in each)})" if len(each) > 1 else "")
-                             + f" | {me.get('spread', 0):.0%} | {me['predicted_step_seconds']:.3g} | "
+                             + f" | {'n/a' if me['lower_bound'] else format(me.get('spread', 0), '.0%')} | "
+                             f"{me['predicted_step_seconds']:.3g} | "
                              f"{me['measured_over_predicted']:.2f} |")
         lines += [""] + [f"- {p['mode']}: " + (p["decision"]["text"] if p.get("decision") else
                                                 (f"`{p['pick']}`" + (" (changed: the mode's own rule on the measured "

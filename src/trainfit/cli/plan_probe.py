@@ -128,7 +128,7 @@ def render(probe: dict | None, out) -> None:
             continue
         bound = ">= " if m["lower_bound"] else ""
         repeats = m.get("repeats", 1)
-        noise = f", spread {m['spread']:.0%}" if m.get("spread") is not None else ""
+        noise = f", spread {m['spread']:.0%}" if m.get("spread") is not None and not m["lower_bound"] else ""
         out.print(f"  {m['setup']}: {bound}{m['measured_step_seconds']:.3g} s/step measured"
                   + (f" (median of {repeats})" if repeats > 1 else "") + f"{noise}, "
                   f"{m['predicted_step_seconds']:.3g} predicted ({m['measured_over_predicted']:.2f}x)"
