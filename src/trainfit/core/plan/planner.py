@@ -80,6 +80,9 @@ class PlanRequest:
     # they rank their settings instead of the speed model; empty: the speed model alone.
     measured_steps: tuple = ()
     measured_settle: bool = False  # the final ranking (core.plan.measured.unmeasured_factor)
+    # (mode, model id, setup): picks the probe kept because nothing was measured faster by more
+    # than the measurements' noise (core.plan.measured.decide); the search ranks them first.
+    measured_pins: tuple = ()
     # Test hook (core.plan.measured.SpeedSkew): a speed model deliberately wrong about one knob.
     speed_skew: tuple = ()
     # The tool that will run the plan (core.frameworks.Framework, `--framework`): every candidate's memory
@@ -378,7 +381,7 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
                      memory_fn=_memory_fn(req, rules))
     if t.largest_micro_batch and req.method != "inference":
         result = _largest_batch_near_fastest(result)
-    return result
+    return measured.pinned(req, t.mode, model, result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,6 +404,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                 pretrain: dict | None = None, extra_reasons: list[str] | None = None,
                 extra_warnings: list[str] | None = None) -> ModePlan:
     result = result or _search_model(req, t, rules, model)
+    measured.note_search(t.mode, model, result)  # the probe reads the search behind each pick
     budget = _budget(req, t)
     cap = _capacity(req, rules)
     reasons = list(extra_reasons or [])
