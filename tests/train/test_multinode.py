@@ -33,7 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfit.export.bundle import LAUNCH_FILE, render_files, run_dir_name, write_files
+from trainfit.export.bundle import LAUNCH_FILE, render_files, run_dir_name
+from trainfit.export.publish import write_tree
 from trainfit.train.run_config import load_run_config, parse_run_config
 from trainfit.train.runner import run_training
 
@@ -46,6 +47,10 @@ TIMEOUT_S = 240
 # ddp_timeout, 1800 s by default.)
 SURVIVOR_EXIT_BOUND_S = 60.0
 STEPS, EVERY, STALL_STEP = 8, 3, 5  # checkpoints at 3 and 6; node 1 hangs in step 5: resume from 3
+
+
+def write_files(folder: Path, files: dict[str, str], *, force: bool) -> None:
+    write_tree(folder, {"": files}, force=force)  # one folder, as plan --out writes it
 
 
 def _free_port() -> int:
@@ -149,7 +154,7 @@ def test_two_nodes_launched_from_the_exported_files_match_one_process(tmp_path):
     accel = yaml.safe_load(files["accelerate.yaml"])
     assert accel["num_machines"] == 2 and accel["distributed_type"] == "MULTI_CPU"
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
-    write_files(node0, files, force=False)
+    write_tree(node0, {"": files}, force=False)
     shutil.copytree(node0, node1)  # the second machine gets its own copy of the folder
 
     port, shared = _free_port(), tmp_path / "shared"

@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from trainfit.cli.framework_arg import add_framework_argument, chosen, plan_framework
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError, short_repr
 from trainfit.validate import arg
 
@@ -31,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", action="append", help=f"{', '.join(MODES)} (repeatable; default all three)")
     p.add_argument("--hardware", help="catalog machine ('rtx-4090', '2x a100-80gb', 'm2-16gb', 'cpu') or a profile "
                    "JSON; default: this machine")
-    p.add_argument("--seq-len", type=arg("seq_len"), help="tokens per example (default: each mode's range)")
+    from trainfit.cli.knob_flags import add_knob_flags
+
+    add_knob_flags(p, "plan", only=("seq_len",))  # declared in trainfit.core.knobs
     p.add_argument("--target-batch", type=arg("target_batch"), help="effective batch to keep (default: 16 / 32 / 64 by mode)")
     p.add_argument("--examples", type=arg("examples"), help="training examples (DPO: pairs)")
     p.add_argument("--pipeline", help="plan phases that run in order, joined by their hand-offs: sft+dpo, "
@@ -64,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "slurm (slurm.sbatch), skypilot (skypilot.yaml, skypilot-job.yaml) or kubernetes (pytorchjob.yaml), "
                    "repeatable; docs: README 'Running on a cluster'")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
+    add_framework_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     from trainfit.cli import plan_probe
 
@@ -159,7 +163,8 @@ def build_request(args: argparse.Namespace, hardware=None):
         memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
         vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset, **_image_knobs(args),
-        spot=flavor.spot if flavor is not None else None)
+        spot=flavor.spot if flavor is not None else None,
+        framework=chosen(args, this_machine=args.hardware is None and flavor is None))
 
 
 def _image_knobs(args: argparse.Namespace) -> dict:
@@ -281,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         from trainfit.cli.output import print_json
 
         doc = plan_document(result, files)
+        doc["framework"] = plan_framework(result, req, as_json=True)
         doc["cluster"] = cluster_document(req.hardware)
         if probe is not None:
             doc["probe"] = probe
@@ -296,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"[dim]{result.rates['text']}[/]")
         out.print("")
         render_plan(result, out, files=files)
+        plan_framework(result, req, as_json=False)
         cluster = cluster_document(req.hardware)
         if cluster is not None:
             out.print(f"[bold]cluster[/] ({cluster['network']}): " + " ".join(

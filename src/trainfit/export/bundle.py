@@ -1,4 +1,5 @@
-"""One configuration as the files the real tools load, and writing them all-or-nothing.
+"""One configuration as the files the real tools load (trainfit.export.publish.write_tree writes them
+all-or-nothing).
 
 `render_files` returns file name -> text (pure: no torch / transformers import):
 
@@ -25,7 +26,6 @@ is its checkpoints/ subfolder, where `trainfit train` writes checkpoints).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
@@ -154,18 +154,3 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
         + (node_preamble(nodes, network) if nodes > 1 else "")
         + f'{command} "$@"\n')
     return files
-
-
-# ---------------------------------------------------------------------------------------------
-def write_files(out_dir: Path, files: dict[str, str], *, force: bool) -> list[Path]:
-    """Write every file into out_dir, all or nothing; returns the paths written, in order.
-
-    trainfit.export.publish.write_tree with one folder: refused (BadInputError, nothing touched)
-    when out_dir is a file or a dangling link, a name is not a plain file name, a target is a
-    directory, or a target exists and force is False; out_dir (with parents) is created when
-    missing; a failure, SIGINT or SIGTERM undoes what was written, a kill is undone by the next
-    write into out_dir.
-    """
-    from trainfit.export.publish import write_tree
-
-    return write_tree(out_dir, {"": files}, force=force)[""]
