@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: analyze test test-slow test-tools bench clean
+.PHONY: analyze test test-slow test-launchers test-tools bench clean
 
 $(VENV)/.core: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -66,3 +66,9 @@ bench: $(VENV)/.train
 
 clean:
 	rm -rf $(VENV)
+
+# The launch specs of `plan --launcher` checked by SkyPilot's task loader, the PyTorchJob CRD
+# schema and the Kubernetes client's models, in a venv of their own (skypilot takes ~1.5 min to
+# install, so it is not a test dependency); results in bench/results/launcher_parsers.{json,md}.
+test-launchers:
+	python3 bench/launcher_parsers.py

@@ -23,6 +23,9 @@ bench/results/plan_quality.md, so a class further behind cannot hold the best). 
 and the picks are measured a second time, in reverse order, and the better median is kept.
 
 Verdict per run: the balanced pick after the probe reaches >= 95 % of the best measured setting.
+Each run's section lists every measurement of the probe (median, each repeat, spread) and each
+mode's decision with its evidence (core.plan.measured.decide: kept / switched, by how much, against
+which spread).
 """
 
 from __future__ import annotations
@@ -279,10 +282,12 @@ def analyze(ctx: dict, runs: list[dict], rows: list[dict]) -> dict:
         tps_final = measured_tps(by_label[final]) if final in by_label else None
         tps_model = measured_tps(by_label[model_only]) if model_only in by_label else None
         ratio = tps_final / measured_tps(best) if best and tps_final else None
+        balanced = next((p for p in run["report"]["picks"] if p["mode"] == "balanced"), {})
         verdicts.append({"run": run["name"], "speed_model_pick": model_only, "final_pick": final,
                          "speed_model_pick_ratio": tps_model / measured_tps(best) if best and tps_model else None,
                          "final_ratio": ratio, "pass": ratio is not None and ratio >= 0.95,
                          "probe_seconds": run["report"]["seconds"], "rounds": run["report"]["rounds"],
+                         "rechecks": run["report"].get("rechecks", 0), "decision": balanced.get("decision"),
                          "confirmed": run["report"]["confirmed"], "measured_settings": len(
                              [m for m in run["report"]["measurements"] if "error" not in m])})
     spread = sorted(max(x) / min(x) - 1 for x in ([y["tokens_per_second"] for y in r["runs"] if "error" not in y]
@@ -294,6 +299,15 @@ def analyze(ctx: dict, runs: list[dict], rows: list[dict]) -> dict:
             "within_5pct_of_best": [r["label"] for r in measured if best and measured_tps(r) >= 0.95 * measured_tps(best)],
             "round_to_round_spread_median": statistics.median(spread) if spread else None,
             "round_to_round_spread_max": spread[-1] if spread else None, "measured_settings": len(measured)}
+
+
+def decision_cell(d: dict | None) -> str:
+    """The balanced decision in a table cell: what, by how much, against which spread."""
+    if not d:
+        return "n/a"
+    if d.get("faster_by") is None or d.get("spread") is None:
+        return d["action"]
+    return f"{d['action']}: {d['faster_by']:+.0%} vs spread {d['spread']:.0%}"
 
 
 def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
@@ -328,8 +342,8 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
            "(load above); re-run it on a quiet machine"),
         "",
         "| run | speed model's balanced pick (its share of the best) | after the probe | share of the best | probe seconds "
-        "| rounds | settings measured | confirmed | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rounds (+ re-measured pairs) | settings measured | confirmed | balanced decision | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def pct(x):
@@ -337,20 +351,35 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
 
     for v in s["verdicts"]:
         lines.append(f"| {v['run']} | `{v['speed_model_pick']}` ({pct(v['speed_model_pick_ratio'])}) | "
-                     f"`{v['final_pick']}` | {pct(v['final_ratio'])} | {v['probe_seconds']:.1f} | {v['rounds']} | "
-                     f"{v['measured_settings']} | {v['confirmed']} | {'pass' if v['pass'] else 'FAIL'} |")
+                     f"`{v['final_pick']}` | {pct(v['final_ratio'])} | {v['probe_seconds']:.1f} | {v['rounds']} "
+                     f"(+{v.get('rechecks', 0)}) | {v['measured_settings']} | {v['confirmed']} | "
+                     f"{decision_cell(v.get('decision'))} | {'pass' if v['pass'] else 'FAIL'} |")
+    lines += ["", "Decision rule (core.plan.measured.decide): the speed model's pick is kept unless another setting is "
+              "measured faster by more than the larger spread of the two (at least 3 %); a measured pick less than 50 % "
+              "faster is first measured again with it, interleaved (A B B A). Spread of one measurement: twice the "
+              "median absolute deviation of its timed micro-batches over their median; of a setting measured again: "
+              "also how far its measurements disagree."]
     for run in runs:
         rep = run["report"]
         skew = ", ".join(f"{k['knob']}={k['value']} x{k['factor']:g}" for k in run["skew"]) or "none"
         lines += ["", f"### {run['name']} (skew: {skew}; load {run['load_before'][0]:.2f} -> {run['load_after'][0]:.2f})",
-                  "", "| setting measured by the probe | measured s/step | predicted s/step | measured / predicted |",
-                  "|---|---|---|---|"]
+                  "", "| setting measured by the probe | measured s/step (each measurement) | spread | predicted s/step "
+                  "| measured / predicted |",
+                  "|---|---|---|---|---|"]
         for me in rep["measurements"]:
             if "error" in me:
-                lines.append(f"| {me['setup']} | not measured: {me['error']} | | |")
+                lines.append(f"| {me['setup']} | not measured: {me['error']} | | | |")
             else:
-                lines.append(f"| {me['setup']} | {'>= ' if me['lower_bound'] else ''}{me['measured_step_seconds']:.3g} | "
-                             f"{me['predicted_step_seconds']:.3g} | {me['measured_over_predicted']:.2f} |")
+                each = me.get("samples_seconds") or [me["measured_step_seconds"]]
+                lines.append(f"| {me['setup']} | {'>= ' if me['lower_bound'] else ''}{me['measured_step_seconds']:.3g}"
+                             + (f" ({' / '.join(f'{x:.3g}' for x in each)})" if len(each) > 1 else "")
+                             + f" | {'n/a' if me['lower_bound'] else format(me.get('spread', 0), '.0%')} | "
+                             f"{me['predicted_step_seconds']:.3g} | "
+                             f"{me['measured_over_predicted']:.2f} |")
+        lines += [""] + [f"- {p['mode']}: " + (p["decision"]["text"] if p.get("decision") else
+                                                (f"`{p['pick']}`" + (" (changed: the mode's own rule on the measured "
+                                                                     "ranking)" if p["changed"] else "")))
+                         for p in rep["picks"]]
         if "next_plan" in run:
             nxt = run["next_plan"]["report"]
             lines += ["", f"Next plan on the same calibration file: probe ran: {nxt['ran']}"

@@ -4,7 +4,9 @@ Each row of bench/data/published_speed.yaml is a training run someone published 
 Foundry, torchtune, Answer.AI fsdp_qlora, Qwen, torchtitan, the PyTorch FSDP blog, and, held
 out, fms-acceleration's reference runs) with its settings and source. This script predicts every
 row with trainfit's speed model (trainfit.core.speed.predict_step on catalog GPU rates; no
-subprocess, no GPU) and compares tokens/s per GPU with the published figure.
+subprocess, no GPU), as the row's tool runs it (`framework`, resolved as `--framework` is; rows of
+a tool with no profile are trainfit's own run), and compares tokens/s per GPU with the published
+figure, beside the same settings with no framework named.
 
 Run:  .venv/bin/python bench/published_speed.py [--only SUBSTRING] [--out DIR]
 Writes bench/results/published_speed.md and .json: per row predicted vs published tokens/s per
@@ -28,7 +30,7 @@ import yaml
 import published_memory
 from trainfit.core.gpu_catalog import get_gpu
 from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.memory.framework_effects import transformers_knobs
+from trainfit.core.frameworks import apply_framework, resolve_framework
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import gpu_spec_rates, predict_step
@@ -41,8 +43,7 @@ DATA = HERE / "data" / "published_speed.yaml"
 RESULTS = HERE / "results"
 
 FIGURE_KINDS = ("tokens_per_s_per_gpu", "tokens_per_s_total", "seconds_per_step", "seconds_for_tokens")
-REQUIRED = ("id", "source", "framework", "model", "method", "gpu", "num_gpus", "link", "seq_len", "micro_batch",
-            "figure")
+REQUIRED = ("id", "source", "model", "method", "gpu", "num_gpus", "link", "seq_len", "micro_batch", "figure")
 # Sequences up to this length count as "short" in the group table.
 SHORT_SEQ_MAX = 2048
 # A published figure whose implied hardware utilisation (FLOPs the stated settings execute per
@@ -50,9 +51,11 @@ SHORT_SEQ_MAX = 2048
 # GPU (no training stack sustains it over a whole step; trainfit's own ceiling for a measured
 # GPU is the same 0.85): such rows stay in the table but not in the summary.
 PLAUSIBLE_UTILISATION_MAX = 0.85
+# The settings a source states, as a user's flags give them; how the tool runs them (loss kernel, PEFT's
+# cast, autocast, the transformers release ...) comes from the row's `framework` profile only.
 SETUP_KEYS = ("method", "precision", "optimizer", "micro_batch", "seq_len", "grad_accum", "grad_checkpointing",
-              "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload", "optimizer_in_backward", "loss",
-              "kbit_upcast", "autocast_16bit_weights", "torch_compile")
+              "attention", "quant", "num_gpus", "num_nodes", "zero_stage", "offload", "optimizer_in_backward",
+              "torch_compile")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class Row:
     id: str
     raw: dict  # the row with its group's defaults merged in
     spec: ModelSpec
-    setup: TrainingSetup
+    setup: TrainingSetup  # as the row's framework runs it
+    own_setup: TrainingSetup  # the same settings as trainfit's own run (no --framework)
     gpu: str
     link: str
     published_per_gpu: float
@@ -103,6 +107,7 @@ def _published_per_gpu(row: dict) -> float:
 
 
 def _setup(row: dict) -> TrainingSetup:
+    """The row's stated settings (trainfit's own run: no framework applied)."""
     kw = {k: row[k] for k in SETUP_KEYS if k in row}
     lora = row.get("lora")
     if lora is not None:
@@ -111,9 +116,14 @@ def _setup(row: dict) -> TrainingSetup:
                                   target_modules=targets if isinstance(targets, str) else list(targets))
     if row["method"] in ("lora", "qlora") and "precision" not in row:
         kw["precision"] = "bf16"  # a frozen 16-bit base with fp32 adapters, as PEFT loads it
-    if "transformers" in row:  # what the release decides, e.g. Mixtral's experts as separate Linears before 5
-        kw.update(transformers_knobs(str(row["transformers"])))
     return TrainingSetup(device="cuda", **kw)
+
+
+def _framed(row: dict, setup: TrainingSetup) -> TrainingSetup:
+    """The setup as the row's tool runs it: `framework` through the resolver a user's --framework uses."""
+    if not row.get("framework"):
+        return setup
+    return apply_framework(setup, resolve_framework(str(row["framework"]), key=f"{row['id']}: framework"))[0]
 
 
 def load_rows(path: Path = DATA) -> list[Row]:
@@ -143,18 +153,20 @@ def load_rows(path: Path = DATA) -> list[Row]:
         catalog_link = "nvlink" if (gpu.interconnect or "").startswith("nvlink") else "pcie"
         if row["num_gpus"] > 1 and row["link"] != catalog_link:
             raise ValueError(f"{row['id']}: link {row['link']} but the catalog's {gpu.id} is {catalog_link}")
-        rows.append(Row(row["id"], row, spec, _setup(row), gpu.id, row["link"], _published_per_gpu(row)))
+        own = _setup(row)
+        rows.append(Row(row["id"], row, spec, _framed(row, own), own, gpu.id, row["link"], _published_per_gpu(row)))
     return rows
 
 
-def predict_row(row: Row) -> SpeedEstimate:
-    """The speed model's estimate for one published run (catalog rates of its GPU)."""
+def predict_row(row: Row, *, framework: bool = True) -> SpeedEstimate:
+    """The speed model's estimate for one published run (catalog rates of its GPU); framework=False:
+    the same settings as trainfit's own run."""
     per_node = max(1, row.setup.num_gpus // max(1, row.setup.num_nodes))
     rates = gpu_spec_rates(get_gpu(row.gpu), per_node)
     # The catalog machine, for the terms that depend on what fits in memory (paged optimizer states
     # evicted to RAM); the rates themselves stay the catalog's.
     rates = dataclasses.replace(rates, profile=resolve_hardware(f"{per_node}x {row.gpu}"))
-    return predict_step(row.spec, row.setup, rates)
+    return predict_step(row.spec, row.setup if framework else row.own_setup, rates)
 
 
 def implied_utilisation(row: Row) -> float:
@@ -171,7 +183,7 @@ def _groups(row: Row) -> dict[str, str]:
         "link": "single GPU" if s.num_gpus == 1 else row.link,
         "sequence": f"short (<= {SHORT_SEQ_MAX})" if s.seq_len <= SHORT_SEQ_MAX else f"long (> {SHORT_SEQ_MAX})",
         "method": s.method,
-        "source": str(row.raw.get("group") or row.raw["framework"]),
+        "source": str(row.raw.get("group") or row.raw.get("framework") or row.raw.get("tool")),
     }
 
 
@@ -184,6 +196,17 @@ def _percentile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
+def _no_framework_summary(out: list[dict]) -> dict:
+    named = [r for r in out if r["framework"]]
+    own = [abs(r["signed_error_no_framework"]) for r in out]
+    return {"median_abs_error": round(statistics.median(own), 4) if own else None,
+            "p90_abs_error": round(_percentile(own, 0.9), 4) if own else None,
+            "rows_with_framework": len(named),
+            "median_abs_error_named_rows": round(statistics.median(abs(r["signed_error"]) for r in named), 4) if named else None,
+            "median_abs_error_named_rows_no_framework":
+                round(statistics.median(abs(r["signed_error_no_framework"]) for r in named), 4) if named else None}
+
+
 def evaluate(rows: list[Row]) -> dict:
     """Per-row comparison and summaries (median / p90 |error|, per-group medians)."""
     out = []
@@ -191,6 +214,7 @@ def evaluate(rows: list[Row]) -> dict:
         est = predict_row(row)
         predicted = est.tokens_per_second / row.setup.num_gpus
         err = predicted / row.published_per_gpu - 1.0
+        own_err = predict_row(row, framework=False).tokens_per_second / row.setup.num_gpus / row.published_per_gpu - 1.0
         utilisation = implied_utilisation(row)
         out.append({
             "id": row.id, "model": row.raw["model"], "method": row.setup.method, "gpu": row.gpu,
@@ -198,6 +222,7 @@ def evaluate(rows: list[Row]) -> dict:
             "seq_len": row.setup.seq_len, "micro_batch": row.setup.micro_batch, "zero_stage": row.setup.zero_stage,
             "published_tokens_per_s_per_gpu": round(row.published_per_gpu, 1),
             "predicted_tokens_per_s_per_gpu": round(predicted, 1),
+            "framework": row.raw.get("framework"), "signed_error_no_framework": round(own_err, 4),
             "signed_error": round(err, 4), "bottleneck": est.bottleneck, "mfu": round(est.mfu, 3),
             "implied_utilisation": round(utilisation, 3), "counted": utilisation <= PLAUSIBLE_UTILISATION_MAX,
             "groups": _groups(row), "source": row.raw["source"], "table": row.raw.get("table", ""),
@@ -212,6 +237,8 @@ def evaluate(rows: list[Row]) -> dict:
         "p90_abs_error": round(_percentile(abs_err, 0.9), 4) if out else None,
         "median_signed_error": round(statistics.median(r["signed_error"] for r in out), 4) if out else None,
         "share_optimistic_over_15pct": round(sum(r["signed_error"] > 0.15 for r in out) / len(out), 3) if out else None,
+        # the same rows predicted for trainfit's own run (no --framework): what naming the tool changes
+        "no_framework": _no_framework_summary(out),
     }
     by_group: dict[str, dict[str, dict]] = {}
     for axis in ("gpus", "link", "sequence", "method", "source"):
@@ -228,6 +255,7 @@ def evaluate(rows: list[Row]) -> dict:
 
 def _markdown(result: dict) -> str:
     s = result["summary"]
+    nf = s["no_framework"]
     lines = [
         "# Speed model vs. published GPU training throughput",
         "",
@@ -243,6 +271,12 @@ def _markdown(result: dict) -> str:
         f"{PLAUSIBLE_UTILISATION_MAX:.0%} of the GPU's dense peak under the stated settings (marked * below): "
         + (", ".join(s["excluded_implausible"]) or "none") + ".",
         "",
+        "Each row's tool is set by `framework` exactly as `--framework NAME[@VERSION]` sets it "
+        "(src/trainfit/data/frameworks.yaml); rows of tools with no profile (`tool`) are trainfit's own run. "
+        f"The same rows with no framework named: median |error| {nf['median_abs_error']:.1%}, p90 "
+        f"{nf['p90_abs_error']:.1%}; on the {nf['rows_with_framework']} rows that name one, "
+        f"{nf['median_abs_error_named_rows']:.1%} named against {nf['median_abs_error_named_rows_no_framework']:.1%} not.",
+        "",
         "| group | value | runs | median abs error | median signed error |",
         "|---|---|---:|---:|---:|",
     ]
@@ -250,15 +284,16 @@ def _markdown(result: dict) -> str:
         for name, b in buckets.items():
             lines.append(f"| {axis} | {name} | {b['runs']} | {b['median_abs_error']:.1%} | "
                          f"{b['median_signed_error']:+.1%} |")
-    lines += ["", "| run | GPUs | link | seq | method | published tok/s/GPU | predicted | error | implied util. "
-                  "| bottleneck |",
-              "|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+    lines += ["", "| run | framework | GPUs | link | seq | method | published tok/s/GPU | predicted | error "
+                  "| error, no framework | implied util. | bottleneck |",
+              "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
         gpus = f"{r['num_gpus']}x {r['gpu']}" + (f" ({r['num_nodes']} nodes)" if r["num_nodes"] > 1 else "")
         mark = "" if r["counted"] else " *"
-        lines.append(f"| {r['id']}{mark} | {gpus} | {r['link']} | {r['seq_len']} | {r['method']} | "
-                     f"{r['published_tokens_per_s_per_gpu']:,.0f} | {r['predicted_tokens_per_s_per_gpu']:,.0f} | "
-                     f"{r['signed_error']:+.1%} | {r['implied_utilisation']:.0%} | {r['bottleneck']} |")
+        lines.append(f"| {r['id']}{mark} | {r['framework'] or '-'} | {gpus} | {r['link']} | {r['seq_len']} | "
+                     f"{r['method']} | {r['published_tokens_per_s_per_gpu']:,.0f} | "
+                     f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {r['signed_error']:+.1%} | "
+                     f"{r['signed_error_no_framework']:+.1%} | {r['implied_utilisation']:.0%} | {r['bottleneck']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -274,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "published_speed.md").write_text(_markdown(result))
     s = result["summary"]
     print(f"{s['runs']} runs: median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}, "
-          f"median signed {s['median_signed_error']:+.1%}")
+          f"median signed {s['median_signed_error']:+.1%}; no framework: median |error| "
+          f"{s['no_framework']['median_abs_error']:.1%}, p90 {s['no_framework']['p90_abs_error']:.1%}")
     return 0
 
 

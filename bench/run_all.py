@@ -36,6 +36,7 @@ QUICK = {
 
 ON_REQUEST = ("cuda_memory", "cuda_speed",  # need a CUDA machine; see bench/README.md
               "litgpt_meta_trace",  # needs litgpt installed
+              "launcher_parsers",  # installs skypilot / kubernetes into a venv of its own (needs the package index)
               "tool_exports")  # needs the tools' environments (make test-tools)
 
 

@@ -249,6 +249,8 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
                  "/", f["binary.yaml"] + "/x"]
     out_dirs = ["", " ", f["binary.yaml"], "/proc/new-dir", f["binary.yaml"] + "/sub", "/proc/version"]
     numbers = lambda: rng.choice(BAD_NUMBERS)  # noqa: E731
+    frameworks = lambda: rng.choice(["", " ", "trl@", "trl@x", "nope", "transformers<1", "trl@" + "9" * 400,  # noqa: E731
+                                     "\u202e", "@0.12", "trl@0.12,<", "litgpt@>=", "TRL@0.12 extra"])
     base = {
         "estimate": ["estimate", "llama-3.2-1b", "--hardware", "rtx-4090"],
         "cloud": ["cloud", "llama-3.2-1b", "--examples", "1000"],
@@ -266,12 +268,15 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
                      "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
                      "--method": lambda: rng.choice(BAD_WORDS), "--optimizer": lambda: rng.choice(BAD_WORDS),
                      "--lora-targets": lambda: rng.choice(["", ",", " , ", "\u202e"]),
-                     "--image-size": numbers, "--images-per-example": numbers},
+                     "--image-size": numbers, "--images-per-example": numbers, "--framework": frameworks,
+                     "--runtime": lambda: rng.choice(BAD_WORDS + ["=", "fsdp_no_sync=", "model_code=\u202e",
+                                                                  "transformers_version=" + "9" * 400,
+                                                                  "fsdp_no_sync=nan", "=true"])},
         "cloud": {"--dataset-tokens": numbers, "--examples": numbers, "--seq-len": numbers, "--epochs": numbers,
                   "--budget": numbers, "--max-hours": numbers, "--global-batch": numbers,
                   "--setup-minutes": numbers, "--top": numbers,
                   "--prices": lambda: rng.choice(input_files + [f["prices.csv"], f["prices.yaml"]]),
-                  "--flavor": lambda: rng.choice(BAD_WORDS[1:])},
+                  "--flavor": lambda: rng.choice(BAD_WORDS[1:]), "--framework": frameworks},
         "plan": {"--seq-len": numbers, "--target-batch": numbers, "--examples": numbers, "--dataset-tokens": numbers,
                  "--epochs": numbers, "--memory-share": numbers, "--tokens-per-param": numbers, "--vocab": numbers,
                  "--usd-per-hour": numbers, "--budget": numbers, "--price-per-kwh": numbers,
@@ -286,7 +291,8 @@ def _cases(files: dict[str, Path], d: Path) -> list[list[str]]:
                  "--pairs": numbers, "--dataset": lambda: rng.choice(BAD_WORDS + ["a/b/c", "owner/x:", "owner/x:a:b"]),
                  "--flavor": lambda: rng.choice(BAD_WORDS[1:] + ["p4d.24xlarge"]), "--spot": None,
                  "--image-size": numbers, "--images-per-example": numbers,
-                 "--probe-seconds": numbers, "--no-probe": None,
+                 "--probe-seconds": numbers, "--no-probe": None, "--framework": frameworks,
+                 "--launcher": lambda: rng.choice(BAD_WORDS + ["slurm", "skypilot", "kubernetes"]),
                  "--for": lambda: rng.choice(BAD_WORDS + ["litgpt", "torchtune"])},
         "analyze": {"--psu-watts": numbers, "--hardware": lambda: rng.choice(BAD_HARDWARE + input_files),
                     "--examples": numbers, "--dataset-tokens": numbers,

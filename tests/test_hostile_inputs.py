@@ -126,6 +126,27 @@ def test_plan_data_nested_too_deeply(capsys, tmp_path, name, text):
     assert "nested" in refused(capsys, "plan", "llama-3.2-1b", "--hardware", "rtx-4090", "--data", str(data))
 
 
+def test_a_hardware_profile_nested_too_deeply(capsys, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"gpus": ' + "[" * 150 + "]" * 150 + "}")  # parses, but no profile is 150 deep
+    assert "nested more than 100 levels deep" in refused(capsys, "estimate", "qwen2.5-0.5b", "--hardware", str(deep))
+
+
+@pytest.mark.parametrize("doc, levels, deeper", [
+    (1, 0, False), ([], 0, True), ([], 1, False), ({"a": [1, {"b": []}]}, 4, False), ({"a": [1, {"b": []}]}, 3, True),
+    ([[[]]] * 3, 3, False), ("5000 deep", 4999, True),
+])
+def test_one_depth_check_for_every_json_reader(doc, levels, deeper):
+    """validate.nested_deeper_than: the Hub's JSON (hub_http), --data rows (dataset_size), profiles."""
+    from trainfit.validate import nested_deeper_than
+
+    if doc == "5000 deep":  # past the recursion limit: the walk recurses not
+        doc = []
+        for _ in range(4999):
+            doc = [doc]
+    assert nested_deeper_than(doc, levels) is deeper
+
+
 def test_plan_data_on_a_fifo_or_a_device_is_refused_at_once(capsys, tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

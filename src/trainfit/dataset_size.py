@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainfit.core.plan.data_io import CHARS_PER_TOKEN, DatasetInfo
 from trainfit.errors import BadInputError
+from trainfit.validate import nested_deeper_than
 
 # A sample is cheap: the first rows of the first files, at most this many rows or bytes.
 SAMPLE_ROWS = 2000
@@ -92,24 +93,12 @@ def _loads(text: str, where: str) -> object:
         raise BadInputError(f"--data: {where} is nested too deeply to be a dataset") from None
     except ValueError:
         raise BadInputError(f"--data: {where} holds an integer with more than 4,300 digits") from None
-    if _depth_over(value, MAX_ROW_DEPTH):
+    if nested_deeper_than(value, MAX_ROW_DEPTH):
         raise BadInputError(f"--data: {where} is nested more than {MAX_ROW_DEPTH} levels deep; a dataset is not")
     return value
 
 
 MAX_ROW_DEPTH = 100  # chat rows nest 3-4 levels (list of messages, each a dict of strings)
-
-
-def _depth_over(value: object, limit: int) -> bool:
-    """True when `value` nests lists / dicts more than `limit` levels deep (iterative: no recursion)."""
-    stack = [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (list, dict)):
-            if depth >= limit:
-                return True
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return False
 
 
 def _json_array(path: Path) -> list[int] | None:

@@ -200,3 +200,61 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink()
+
+
+class FolderAdditions:
+    """What an attempt adds to a folder, remembered before it starts, so that a failure can take it
+    out again. A folder the attempt created goes whole, with the parents it created when they are
+    empty; in one that existed only the entries that were not there before go: its own entries, or
+    with `deep` the outermost new entry at any depth (a cache folder shared between runs gets new
+    files inside folders that were there)."""
+
+    def __init__(self, root: str | os.PathLike, *, deep: bool = False) -> None:
+        self.root = Path(root)
+        self.deep = deep
+        self.created: list[Path] = []  # root and the parents a mkdir(parents=True) will create
+        p = self.root
+        while not p.exists() and p != p.parent:
+            self.created.append(p)
+            p = p.parent
+        self.before = self._entries()
+
+    def _entries(self) -> set[str]:
+        if not self.root.is_dir():
+            return set()
+        if not self.deep:
+            return set(os.listdir(self.root))
+        found: set[str] = set()
+        for folder, dirs, files in os.walk(self.root):
+            rel = Path(folder).relative_to(self.root)
+            found.update(str(rel / name) for name in dirs + files)
+        return found
+
+    def undo(self) -> list[str]:
+        """Remove what was added; returns the removed entries relative to the folder (["."]: the
+        folder itself). An entry that went meanwhile is skipped; other errors are raised."""
+        if not self.root.is_dir():
+            return []
+        if self.created:
+            shutil.rmtree(self.root)
+            for parent in self.created[1:]:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+            return ["."]
+        new = self._entries() - self.before
+        outermost = sorted(e for e in new if str(Path(e).parent) not in new)
+        for entry in outermost:
+            path = self.root / entry
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, onerror=_raise_unless_missing)
+            else:
+                path.unlink(missing_ok=True)
+        return outermost
+
+
+def _raise_unless_missing(func, path, exc_info) -> None:
+    """shutil.rmtree's error handler: a file that went meanwhile is not an error."""
+    if not issubclass(exc_info[0], FileNotFoundError):
+        raise exc_info[1]

@@ -104,20 +104,9 @@ def _number(low: float, high: float, **kw: Any) -> Bound:
 _MILLION = 10**6
 # Named by the run config's key where there is one; command-line flags map onto these names.
 BOUNDS: dict[str, Bound] = {
-    # training knobs
-    "micro_batch": _count(1 << 20),
-    "grad_accum": _count(1 << 20),
-    "seq_len": _count(1 << 24),
-    "num_gpus": _count(1 << 20),
+    # training knobs: the numeric knobs' bounds come from the knob table (_knob_bounds below)
     "num_nodes": _count(1024),
-    "zero_stage": _count(3, 0),
-    "generate_tokens": _count(1 << 24, 0),
-    "lora_rank": _count(1 << 16),
-    "lora_alpha": _number(0, 1 << 20, low_open=True),
-    "lora_dropout": _number(0, 0.99),
     "dpo_beta": _number(0, 1000, low_open=True),
-    "image_size": _count(1 << 16, 0),  # pixels per side (0: the model's default resolution)
-    "images_per_example": _count(1024, 0),
     # schedule
     "max_steps": _count(10**9),
     "epochs": _number(0, _MILLION, low_open=True),
@@ -165,6 +154,17 @@ BOUNDS: dict[str, Bound] = {
     # safety: a spot machine's mean hours between interruptions (36 seconds to ~114 years)
     "interruption_hours": _number(0.01, _MILLION),
 }
+
+
+def _knob_bounds() -> dict[str, Bound]:
+    """The numeric knobs' bounds, declared once in the knob table (trainfit.core.knobs)."""
+    from trainfit.core.knobs import KNOBS
+
+    return {k.name: Bound(k.range.low, k.range.high, integer=k.range.integer, low_open=k.range.low_open)
+            for k in KNOBS if k.range is not None}
+
+
+BOUNDS.update(_knob_bounds())
 
 
 def arg(name: str):
@@ -337,6 +337,25 @@ def parse_yaml(text: str, origin: str) -> Any:
 MAX_DOCUMENT_DEPTH = 100
 MAX_DOCUMENT_VALUES = 1_000_000
 _TOO_DEEP = f"nested more than {MAX_DOCUMENT_DEPTH} levels deep; a real file is not"
+
+
+def nested_deeper_than(value: Any, levels: int) -> bool:
+    """True when the lists / dicts of parsed JSON nest more than `levels` deep (a scalar is 0 levels,
+    [] or {} one), found without recursion. For trees: a YAML document's aliases (shared parts) are
+    walked once per reference, so count those first (_check_document)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > levels:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _first_line(exc: Exception) -> str:

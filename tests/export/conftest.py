@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfit.export.bundle import render_files, write_files
+from trainfit.export.bundle import render_files
+from trainfit.export.publish import write_tree
 from trainfit.train.run_config import parse_run_config
 
 DATA = {"pretrain": ["builtin:tiny-corpus"], "dpo": ["builtin:tiny-preferences"]}  # others: chat rows
@@ -30,7 +31,7 @@ def make_cfg(method: str = "pretrain", **sections):
 def write_bundle(out: Path, cfg, *, num_processes: int = 1, device: str = "cpu", **kw) -> Path:
     files = render_files(cfg, header_lines=HEADER, num_processes=num_processes, device=device,
                          run_config_text="version: 1\n", **kw)
-    write_files(out, files, force=False)
+    write_tree(out, {"": files}, force=False)
     return out
 
 

@@ -1,4 +1,4 @@
-"""render_files' file set and headers; write_files' all-or-nothing behaviour."""
+"""render_files' file set and headers; publish.write_tree's all-or-nothing behaviour with one folder."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from trainfit.errors import EXIT_BAD_INPUT, BadInputError, UnavailableError
 from trainfit.export import publish as publish_mod
-from trainfit.export.bundle import render_files, write_files
+from trainfit.export.bundle import render_files
+from trainfit.export.publish import write_tree
 
 from .conftest import HEADER, make_cfg
 
@@ -17,6 +18,11 @@ from .conftest import HEADER, make_cfg
 def render(cfg, procs=1, device="cpu", **kw):
     return render_files(cfg, header_lines=HEADER, num_processes=procs, device=device,
                         run_config_text="version: 1\nmethod: x\n", **kw)
+
+
+def write_files(out_dir, files, *, force):
+    """One folder's files written the way plan --out writes each mode's."""
+    return write_tree(out_dir, {"": files}, force=force)[""]
 
 
 def listing(folder) -> dict[str, bytes]:
@@ -133,3 +139,28 @@ def test_a_failure_before_the_rename_leaves_no_new_folder(tmp_path, monkeypatch)
     with pytest.raises(UnavailableError, match="nothing was written"):
         write_files(out, render(make_cfg("lora")), force=False)
     assert os.listdir(tmp_path) == []  # neither the folders it created nor its staging folder
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_each_staged_file_and_folder_is_fsynced_once(tmp_path, monkeypatch, existing):
+    import stat
+
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+    real_fsync = os.fsync
+    synced = []
+
+    def counting_fsync(fd):
+        info = os.fstat(fd)
+        synced.append(("file" if stat.S_ISREG(info.st_mode) else "dir", info.st_ino))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    files = render(make_cfg("lora"))
+    write_tree(out, {"a": files, "b/c": files}, force=False)
+    inodes = {os.stat(out / f / n).st_ino for f in ("a", "b/c") for n in files}
+    file_syncs = [ino for kind, ino in synced if kind == "file" and ino in inodes]
+    assert sorted(file_syncs) == sorted(inodes)  # every file once, none twice
+    folders = {os.stat(out / f).st_ino for f in ("a", "b", "b/c")}  # staged, then moved into place
+    assert sorted(ino for kind, ino in synced if kind == "dir" and ino in folders) == sorted(folders)

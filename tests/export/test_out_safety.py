@@ -149,18 +149,18 @@ def test_a_full_disk_rolls_every_mode_back(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert run_main(PLAN + ["--out", str(out), "--seq-len", "256"], capsys)[0] == 0
     before = snapshot(out)
-    from trainfit import files
+    from trainfit.export import publish
 
-    real = files.write_atomic
+    real = publish._write_synced
     written = []
 
-    def full_on_the_ninth(path, text, **kw):
+    def full_on_the_ninth(path, text, mode):
         written.append(path)
         if len(written) == 9:  # the third mode's first file
-            raise files.write_error(path, OSError(errno.ENOSPC, "No space left on device"))
-        return real(path, text, **kw)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, text, mode)
 
-    monkeypatch.setattr(files, "write_atomic", full_on_the_ninth)
+    monkeypatch.setattr(publish, "_write_synced", full_on_the_ninth)
     code, err = run_main(PLAN + ["--out", str(out), "--seq-len", "512", "--force"], capsys)
     assert code == 4 and "No space left on device" in err and "nothing was written" in err, err
     assert snapshot(out) == before and not leftovers(tmp_path)

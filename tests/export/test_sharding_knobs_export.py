@@ -55,7 +55,7 @@ def test_fsdp_full_shard_with_cpu_offload_exports_both_forms():
     ("sft", {"distributed": {"strategy": "deepspeed"}, "training": {"offload": "optimizer"}}, "zero_stage >= 1"),
     ("sft", {"training": {"offload": "optimizer"}}, "paged-adamw-32bit"),
     ("pretrain", {"training": {"activation_offload": True}}, "training.activation_offload"),
-    ("sft", {"training": {"activation_offload": True, "device": "cpu"}}, "device cpu"),
+    ("sft", {"training": {"activation_offload": True, "device": "cpu"}}, "device 'cpu'"),
     ("sft", {"training": {"optimizer_in_backward": True}}, "training.optimizer_in_backward"),
     ("sft", {"training": {"optimizer_in_backward": True}}, "schedule.max_grad_norm"),
     ("sft", {"training": {"optimizer_in_backward": True, "grad_accum": 3}}, "training.grad_accum"),

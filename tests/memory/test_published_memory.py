@@ -31,7 +31,10 @@ def test_every_row_cites_a_source_and_names_its_metric(doc):
     runs = doc["runs"]
     assert len(runs) >= 60
     assert {r["method"] for r in runs} >= {"full", "lora", "qlora"}
-    assert {r["framework"] for r in runs} >= {"litgpt", "torchtune", "fsdp_qlora", "hf-trainer-fms"}
+    from trainfit.core.frameworks import resolve_framework
+
+    tools = {resolve_framework(r["framework"]).name for r in runs}  # every row's tool resolves as --framework does
+    assert tools >= {"litgpt", "torchtune", "fsdp_qlora", "fms-hf-tuning", "fms-hf-tuning-accelerated-peft"}
     assert any(r["oom"] for r in runs) and any(r["sharding"] != "none" for r in runs)
     assert {r["metric"] for r in runs} == set(bench.METRICS)
     for row in runs:
@@ -79,7 +82,7 @@ def test_published_oom_is_scored_by_the_fit_verdict(doc):
 def test_markdown_report_states_the_targets(doc):
     rows = [bench.evaluate(_row(doc, i), doc["models"]) for i in ("rt-llama2-7b-lora-mb1", "hub-gemma7b-lora")]
     text = bench.to_markdown(rows, bench.summarise(rows))
-    assert "median |error|" in text and "(target <= 10 %)" in text
+    assert "median |error|" in text and "(target <= 3 %)" in text
     assert "| rt-llama2-7b-lora-mb1 |" in text and "caught" in text
 
 
@@ -117,8 +120,8 @@ def test_a_full_fine_tune_holds_more_at_a_larger_batch_with_the_same_tensor_peak
     and 4 alike (the same allocated peak), yet nvidia-smi shows 9 GiB more at batch 4: the pool grows
     with the activations even where the tensor peak does not (here by 0.7 of those 9 GiB: at batch 2 the
     flat 30 % share of a sharded run is the larger). The fit verdict is unchanged."""
-    small = bench.evaluate(_row(doc, "fms-mistral7b-full-2gpu-bs2-smi"), doc["models"], doc["frameworks"])
-    large = bench.evaluate(_row(doc, "fms-mistral7b-full-2gpu-bs4-smi"), doc["models"], doc["frameworks"])
+    small = bench.evaluate(_row(doc, "fms-mistral7b-full-2gpu-bs2-smi"), doc["models"])
+    large = bench.evaluate(_row(doc, "fms-mistral7b-full-2gpu-bs4-smi"), doc["models"])
     assert small["tensor_peak_bytes"] == large["tensor_peak_bytes"]
     assert large["total_bytes"] > small["total_bytes"]
     assert large["predicted_fits"] and small["predicted_fits"]
@@ -193,5 +196,50 @@ def test_held_out_granite_runs_match_their_allocated_peak(doc, run_id):
     seen): the allocated peak within 5 % on full, LoRA and QLoRA, one and two GPUs."""
     row = _row(doc, run_id)
     assert row["metric"] == "allocated" and row["model"] == "ibm/PowerLM-3b"
-    result = bench.evaluate(row, doc["models"], doc["frameworks"])
+    result = bench.evaluate(row, doc["models"])
     assert abs(result["error"]) < 0.05, result["error"]
+
+
+EMULATION_KEYS = ("optimizer_impl", "bitsandbytes", "fsdp_mixed_units", "loss", "kbit_upcast", "fsdp_no_sync",
+                  "quantize_lm_head", "bnb_fp16_quant_state", "transformers", "output_kept", "model_code",
+                  "reentrant_checkpoint_around_fsdp_units", "previous_step_kept", "fsdp_flat_params",
+                  "autocast_16bit_weights", "logits_shift_copy", "bnb_keeps_input")
+
+
+def test_rows_name_their_tool_as_a_user_does_and_set_no_emulation_knob(doc):
+    """Each row's tool reaches the model only through `framework` (the --framework resolver)."""
+    assert "frameworks" not in doc
+    broken = copy.deepcopy(doc)
+    broken["runs"][0]["framework"] = "litgpt@banana"
+    assert any("framework: 'litgpt@banana'" in p for p in bench.schema_problems(broken))
+    for row in doc["runs"]:
+        assert not [k for k in EMULATION_KEYS if k in row], row["id"]
+    row = _row(doc, "rt-phi15-qlora-mb1")  # lit-gpt's 2023 scripts: the longest batch first
+    setup = bench.setup_for(row)
+    assert setup.model_code == "litgpt" and setup.bnb_keeps_input and not setup.previous_step_kept
+    from trainfit.core.frameworks import apply_framework, resolve_framework
+
+    own = bench.setup_for(row, framework=False)  # trainfit's own run: no litgpt knob
+    assert own.model_code == "transformers" and not own.bnb_keeps_input
+    assert apply_framework(own, resolve_framework(row["framework"]))[0] == setup
+
+
+def test_naming_the_tool_is_reported_beside_the_same_rows_without_it(doc):
+    ids = ("rt-llama2-7b-lora-mb1", "hub-gemma7b-lora", "fms-mistral7b-bnb-1gpu-bs4")
+    rows = [bench.evaluate(_row(doc, i), doc["models"]) for i in ids]
+    summary = bench.summarise(rows)
+    own = summary["no_framework"]
+    assert own["median_abs_error"] is not None and set(own["by_framework"]) == set(summary["by_framework"])
+    text = bench.to_markdown(rows, summary)
+    assert "median |error| with no framework" in text and "error, no framework" in text
+
+
+def test_committed_results_meet_the_targets():
+    """bench/results/published_memory.json as committed (regenerate: bench/published_memory.py)."""
+    from pathlib import Path
+
+    s = json.loads((Path(bench.__file__).parent / "results" / "published_memory.json").read_text())["summary"]
+    assert s["median_abs_error"] <= 0.03 and s["under_10pct_share"] <= 0.03
+    # open with their reason (bench FINDINGS 23): the two-GPU Llama 2 70B QLoRA pair at micro-batch 4
+    assert set(s["ooms_predicted_fitting"]) <= {"fms-llama2-70b-bnb-2gpu-bs4", "fms-llama2-70b-abnb-2gpu-bs4"}
+    assert s["no_framework"]["median_abs_error"] > s["median_abs_error"]

@@ -283,3 +283,49 @@ def test_fsdp_cpu_offload_keeps_the_quantisation_scales_on_the_gpu(llama):
     offloaded = _states(llama, **kw, offload="optimizer+params")
     assert offloaded.weights == 0 and offloaded.cpu > 0
     assert offloaded.quant_overhead == resident.quant_overhead > 0
+
+
+# --- DPO's frozen reference under the engines -----------------------------------------------------
+# TRL's DPOTrainer prepares the reference with the policy's engine (trl.models.utils.prepare_deepspeed /
+# prepare_fsdp): DeepSpeed casts it to 16-bit and keeps ZeRO-3 (partitioned over the ranks, offload_param
+# kept) or runs it at stage 0 (a whole copy); FSDP shards it like the policy.
+
+def _ref(est):
+    return _gpu(est).get("reference_model", 0)
+
+
+@pytest.mark.parametrize("engine, per_gpu_bytes_per_param", [
+    (dict(zero_stage=3), 2 / 4),  # 16-bit, partitioned over the 4 ranks
+    (dict(zero_stage=2), 2),  # stage 0: a whole 16-bit copy on every GPU
+    (dict(zero_stage=3, fsdp_strategy="full-shard"), 4 / 4),  # the loaded fp32 flat parameters, sharded
+    (dict(), 4),  # DDP: the model's own fp32 copy (bf16-mixed), whole
+])
+def test_full_dpo_reference_is_held_like_the_engine_holds_it(llama, engine, per_gpu_bytes_per_param):
+    p = model_stats(llama).total
+    est = estimate_memory(llama, TrainingSetup(method="dpo", num_gpus=4, seq_len=256, **engine))
+    assert _ref(est) == pytest.approx(per_gpu_bytes_per_param * p, rel=1e-6)
+
+
+def test_full_dpo_reference_offloads_with_zero3_params(llama):
+    p = model_stats(llama).total
+    est = estimate_memory(llama, TrainingSetup(method="dpo", num_gpus=4, seq_len=256, zero_stage=3,
+                                               offload="optimizer+params"))
+    assert _ref(est) == 0
+    # every rank's 16-bit shard on the one host: 4 x 2 P / 4
+    assert _cpu(est)["reference_model"] == pytest.approx(2 * p, rel=1e-6)
+
+
+def test_cli_full_dpo_on_four_a100s_shards_the_reference():
+    out = _run("Qwen/Qwen2.5-14B-Instruct", "--method", "dpo", "--zero", "3", "--hardware", "4x a100-80gb", "--json")
+    assert out.returncode in (0, 3), out.stderr
+    gpu = {c["name"]: c["bytes"] for c in json.loads(out.stdout)["devices"][0]["components"]}
+    assert gpu["reference_model"] == gpu["weights"]  # 16-bit, / 4 GPUs, like the policy's own weights
+    assert gpu["weights"] == pytest.approx(2 * 14_770_033_664 / 4, rel=1e-6)
+
+
+def test_zero3_gradients_are_partitioned_and_say_so():
+    out = _run("Qwen/Qwen2.5-14B-Instruct", "--method", "dpo", "--zero", "3", "--hardware", "4x a100-80gb", "--json")
+    comps = {c["name"]: c for c in json.loads(out.stdout)["devices"][0]["components"]}
+    # DeepSpeed's 16-bit gradient partition + its fp32 one (states.py), each / 4 ranks
+    assert comps["gradients"]["bytes"] == pytest.approx((2 + 4) * 14_770_033_664 / 4, rel=1e-6)
+    assert "/ 4 GPUs (ZeRO-3)" in comps["gradients"]["what"]

@@ -17,14 +17,17 @@ from trainfit.core.plan.pipeline import PipelineRequest, plan_pipeline
 from trainfit.core.plan.planner import PlanRequest
 from trainfit.train.pipeline_run import load_pipeline
 
-# (hardware, model, pairs, DPO on a 4-bit base): 14B on 40 GB GPUs and 32B on 80 GB GPUs fit DPO
-# only on a 4-bit base (the planner's DPO + QLoRA: method dpo with training.lora and quant).
+# (hardware, model, pairs, DPO on a 4-bit base): 14B on one 40 GB GPU fits DPO only on a 4-bit base
+# in some mode (the planner's DPO + QLoRA: method dpo with training.lora and quant); on 4 or 8 GPUs
+# ZeRO-3 partitions the full-weight DPO's reference with the policy (TRL's prepare_deepspeed), so
+# 14B on 4x 40 GB and 32B on 8x 80 GB train all their weights.
 SEED_000 = [
     ("m2-16gb", "Qwen/Qwen2-0.5B-Instruct", "500", False),
     ("a100-40gb", "Qwen/Qwen2.5-7B-Instruct", "10000", False),
-    ("4x a100-40gb", "Qwen/Qwen2.5-14B-Instruct", "40000", True),
+    ("a100-40gb", "Qwen/Qwen2.5-14B-Instruct", "40000", True),
+    ("4x a100-40gb", "Qwen/Qwen2.5-14B-Instruct", "40000", False),
     ("4x h100-sxm", "Qwen/Qwen2.5-14B-Instruct", "40000", False),
-    ("8x h100-sxm", "Qwen/Qwen2.5-32B-Instruct", "40000", True),
+    ("8x h100-sxm", "Qwen/Qwen2.5-32B-Instruct", "40000", False),
 ]
 FIGURES = ("hours", "energy_kwh", "electricity_cost", "tokens", "steps")
 

@@ -64,8 +64,7 @@ class NoMeasuring(FakeSession):
 
 def best_by_truth(req, step, mode="balanced"):
     """The truly fastest setting that fits the mode (exhaustive, by the truth)."""
-    result = plan(dataclasses.replace(req, modes=(mode,)))
-    _, fitting = mm.mode_searches(req, result)[mode]
+    _, fitting = mm.plan_searched(dataclasses.replace(req, modes=(mode,)))[1][mode]
     return min((c.setup for c in fitting), key=lambda s: step(SPEC, s, req.hardware))
 
 
@@ -74,9 +73,8 @@ def test_a_measured_step_replaces_the_prediction_and_scales_its_kernel_class(req
     s = base.setup
     predicted = base.speed.step_seconds
     m = mm.MeasuredStep(SPEC.id, s, predicted * 3.0, predicted)
-    again = plan(dataclasses.replace(req, measured_steps=(m,)))
-    searched = dict((c.setup, c.speed.step_seconds) for c in mm.mode_searches(
-        dataclasses.replace(req, measured_steps=(m,)), again)["balanced"][1])
+    again, searches = mm.plan_searched(dataclasses.replace(req, measured_steps=(m,)))
+    searched = dict((c.setup, c.speed.step_seconds) for c in searches["balanced"][1])
     assert searched[s] == pytest.approx(predicted * 3.0)
     sibling = next(x for x in searched if x != s and mm.kernel_class(x) == mm.kernel_class(s))
     raw = predict_step(SPEC, sibling, req.hardware).step_seconds
@@ -219,16 +217,21 @@ def test_plan_on_this_machine_probes_and_finds_the_measured_best_despite_a_wrong
     assert " ckpt " in pick["speed_model_pick"]  # the skewed model's pick
     timed = [m for m in p["measurements"] if "error" not in m and not m["lower_bound"]]
     assert pick["pick"] in [m["setup"] for m in timed] or not p["confirmed"]
-    if p["confirmed"]:
-        fastest = min(timed, key=lambda m: m["measured_step_seconds"])
-        assert pick["pick"] == fastest["setup"]
-        assert doc["modes"][0]["speed"]["step_seconds"] == pytest.approx(fastest["measured_step_seconds"])
-    # the skewed model's pick was measured, and the pick changed exactly when something beat it
     measured = {m["setup"]: m["measured_step_seconds"] for m in timed}
+    assert all(m["spread"] >= 0 and m["repeats"] == len(m["samples_seconds"]) for m in timed)
+    # the skewed model's pick was measured, and the pick changed exactly when something beat it by
+    # more than the measurements' spread (the decision says so, with its evidence)
     assert pick["speed_model_pick"] in [m["setup"] for m in p["measurements"]]
-    if p["confirmed"] and pick["speed_model_pick"] in measured:
-        beaten = min(measured.values()) < measured[pick["speed_model_pick"]]
-        assert pick["changed"] == beaten
+    decision = pick["decision"]
+    assert pick["changed"] == (decision["action"] == "switched")
+    if decision["action"] == "kept":
+        assert decision["faster_by"] <= decision["spread"] and "within the" in decision["text"]
+    if decision["action"] == "switched" and decision["faster_by"] is not None:
+        assert decision["faster_by"] > decision["spread"] and "beyond the" in decision["text"]
+    if p["confirmed"] and pick["pick"] in measured:
+        fastest = min(measured.values())
+        assert decision["action"] == "kept" or measured[pick["pick"]] == fastest
+        assert doc["modes"][0]["speed"]["step_seconds"] == pytest.approx(measured[pick["pick"]])
     assert (tmp_path / "trainfit" / "calibration.json").is_file()
 
 

@@ -127,3 +127,20 @@ def test_torch_compile_pair_gains_about_what_was_published(rows):
     published = compiled.published_per_gpu / eager.published_per_gpu  # 1.27
     predicted = bench.predict_row(eager).step_seconds / bench.predict_row(compiled).step_seconds
     assert 1.1 < predicted and abs(predicted / published - 1) <= 0.10, (predicted, published)
+
+
+def test_rows_name_their_tool_through_the_framework_resolver(rows):
+    """No row sets a framework-emulation knob: how a tool runs comes from `framework` (as --framework),
+    and each row is also predicted as trainfit's own run."""
+    from trainfit.core.frameworks import apply_framework, resolve_framework
+
+    assert not set(bench.SETUP_KEYS) & {"loss", "kbit_upcast", "autocast_16bit_weights", "transformers"}
+    by_id = {r.id: r for r in rows}
+    upcast = by_id["fms-mistral7b-bnb-1gpu-bs4"]
+    assert upcast.raw["framework"] == "fms-hf-tuning@2.6" and not upcast.own_setup.kbit_upcast
+    assert apply_framework(upcast.own_setup, resolve_framework("fms-hf-tuning@2.6"))[0] == upcast.setup
+    tune = by_id["torchtune-8b-full-1x4090"]
+    assert tune.setup.loss == "chunked" and tune.own_setup.loss == "standard"
+    result = bench.evaluate([upcast, tune])
+    assert result["summary"]["no_framework"]["rows_with_framework"] == 2
+    assert all("signed_error_no_framework" in r for r in result["rows"])

@@ -66,3 +66,23 @@ def test_a_cache_dir_that_cannot_be_one_is_refused_before_any_work(tmp_path, cap
     code, err = _run(capsys, "train", str(cfg), "--out", str(tmp_path / "run"))
     assert code == 2 and "data.cache_dir:" in err and "is a file" in err
     assert not (tmp_path / "run").exists() and (tmp_path / "a-file").read_text() == "x"
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_folder_additions_remove_only_what_was_added(tmp_path, deep):
+    """The one undo of the run directory (its own entries) and of a shared cache folder (any depth)."""
+    from trainfit.files import FolderAdditions
+
+    root = tmp_path / "kept"
+    (root / "json").mkdir(parents=True)
+    (root / "json" / "earlier.arrow").write_text("x")
+    added = FolderAdditions(root, deep=deep)
+    (root / "json" / "new.arrow").write_text("y")
+    (root / "fresh" / "sub").mkdir(parents=True)
+    (root / "fresh" / "sub" / "f").write_text("z")
+    assert added.undo() == (["fresh", "json/new.arrow"] if deep else ["fresh"])
+    assert _listing(root) == (["json", "json/earlier.arrow"] if deep else ["json", "json/earlier.arrow",
+                                                                         "json/new.arrow"])
+    created = FolderAdditions(tmp_path / "a" / "b", deep=deep)  # created by the attempt: goes whole
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    assert created.undo() == ["."] and not (tmp_path / "a").exists()

@@ -123,7 +123,9 @@ def test_fault_specs():
     plan.faults[0].fired = 1
     plan.faults[-1].fired = 1
     assert plan.remaining_spec() == "nan@7,nan@8,nan@9,device_lost@11:ecc,oom@2/2:cuda*2,rank=1"
-    for bad in ("oom@x", "oom@5:tpu", "melt@3", "nan@7:cuda", "oom@0", "rank=one", "nan@9-7"):
+    stall = faults.parse("stall@6,rank=1")
+    assert [(f.kind, f.step) for f in stall.faults] == [("stall", 6)] and stall.applies(1) and not stall.applies(0)
+    for bad in ("oom@x", "oom@5:tpu", "melt@3", "nan@7:cuda", "oom@0", "rank=one", "nan@9-7", "stall@6:long"):
         with pytest.raises(BadInputError, match="TRAINFIT_FAULTS"):
             faults.parse(bad)
     for backend in faults.OOM_MESSAGES:  # what is injected is recognised as what it imitates

@@ -503,3 +503,35 @@ def test_safety_mode_in_the_run_config(tmp_path):
     with pytest.raises(BadInputError) as exc:
         load_run_config(make_config(tmp_path, "pretrain", name="y.yaml", safety={"mode": "reckless"}))
     assert "safety.mode" in str(exc.value) and "conservative" in str(exc.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory pressure reads only the monitor's new events
+def test_memory_pressure_reads_each_monitor_event_once():
+    from trainfit.hardware.sample_fakes import FakeSampler
+    from trainfit.train.monitor import Monitor
+    from trainfit.train.safety import MemoryPressurePolicy
+
+    mon = Monitor(None, interval_seconds=60, sampler=FakeSampler(host={}))
+    read = []
+
+    def events_since(seen):
+        records, count = mon.events_since(seen)
+        read.append(len(records))
+        return records, count
+
+    asked = []
+    policy = MemoryPressurePolicy(SafetyContext(thresholds=safety_thresholds("balanced"), device="cpu"),
+                                  request=lambda reason: asked.append(reason) or True, leak_events=events_since)
+    state = SimpleNamespace(global_step=0, max_steps=10_000)
+    for step in range(1, 301):  # a long run: 150 unrelated events, more than the monitor keeps (100)
+        state.global_step = step
+        if step % 2:
+            mon.emit("checkpoint_cadence", f"event {step}")
+        if step == 251:  # beside that step's other event: two new records
+            mon.emit("memory_leak", "leak", mib_per_step=64.0, steps_to_full=100)
+        policy.on_step_end(None, state, None)
+    assert max(read) == 2 and sum(read) == 151  # each record read once, however many were emitted before
+    assert len(asked) == 1 and "memory leak of 64 MiB per step" in asked[0]
+    records, count = mon.events_since(0)
+    assert count == 151 and len(records) == 100  # from further back than it keeps: the ones it has

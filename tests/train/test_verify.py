@@ -18,6 +18,7 @@ def test_verify_command_reports_and_calibrates(tmp_path, capsys, calib_home):
     report = json.loads(capsys.readouterr().out)
     assert report["measured_tensor_peak_bytes"] > 0 and report["measured_step_seconds"] > 0
     assert report["measured_peak_rss_bytes"] > report["measured_tensor_peak_bytes"]
+    assert report["framework"]["own_run"] and "with the installed" in report["framework"]["describes"]
     if report["predicted_tensor_peak_bytes"] is None:
         assert "tensor_peak_bytes" in report["unavailable"]  # the reason, never a silent gap
     else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainfit.cli.framework_arg import add_framework_argument, change_json, chosen, print_profile, profile_json
+from trainfit.core.frameworks import resolve_framework
 from trainfit.core.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
 from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, TRAIN_METHODS, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
@@ -20,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sft = full)")
     parser.add_argument("--dataset-tokens", type=arg("dataset_tokens"), help="tokens in the dataset (one epoch)")
     parser.add_argument("--examples", type=arg("examples"), help="examples (DPO: preference pairs) in the dataset")
-    parser.add_argument("--seq-len", type=arg("seq_len"), default=1024, help="tokens per example (default 1024)")
+    from trainfit.cli.knob_flags import add_knob_flags
+
+    add_knob_flags(parser, "cloud", only=("seq_len",))  # declared in trainfit.core.knobs
     parser.add_argument("--epochs", type=arg("epochs"), default=1.0, help="epochs (default 1)")
     parser.add_argument("--budget", type=arg("budget_usd"), help="most dollars to spend")
     parser.add_argument("--max-hours", type=arg("max_hours"), help="most hours the run may take")
@@ -34,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--setup-minutes", type=arg("setup_minutes"), default=DEFAULT_SETUP_MINUTES,
                         help=f"billed time before training starts (default {DEFAULT_SETUP_MINUTES:g})")  # fmt: skip
     parser.add_argument("--top", type=arg("top"), default=0, help="show only the first N rows (default all)")
+    add_framework_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -53,8 +58,19 @@ def cloud(
     spot: bool = False,
     global_batch: int = DEFAULT_GLOBAL_BATCH,
     setup_minutes: float = DEFAULT_SETUP_MINUTES,
+    framework: str | None = None,
 ) -> CloudRanking:
     """Python twin of `trainfit cloud`: the ranking it prints."""
+    return _cloud(model, method=method, dataset_tokens=dataset_tokens, examples=examples, seq_len=seq_len,
+                  epochs=epochs, budget=budget, max_hours=max_hours, prices=prices, flavors=flavors,
+                  allow_fallback=allow_fallback, spot=spot, global_batch=global_batch, setup_minutes=setup_minutes,
+                  framework=framework)[0]
+
+
+def _cloud(model: str, *, method: str, dataset_tokens: int | None, examples: int | None, seq_len: int, epochs: float,
+           budget: float | None, max_hours: float | None, prices: str | None, flavors: list[str] | None,
+           allow_fallback: bool, spot: bool, global_batch: int, setup_minutes: float, framework: str | None):
+    """(ranking, request, catalog)."""
     from trainfit.core.cloud_catalog import load_cloud_catalog
     from trainfit.core.cloud_rank import rank_flavors
     from trainfit.core.model_catalog import resolve_model
@@ -63,6 +79,8 @@ def cloud(
     method = parse_method("full" if method == "auto" else method, allowed=TRAIN_METHODS)  # auto: plan's name
     if dataset_tokens is not None and examples is not None:
         raise BadInputError("give either --dataset-tokens or --examples, not both")
+    if framework is not None:
+        resolve_framework(framework)  # a bad --framework fails before any work
     catalog = load_cloud_catalog(prices)  # bad price files fail before any model work
     spec = resolve_model(model)
     req = CloudRequest(
@@ -70,29 +88,52 @@ def cloud(
         workload=Workload(examples=examples, dataset_tokens=dataset_tokens, epochs=epochs),
         allow_fallback=allow_fallback, budget_usd=budget, max_hours=max_hours, global_batch=global_batch,
         setup_minutes=setup_minutes, spot=spot,
+        framework=None if framework is None else resolve_framework(framework),
     )  # fmt: skip
-    return rank_flavors(req, catalog, flavor_ids=flavors)
+    return rank_flavors(req, catalog, flavor_ids=flavors), req, catalog
 
 
 def run(args: argparse.Namespace) -> int:
-    ranking = cloud(
+    ranking, req, catalog = _cloud(
         args.model, method=args.method, dataset_tokens=args.dataset_tokens, examples=args.examples,
         seq_len=args.seq_len, epochs=args.epochs, budget=args.budget, max_hours=args.max_hours,
         prices=args.prices, flavors=args.flavor, allow_fallback=not args.no_fallback, spot=args.spot,
-        global_batch=args.global_batch, setup_minutes=args.setup_minutes,
+        global_batch=args.global_batch, setup_minutes=args.setup_minutes, framework=args.framework,
     )  # fmt: skip
+    framework = chosen(args, this_machine=False)
+    flavor = ranking.cheapest or ranking.fastest
+    effects = [] if framework.is_own or flavor is None else flavor_effects(req, catalog, flavor, framework)
     if args.json:
         from trainfit.cli.output import print_json
+        from trainfit.core.serde import to_jsonable
 
-        print_json(ranking)
+        doc = to_jsonable(ranking)
+        doc["framework"] = {**profile_json(framework), "flavor": flavor if effects else None,
+                            "changes": [change_json(e) for e in effects]}
+        print_json(doc)
     else:
         _render(ranking, args.top)
+        print_profile(framework, flavor, effects)
     if ranking.cheapest is None:
         from trainfit.cli.output import say
 
         say(f"trainfit: {ranking.recommendation}" + (f"; {ranking.reasoning[0]}" if ranking.reasoning else ""))
         return EXIT_DOES_NOT_FIT
     return EXIT_OK
+
+
+def flavor_effects(req, catalog, flavor_id: str, framework) -> list:
+    """What each behaviour of the framework adds to the setting chosen on one flavor (memory, step time)."""
+    from trainfit.cli.framework_arg import applied_for, effects, needed_bytes_fn
+    from trainfit.core.cloud_rank import chosen_setting
+    from trainfit.core.speed import predict_step
+
+    found = chosen_setting(req, catalog, flavor_id)
+    if found is None:
+        return []
+    setup, hw, rates = found
+    applied = applied_for(framework, setup)
+    return effects(applied, needed_bytes_fn(req.model, hw), lambda s: predict_step(req.model, s, rates).step_seconds)
 
 
 def _render(r: CloudRanking, top: int) -> None:

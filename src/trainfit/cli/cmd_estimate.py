@@ -7,10 +7,11 @@ hardware from the catalog, a profile JSON, or the quick live profile (CPU, RAM, 
 from __future__ import annotations
 
 import argparse
-import typing
 
-from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, METHODS, Attention, Checkpointing, Device, FsdpStrategy, \
-    LoraSettings, LossKernel, ModelCode, Offload, Optimizer, OptimizerImpl, PrecisionMode, Quant, TrainingSetup, parse_method
+from trainfit.cli.knob_flags import HelpAll, add_knob_flags, add_runtime_flag, knob_values, wording
+from trainfit.core.knob_setup import setup_from_knobs
+from trainfit.core.setup import TrainingSetup
+from trainfit.cli.framework_arg import add_framework_argument, apply_to
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
 
@@ -20,127 +21,54 @@ GIB = 1 << 30
 
 def add_image_arguments(p: argparse.ArgumentParser) -> None:
     """--image-size / --images-per-example, the same flags and checks in estimate and plan."""
-    p.add_argument("--image-size", type=arg("image_size"), default=None,
-                   help="vision-language models: image side in pixels (Qwen2-VL: (side/28)^2 tokens); "
-                   "default: the model's default resolution")
-    p.add_argument("--images-per-example", type=arg("images_per_example"), default=None,
-                   help="vision-language models: images per example, their tokens added to each sequence "
-                   "(default 1 with --image-size, else 0)")
+    add_knob_flags(p, "plan", only=("image_size", "images_per_example"))
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, *, show_all: bool = False) -> None:
+    """The knob flags come from the declared table (trainfit.core.knobs); the others say which model,
+    hardware and workload. Advanced flags are shown by --help-all only."""
+    more = None if show_all else argparse.SUPPRESS
     p.add_argument("model", nargs="?", help="catalog id or alias, a local model dir or config.json, a shape "
                    "('shape:125m'), or a Hugging Face Hub id 'owner/name[@revision]' (config.json and safetensors "
-                   "headers only; the lookup gives up after TRAINFIT_HUB_DEADLINE seconds, default 60); omit with "
-                   "--params or --layers/--hidden/--heads")
-    p.add_argument("--method", choices=(*METHODS, *METHOD_ALIASES), default=DEFAULT_METHOD,
-                   help=f"default {DEFAULT_METHOD} (as plan and cloud; sft = full)")
-    p.add_argument("--precision", choices=typing.get_args(PrecisionMode), default=None,
-                   help="default: bf16 (fp16 without bf16 support) mixed precision for full training; the "
-                   "frozen base in pure 16-bit for LoRA/QLoRA/inference on GPUs; fp32 or bf16-mixed on CPU")
-    p.add_argument("--optimizer", choices=typing.get_args(Optimizer), default="adamw")
-    p.add_argument("--micro-batch", type=arg("micro_batch"), default=1)
-    p.add_argument("--seq-len", type=arg("seq_len"), default=512)
-    p.add_argument("--grad-accum", type=arg("grad_accum"), default=1)
-    p.add_argument("--grad-checkpointing", choices=typing.get_args(Checkpointing), default="none")
-    p.add_argument("--lora-r", type=arg("lora_rank"), default=None, help="LoRA rank (default 16)")
-    p.add_argument("--lora-alpha", type=arg("lora_alpha"), default=None, help="LoRA alpha (default 2 x rank)")
-    p.add_argument("--lora-dropout", type=arg("lora_dropout"), default=None,
-                   help="LoRA dropout (default 0.05)")
-    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear (default: every linear layer "
-                   "of the blocks, not lm_head, as plan and cloud)")
-    p.add_argument("--quant", choices=typing.get_args(Quant), default=None)
-    p.add_argument("--zero", type=arg("zero_stage"), default=None,
-                   help="DeepSpeed ZeRO stage 0-3 (default 0; with --fsdp its equivalent stage)")
-    p.add_argument("--fsdp", choices=[s for s in typing.get_args(FsdpStrategy) if s != "none"], default=None,
-                   help="PyTorch FSDP instead of DeepSpeed: full-shard (ZeRO-3-like), shard-grad-op (ZeRO-2-like) "
-                   "or no-shard (DDP-like); CPU offload with --offload optimizer+params")
-    p.add_argument("--offload", choices=typing.get_args(Offload), default="none",
-                   help="CPU offload: DeepSpeed ZeRO-Offload (--zero >= 1; optimizer+params needs --zero 3) or "
-                   "FSDP CPU offload (--fsdp full-shard --offload optimizer+params)")
-    p.add_argument("--activation-offload", action="store_true",
-                   help="move saved activations to pinned CPU memory (TRL/torchtune activation offloading)")
-    p.add_argument("--optimizer-in-backward", action="store_true",
-                   help="step each parameter during backward and free its gradient (torchtune optimizer_in_bwd; "
-                   "needs --grad-accum 1, no gradient clipping)")
-    p.add_argument("--gpus", type=arg("num_gpus"), default=None, help="GPUs (default: all of the hardware's)")
-    p.add_argument("--attn", choices=typing.get_args(Attention), default="sdpa")
-    p.add_argument("--generate", type=arg("generate_tokens"), default=0, help="inference: tokens generated after the prompt")
-    p.add_argument("--dpo-reference", choices=("separate", "lora-base", "precomputed"), default=None)
-    p.add_argument("--device", choices=typing.get_args(Device), default=None,
-                   help="default: the hardware's accelerator")
+                   "headers only; the lookup gives up after TRAINFIT_HUB_DEADLINE seconds, default 60)")
+    p.add_argument("--help-all", action=HelpAll, add_all=lambda full: add_arguments(full, show_all=True),
+                   help="every flag, the runtime keys and the knob table")
+    add_knob_flags(p, "estimate", show_all=show_all)
+    add_runtime_flag(p)
     p.add_argument("--dataset-tokens", type=arg("dataset_tokens"), default=None,
                    help="tokens in the training set: adds run time, energy and electricity cost")
-    p.add_argument("--examples", type=arg("examples"), default=None, help="training examples, at the task's typical length (data/typical_lengths.yaml), as plan sizes them")
+    p.add_argument("--examples", type=arg("examples"), default=None, help="training examples, at the task's "
+                   "typical length (data/typical_lengths.yaml), as plan sizes them")
     p.add_argument("--epochs", type=arg("epochs"), default=1.0)
     p.add_argument("--price-per-kwh", type=arg("price_per_kwh"), default=None,
-                   help="electricity price per kWh (default 0.17, the 2024 U.S. residential average)")
+                   help=more or "electricity price per kWh (default 0.17, the 2024 U.S. residential average)")
     p.add_argument("--no-calibration", action="store_true",
-                   help="ignore the measured/predicted ratio that `trainfit verify` stored for this machine")
+                   help=more or "ignore the measured/predicted ratio that `trainfit verify` stored for this machine")
     p.add_argument("--hardware", default=None, help="catalog machine ('rtx-4090', '2x a100-80gb', 't4', "
                    "'m2-16gb', 'cpu') or a profile JSON; default: this machine")
-    p.add_argument("--params", default=None, help="pretraining shape by size, e.g. 125m, 1.3b")
-    p.add_argument("--layers", type=arg("layers"))
-    p.add_argument("--hidden", type=arg("hidden"))
-    p.add_argument("--heads", type=arg("heads"))
-    p.add_argument("--vocab", type=arg("vocab"), default=32000)
-    p.add_argument("--loss", choices=typing.get_args(LossKernel), default="standard",
-                   help="cross-entropy: standard (whole logits, fp32 upcast), chunked (torchtune's "
-                   "CEWithChunkedOutputLoss: 8 pieces upcast one at a time), "
-                   "fused (Liger-Kernel fused linear cross-entropy: one chunk of logits at a time) or "
-                   "chunked-16bit (LitGPT: lm_head and loss in 128-token chunks, no fp32 upcast)")
-    p.add_argument("--optimizer-impl", choices=typing.get_args(OptimizerImpl), default="auto",
-                   help="how torch's AdamW steps: auto (what trainfit runs: fused on a GPU), fused, foreach "
-                   "(torch's default on CUDA when a script asks for neither: one more moment-sized temporary "
-                   "at the step) or for-loop")
-    p.add_argument("--bitsandbytes-version", default=None, metavar="VERSION",
-                   help="bitsandbytes of the run (default: a current release); before 0.43.2 every 4-bit "
-                   "layer keeps its input for backward")
-    p.add_argument("--transformers-version", default=None, metavar="VERSION",
-                   help="transformers of the run (default: the installed one without --hardware, else a current "
-                   "release); before 4.49 the causal-LM loss copies the shifted logits, and some architectures "
-                   "(gpt_bigcode, falcon, bloom, gpt_neox, opt, mpt, dbrx) compute it on 16-bit logits; from 5.0 "
-                   "MoE experts are fused 3-D parameters, which bitsandbytes leaves 16-bit")
-    p.add_argument("--output-kept", action="store_true",
-                   help="the training loop keeps the model output through backward and the step "
-                   "(`outputs = model(**batch); outputs.loss.backward()`): its logits stay alive; the HF Trainer "
-                   "and trainfit's runs drop it before backward")
-    p.add_argument("--previous-step-kept", action="store_true",
-                   help="the training loop's names hold the previous micro-step's logits and loss until the next "
-                   "forward returns (LitGPT's finetune scripts): its logits, and the inputs bitsandbytes < 0.43.2 "
-                   "keeps, stay alive through that forward")
-    p.add_argument("--fsdp-mixed-units", action="store_true",
-                   help="FSDP LoRA with the adapters inside their frozen layer's wrapped unit (e.g. LitGPT): "
-                   "gradients kept for the whole unit")
-    p.add_argument("--fsdp-no-sync", action="store_true",
-                   help="FSDP accumulating micro-batches under no_sync (the HF Trainer's default, Lightning "
-                   "Fabric): every unit's unsharded gradient kept until the last micro-batch; trainfit's own "
-                   "runs reduce-scatter after each one")
-    p.add_argument("--kbit-upcast", action="store_true",
-                   help="QLoRA prepared by PEFT's prepare_model_for_kbit_training (TRL's SFTTrainer does it): "
-                   "embeddings, norms and lm_head cast to fp32; trainfit's own runs keep them 16-bit")
-    p.add_argument("--autocast-16bit-weights", action="store_true",
-                   help="a 16-bit model run under autocast (torch_dtype=bfloat16 with --bf16, the usual Transformers "
-                   "QLoRA recipe): LayerNorm models with 4-bit linears carry an fp32 residual stream; trainfit's "
-                   "own --precision bf16 runs without autocast")
-    p.add_argument("--quantize-lm-head", action="store_true",
-                   help="QLoRA / int8 with the output layer quantised too (Lightning Fabric's bitsandbytes plugin, "
-                   "LitGPT --quantize bnb.*); Transformers and trainfit's runs keep the lm_head 16-bit")
-    p.add_argument("--bnb-fp16-quant-state", action="store_true",
-                   help="4-bit weights quantised from an fp16 copy (Lightning Fabric's bitsandbytes plugin): with "
-                   "bf16 compute each de-quantised weight is cast again, two copies alive at once")
-    p.add_argument("--torch-compile", action="store_true",
-                   help="the model run under torch.compile (torchtune's compile=True, TrainingArguments."
-                   "torch_compile): elementwise ops fused, fewer kernels; memory counted as eager (an upper "
-                   "bound), except the loss (standard or chunked), whose compiled graph keeps the 16-bit logits "
-                   "instead of an fp32 log_softmax; trainfit's own runs are eager")
-    p.add_argument("--model-code", choices=typing.get_args(ModelCode), default="transformers",
-                   help="whose modeling code runs the model: transformers with PEFT's LoRA (trainfit's runs) or "
-                   "LitGPT's own GPT and LoRA layers, which keep different activations")
-    p.add_argument("--dora", action="store_true", help="DoRA (PEFT use_dora): LoRA + a trained magnitude per "
-                   "output feature; with --method lora/qlora")
-    add_image_arguments(p)
+    p.add_argument("--params", default=None, help=more or "pretraining shape by size, e.g. 125m, 1.3b")
+    p.add_argument("--layers", type=arg("layers"), help=more or "pretraining shape: layers (with --hidden, --heads)")
+    p.add_argument("--hidden", type=arg("hidden"), help=more or "pretraining shape: hidden size")
+    p.add_argument("--heads", type=arg("heads"), help=more or "pretraining shape: attention heads")
+    p.add_argument("--vocab", type=arg("vocab"), default=32000,
+                   help=more or "pretraining shape: vocabulary size (default 32000)")
+    p.add_argument("--schema", action=SchemaAction, help=more or "print the JSON schema of the knobs and exit")
+    add_framework_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+class SchemaAction(argparse.Action):
+    """`--schema`: the JSON schema of the knobs (trainfit.core.knobs.json_schema) on stdout."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from trainfit.cli.output import print_json
+        from trainfit.core.knobs import json_schema
+
+        print_json(json_schema("estimate"))
+        parser.exit(0)
 
 
 def _model(args: argparse.Namespace):
@@ -161,108 +89,27 @@ def _model(args: argparse.Namespace):
                         "or --layers/--hidden/--heads")
 
 
-def _lora(args: argparse.Namespace, spec=None) -> LoraSettings:
-    """The LoRA flags over the one default (core.plan.space.default_lora: rank 16 on every linear
-    layer of the blocks), the adapters plan and cloud plan."""
-    from trainfit.core.plan.space import default_lora
-
-    rank = 16 if args.lora_r is None else args.lora_r
-    targets: list[str] | str = (default_lora(spec).target_modules if spec is not None
-                                else ["q_proj", "k_proj", "v_proj", "o_proj"])
-    if args.lora_targets:
-        t = args.lora_targets.strip()
-        targets = "all-linear" if t == "all-linear" else [x.strip() for x in t.split(",") if x.strip()]
-        if not targets:
-            raise BadInputError(f"--lora-targets: {args.lora_targets!r} names no module",
-                                hint="give names such as q_proj,v_proj, or all-linear")
-    dropout = 0.05 if args.lora_dropout is None else args.lora_dropout
-    return LoraSettings(rank=rank, alpha=args.lora_alpha or 2 * rank, dropout=dropout,
-                        target_modules=targets)  # type: ignore[arg-type]
-
-
 def build_setup(args: argparse.Namespace, hardware, spec=None) -> TrainingSetup:
-    """The command's flags as an intent; core.plan.intent fills in the rest for the hardware."""
-    from trainfit.core.plan.intent import resolve_setup
-
-    method = parse_method(args.method)
-    wants_lora = any(v is not None for v in (args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets))
-    if method == "full" and args.method == "sft" and wants_lora:
-        method = "lora"  # "SFT with LoRA flags" is LoRA training on instruction data
-    elif wants_lora and method in ("full", "pretrain", "inference"):
-        raise BadInputError(f"--lora-r/--lora-alpha/--lora-dropout/--lora-targets apply to LoRA training, "
-                            f"not --method {args.method}", hint="use --method lora, qlora or dpo, or drop them")
-    lora = _lora(args, spec) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
-    gpus = args.gpus
-    on_gpus = hardware is not None and hardware.gpu_count > 0 and args.device != "cpu"
-    if gpus is not None and on_gpus and gpus > hardware.gpu_count:
-        raise BadInputError(f"--gpus {gpus}: the hardware has {hardware.gpu_count} GPU(s)",
-                            hint=f"use --gpus 1..{hardware.gpu_count}, or name more in --hardware (e.g. '{gpus}x ...')")
-    if args.device == "cpu" or (args.device is None and hardware is not None and hardware.accelerator == "cpu"):
-        gpus = args.gpus or 1
-    return resolve_setup(hardware, method, lora=lora, precision=args.precision, device=args.device, num_gpus=gpus,
-                         quant=args.quant, dpo_reference=args.dpo_reference, optimizer=args.optimizer,
-                         micro_batch=args.micro_batch, seq_len=args.seq_len, grad_accum=args.grad_accum,
-                         grad_checkpointing=args.grad_checkpointing, attention=args.attn,
-                         generate_tokens=args.generate, **_sharding_knobs(args), **_model_knobs(args))
+    """The command's flags as knob values, through the table, to the setup (core.knob_setup)."""
+    values = with_installed_versions(knob_values(args, "estimate"), args.hardware)
+    return setup_from_knobs(values, hardware, spec, word=wording(args))
 
 
-def _sharding_knobs(args: argparse.Namespace) -> dict:
-    """--zero / --fsdp / --offload / --activation-offload / --optimizer-in-backward as setup fields.
-    --fsdp implies its ZeRO-equivalent stage; a different explicit --zero is refused by the memory
-    model's checks (trainfit.core.memory.knob_checks) with the fix."""
-    from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
-
-    fsdp = args.fsdp or "none"
-    zero = args.zero if args.zero is not None else FSDP_EQUIVALENT_STAGE.get(fsdp, 0)
-    return dict(zero_stage=zero, fsdp_strategy=fsdp, offload=args.offload,
-                activation_offload=bool(args.activation_offload),
-                optimizer_in_backward=bool(args.optimizer_in_backward))
-
-
-def _model_knobs(args: argparse.Namespace) -> dict:
-    """--loss / --dora / --image-size / --images-per-example as setup fields (checked against the model
-    by trainfit.core.memory.model_knob_checks). An image size alone means one image per example."""
-    images = args.images_per_example
-    if images is None:
-        images = 1 if args.image_size else 0
-    return dict(loss=args.loss, dora=bool(args.dora), image_size=args.image_size or 0, images_per_example=images,
-                **_framework_knobs(args))
-
-
-def _framework_knobs(args: argparse.Namespace) -> dict:
-    """--optimizer-impl / --bitsandbytes-version / --transformers-version / --output-kept / --fsdp-mixed-units /
-    --kbit-upcast / --autocast-16bit-weights / --fsdp-no-sync / --quantize-lm-head / --bnb-fp16-quant-state / --model-code /
-    --previous-step-kept / --torch-compile as setup fields
-    (trainfit.core.memory.framework_effects). Without --hardware a run on this machine uses the
-    installed bitsandbytes and transformers, so their versions are the defaults there."""
-    from trainfit.core.memory.framework_effects import BNB_QUANTS, bnb_keeps_input_for, transformers_knobs
+def with_installed_versions(values: dict, named_hardware: str | None) -> dict:
+    """Without --hardware a run on this machine uses the installed bitsandbytes and transformers, so
+    their versions are the defaults there (trainfit.core.memory.framework_effects)."""
+    from trainfit.core.memory.framework_effects import BNB_QUANTS
     from trainfit.export.versions import installed_version
 
-    version = args.bitsandbytes_version
-    quant = args.quant or ("nf4" if args.method == "qlora" else None)
-    if version is None and args.hardware is None and quant in BNB_QUANTS:
-        version = installed_version("bitsandbytes")
-    tf_version = args.transformers_version
-    if tf_version is None and args.hardware is None:
-        tf_version = installed_version("transformers")
-    keeps = _from_version("--bitsandbytes-version", version, bnb_keeps_input_for, False)
-    tf_knobs = _from_version("--transformers-version", tf_version, transformers_knobs, {})
-    return dict(optimizer_impl=args.optimizer_impl, bnb_keeps_input=keeps, **tf_knobs,
-                output_kept=bool(args.output_kept), fsdp_mixed_units=bool(args.fsdp_mixed_units), kbit_upcast=bool(args.kbit_upcast),
-                autocast_16bit_weights=bool(args.autocast_16bit_weights),
-                fsdp_no_sync=bool(args.fsdp_no_sync), quantize_lm_head=bool(args.quantize_lm_head),
-                bnb_fp16_quant_state=bool(args.bnb_fp16_quant_state), model_code=args.model_code,
-                previous_step_kept=bool(args.previous_step_kept), torch_compile=bool(args.torch_compile))
-
-
-def _from_version(flag: str, version: str | None, parse, default):
-    """`parse(version)`, or `default` when no version is known; a malformed one is the user's error."""
-    if version is None:
-        return default
-    try:
-        return parse(version)
-    except ValueError as e:
-        raise BadInputError(f"{flag}: {e}") from None
+    if named_hardware is not None:
+        return values
+    values = dict(values)
+    quant = values.get("quant") or ("nf4" if values.get("method") == "qlora" else None)
+    if values.get("bitsandbytes_version") is None and quant in BNB_QUANTS:
+        values["bitsandbytes_version"] = installed_version("bitsandbytes")
+    if values.get("transformers_version") is None:
+        values["transformers_version"] = installed_version("transformers")
+    return values
 
 
 def load_hardware(spec: str | None):
@@ -278,46 +125,62 @@ def load_hardware(spec: str | None):
     return build_profile(quick=True, on_measure=say)
 
 
-def estimate(model: str | None = None, *, hardware: str | None = None, **flags):
-    """Python twin of the command: returns (MemoryEstimate, suggested TrainingSetup | None).
+# The command's options that are not knobs: the model's shape, the workload, the calibration.
+RUN_OPTIONS = dict(dataset_tokens=None, examples=None, epochs=1.0, price_per_kwh=None, no_calibration=False,
+                   params=None, layers=None, hidden=None, heads=None, vocab=32000)
 
-    Keyword flags are the command's long options with underscores (micro_batch=4, method="lora").
+
+def estimate(model: str | None = None, *, hardware: str | None = None, setup: TrainingSetup | None = None,
+             **options):
+    """Library twin of the command: returns (MemoryEstimate, the setup estimated, the nearest fitting
+    setup or None).
+
+    `setup` is estimated as it is. Without it, knob keywords (trainfit.core.knobs names such as
+    micro_batch=4, method="lora", fsdp_no_sync=True; the flags' spellings zero=3, gpus=2 too) build
+    it through the knob table, as the command does. Other keywords: RUN_OPTIONS.
     """
-    return _estimate(_twin_args(model, hardware, flags))
+    opts, spec, hw, setup = _library_inputs(model, hardware, setup, options)
+    result, suggestion = _memory(opts, spec, hw, setup)
+    return result, setup, suggestion
 
 
-def estimate_run(model: str | None = None, *, hardware: str | None = None, **flags):
-    """Python twin of the whole command: (MemoryEstimate, the setup asked, the nearest fitting setup
+def estimate_run(model: str | None = None, *, hardware: str | None = None, setup: TrainingSetup | None = None,
+                 **options):
+    """Library twin of the whole command: (MemoryEstimate, the setup asked, the nearest fitting setup
     or None, the RunPrediction printed: speed, power, run time of what would run)."""
-    args = _twin_args(model, hardware, flags)
-    spec, hw, setup = _inputs(args)
-    result, suggestion = _memory(args, spec, hw, setup)
+    opts, spec, hw, setup = _library_inputs(model, hardware, setup, options)
+    result, suggestion = _memory(opts, spec, hw, setup)
     runs = suggestion if suggestion is not None else setup
-    return result, setup, suggestion, _run_prediction(args, spec, hw, runs) if hw is not None else None
+    return result, setup, suggestion, _run_prediction(opts, spec, hw, runs) if hw is not None else None
 
 
-def _twin_args(model: str | None, hardware: str | None, flags: dict) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args([] if model is None else [model])
-    for key, value in flags.items():
-        if not hasattr(args, key):
+def _library_inputs(model: str | None, hardware: str | None, setup: TrainingSetup | None, options: dict):
+    """(run options, model, hardware, setup) from a library call: no command line parsed."""
+    from trainfit.core.knobs import KNOBS
+
+    by_dest = {k.dest: k.name for k in KNOBS}
+    knobs, run_options = {}, dict(RUN_OPTIONS)
+    for key, value in options.items():
+        if key in run_options:
+            run_options[key] = value
+        elif key in by_dest or key in by_dest.values():
+            knobs[by_dest.get(key, key)] = value
+        else:
             raise BadInputError(f"estimate(): unknown option {key!r}")
-        setattr(args, key, value)
-    args.hardware = hardware
-    return args
+    if setup is not None and knobs:
+        raise BadInputError(f"estimate(): give a setup or knobs ({', '.join(knobs)}), not both")
+    opts = argparse.Namespace(model=model, hardware=hardware, **run_options)
+    spec = _model(opts)
+    hw = load_hardware(hardware)
+    if setup is None:
+        setup = setup_from_knobs(with_installed_versions(knobs, hardware), hw, spec)
+    return opts, spec, hw, setup
 
 
 def _inputs(args: argparse.Namespace):
     spec = _model(args)
     hw = load_hardware(args.hardware)
-    return spec, hw, build_setup(args, hw, spec)
-
-
-def _estimate(args: argparse.Namespace):
-    spec, hw, setup = _inputs(args)
-    result, suggestion = _memory(args, spec, hw, setup)
-    return result, setup, suggestion
+    return spec, hw, apply_to(args, build_setup(args, hw, spec), this_machine=args.hardware is None)
 
 
 def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
@@ -331,7 +194,8 @@ def _memory(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
         prefix = "cuda" if setup.device in ("cuda", "rocm") else setup.device
         result = apply_memory_factor(result, prefix, calibration.memory_factor, calibration_source(calibration))
     over_host = host_ram(result, setup, hw)[2] if hw is not None else False
-    suggestion = nearest_fitting(spec, setup, hw) if result.fits is False or over_host else None
+    framework = args.framework_applied.framework if hasattr(args, "framework_applied") else None
+    suggestion = nearest_fitting(spec, setup, hw, framework) if result.fits is False or over_host else None
     return result, suggestion
 
 
@@ -430,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
         doc["run_setting"] = "nearest_fitting" if suggestion is not None else "asked"
         doc["rates"] = rates
         doc["units"] = {"*_bytes": "bytes", "*_seconds": "seconds", "*_watts": "watts", "energy_kwh": "kWh"}
+        doc["framework"] = framework_report(args, spec, hw, as_json=True)
         print_json(doc)
     else:
         _render(result, setup, changes, suggestion is not None, host=(host_need, host_usable, over_host))
@@ -437,7 +302,23 @@ def run(args: argparse.Namespace) -> int:
             _render_run(run_pred, "the nearest setting that fits" if suggestion is not None else "",
                         inference=setup.method == "inference")
             _render_rates(rates)
+        framework_report(args, spec, hw, as_json=False)
     return EXIT_DOES_NOT_FIT if fits is False else EXIT_OK
+
+
+def framework_report(args: argparse.Namespace, spec, hw, *, as_json: bool):
+    """Which framework the figures are for and what each of its behaviours adds (printed, or the JSON)."""
+    from trainfit.cli.framework_arg import effects, framework_json, framework_lines, needed_bytes_fn
+
+    applied = args.framework_applied
+    found = effects(applied, needed_bytes_fn(spec, hw))
+    if as_json:
+        return framework_json(applied, found)
+    from trainfit.cli.output import console
+
+    for line in framework_lines(applied, found):
+        console().print(line, markup=False, highlight=False)
+    return None
 
 
 def _render_rates(rates: dict | None) -> None:
@@ -568,4 +449,17 @@ def _sharding_text(setup: TrainingSetup) -> str:
         parts.append("fp16 quant state")
     if setup.torch_compile:
         parts.append("torch.compile")
+    parts += _other_runtime_knobs(setup)
     return "".join(f", {p}" for p in parts)
+
+
+_NAMED_ABOVE = ("optimizer_impl", "output_kept", "previous_step_kept", "model_code", "fsdp_mixed_units", "kbit_upcast",
+                "autocast_16bit_weights", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state", "torch_compile")
+
+
+def _other_runtime_knobs(setup: TrainingSetup) -> list[str]:
+    """Runtime knobs set away from trainfit's own run that the header does not word yet, as KEY=VALUE."""
+    from trainfit.core.knobs import RUNTIME_KNOBS
+
+    return [f"{k.name}={getattr(setup, k.field)}" for k in RUNTIME_KNOBS
+            if k.field and k.field not in _NAMED_ABOVE and getattr(setup, k.field) != k.default]

@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from trainfit.cli.framework_arg import add_framework_argument, chosen, plan_framework
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError, short_repr
 from trainfit.validate import arg
 
@@ -31,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", action="append", help=f"{', '.join(MODES)} (repeatable; default all three)")
     p.add_argument("--hardware", help="catalog machine ('rtx-4090', '2x a100-80gb', 'm2-16gb', 'cpu') or a profile "
                    "JSON; default: this machine")
-    p.add_argument("--seq-len", type=arg("seq_len"), help="tokens per example (default: each mode's range)")
+    from trainfit.cli.knob_flags import add_knob_flags
+
+    add_knob_flags(p, "plan", only=("seq_len",))  # declared in trainfit.core.knobs
     p.add_argument("--target-batch", type=arg("target_batch"), help="effective batch to keep (default: 16 / 32 / 64 by mode)")
     p.add_argument("--examples", type=arg("examples"), help="training examples (DPO: pairs)")
     p.add_argument("--pipeline", help="plan phases that run in order, joined by their hand-offs: sft+dpo, "
@@ -60,10 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="HUB_ID", help="a Hub dataset ('owner/name' or 'owner/name:config'): its "
                    "size metadata plans streaming vs download, the cache and the token budget")
     p.add_argument("--out", help="write each mode's files into OUT/<mode>/")
+    p.add_argument("--launcher", action="append", metavar="ENGINE", help="with --out: also write the job spec for "
+                   "slurm (slurm.sbatch), skypilot (skypilot.yaml, skypilot-job.yaml) or kubernetes (pytorchjob.yaml), "
+                   "repeatable; docs: README 'Running on a cluster'")
     p.add_argument("--for", dest="for_tool", metavar="TOOL", default="trl", help="with --out, also write the "
                    "native config of the tool you train with: trl (default: trainfit's run config and the TRL / "
                    "Accelerate / DeepSpeed files only), axolotl, llama-factory, torchtune, litgpt")
     p.add_argument("--force", action="store_true", help="overwrite files that exist in --out")
+    add_framework_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     from trainfit.cli import plan_probe
 
@@ -127,6 +134,7 @@ def build_request(args: argparse.Namespace, hardware=None):
     args.for_tool = check_tool(getattr(args, "for_tool", None))
     if method != "auto":
         check_method(args.for_tool, method)  # a method the tool lacks: refused before planning
+    _launchers(args)
     if args.out is not None:
         from trainfit.validate import output_dir
 
@@ -163,7 +171,8 @@ def build_request(args: argparse.Namespace, hardware=None):
         memory_share=args.memory_share, tokens_per_param=args.tokens_per_param, usd_per_hour=usd_per_hour,
         budget_usd=args.budget, price_per_kwh=DEFAULT_PRICE_PER_KWH if args.price_per_kwh is None else args.price_per_kwh,
         vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset, **_image_knobs(args),
-        spot=flavor.spot if flavor is not None else None)
+        spot=flavor.spot if flavor is not None else None,
+        framework=chosen(args, this_machine=args.hardware is None and flavor is None))
 
 
 def _image_knobs(args: argparse.Namespace) -> dict:
@@ -231,8 +240,21 @@ def invoked(args: argparse.Namespace) -> str:
     return command_line(argv[argv.index("plan") + 1:])
 
 
+def _launchers(args: argparse.Namespace) -> tuple[str, ...]:
+    """--launcher ENGINE (repeatable), checked before planning."""
+    from trainfit.export.cluster_job import LAUNCHERS
+
+    given = tuple(dict.fromkeys(getattr(args, "launcher", None) or ()))
+    for name in given:
+        if name not in LAUNCHERS:
+            raise BadInputError(f"--launcher: {short_repr(name)} is not one of {', '.join(LAUNCHERS)}")
+    if given and getattr(args, "out", None) is None:
+        raise BadInputError("--launcher: writes a job spec next to launch.sh; give --out DIR too")
+    return given
+
+
 def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | None, command: str,
-                  flag: str = "--out", tool: str = "trl") -> dict[str, list[str]]:
+                  flag: str = "--out", launchers: tuple[str, ...] = (), tool: str = "trl") -> dict[str, list[str]]:
     """Render every mode's files first (all validated), then publish them all in one step
     (trainfit.export.publish.write_tree); returns mode -> paths."""
     from trainfit.export.plan_files import plan_files
@@ -243,7 +265,8 @@ def write_exports(plan, req, out_dir: Path, *, force: bool, data: list[str] | No
     rendered = {}
     for mp in plan.modes:
         if mp.fits:
-            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode, tool=tool)
+            rendered[mp.mode] = plan_files(mp, req, command, data, base_dir=out_dir / mp.mode, launchers=launchers,
+                                           tool=tool)
     if not rendered:
         return {}
     written = write_tree(out_dir, rendered, force=force, flag=flag)
@@ -254,6 +277,9 @@ def run(args: argparse.Namespace) -> int:
     if args.pipeline is not None and getattr(args, "for_tool", "trl") not in (None, "trl"):
         raise BadInputError("--for: a --pipeline plan is written for trainfit's own run (--for trl); plan each "
                             "phase on its own with --for")
+    if args.pipeline is not None and getattr(args, "launcher", None):
+        raise BadInputError("--launcher: writes one run's job spec; a --pipeline runs its phases in order, "
+                            "so plan each phase with --launcher")
     if args.pipeline is not None:  # phases in order, one meta-config per mode (cli/plan_pipeline.py)
         from trainfit.cli.plan_pipeline import run as run_pipeline
 
@@ -267,11 +293,13 @@ def run(args: argparse.Namespace) -> int:
     files: dict[str, list[str]] = {}
     if args.out is not None:
         files = write_exports(result, req, Path(args.out), force=args.force, data=_data(args.data),
-                              command=invoked(args), tool=args.for_tool)
+                              command=invoked(args), launchers=_launchers(args), tool=args.for_tool)
     if args.json:
         from trainfit.cli.output import print_json
 
         doc = plan_document(result, files)
+        doc["framework"] = plan_framework(result, req, as_json=True)
+        doc["cluster"] = cluster_document(req.hardware)
         if probe is not None:
             doc["probe"] = probe
         print_json(doc)
@@ -286,6 +314,12 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"[dim]{result.rates['text']}[/]")
         out.print("")
         render_plan(result, out, files=files)
+        plan_framework(result, req, as_json=False)
+        cluster = cluster_document(req.hardware)
+        if cluster is not None:
+            out.print(f"[bold]cluster[/] ({cluster['network']}): " + " ".join(
+                f"{v['name']}={v['value']}" if v["value"] is not None else v["name"] for v in cluster["env"]))
+            out.print(f"[dim]{cluster['checkpoint_dir']}[/]")
         plan_probe.render(probe, out)
     return EXIT_OK if any(m.fits for m in result.modes) else EXIT_DOES_NOT_FIT
 
@@ -305,6 +339,23 @@ def _data(paths: list[str] | None) -> list[str] | None:
             raise BadInputError(f"--data: {p} does not exist")
         out.append(str(path.resolve()))
     return out
+
+
+def cluster_document(hw) -> dict | None:
+    """A multi-node plan's rendezvous, interface and fabric variables (core.cluster_env) and the
+    shared-storage rule for its checkpoints; None on one node."""
+    if hw.node_count <= 1:
+        return None
+    from dataclasses import asdict
+
+    from trainfit.core.cluster_env import cluster_env
+    from trainfit.core.network_catalog import get_network
+
+    network = get_network(hw.nodes.network) if hw.nodes.network else None
+    return {"network": network.id if network else None, "env": [asdict(v) for v in cluster_env(network)],
+            "checkpoint_dir": "TRAINFIT_CHECKPOINT_DIR: the run directory (checkpoints) must be on storage every "
+                              "node mounts; trainfit train refuses a node-local one (relative, /tmp, /local, "
+                              "/scratch-local, ..., or a local filesystem type)"}
 
 
 def plan_document(result, files: dict[str, list[str]] | None = None) -> dict:

@@ -53,7 +53,12 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
         check_out()
         return train_pipeline_file(config, out, resume=resume, max_steps=max_steps, verify=verify, quiet=quiet, log=log)
     cfg = load_run_config(config)  # a bad config is named first: it is the first thing to fix
+    _refuse_foreign_framework(cfg, "trainfit train")
     check_out()
+    from trainfit.train.run_config import shared_storage_errors
+
+    for problem in shared_storage_errors(cfg, out or default_run_dir(config)):  # several nodes: shared storage
+        raise BadInputError(problem)
     report = None
     if verify:
         from trainfit.cli.cmd_verify import render_report
@@ -75,6 +80,15 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
 
             write_atomic(result.run_dir / "verify.json", json.dumps(summary["verify"], indent=2) + "\n")
     return summary
+
+
+def _refuse_foreign_framework(cfg, command: str) -> None:
+    from trainfit.errors import BadInputError
+    from trainfit.train.run_config import own_run_problem
+
+    problem = own_run_problem(cfg, command)
+    if problem is not None:
+        raise BadInputError(problem)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,10 @@ step time, and store the ratios as this machine's calibration."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+from trainfit.cli.framework_arg import add_framework_argument, chosen, profile_json
+from trainfit.core.frameworks import describe
 
 from trainfit.train.calibration import DEFAULT_TIMED_STEPS, DEFAULT_WARMUP_STEPS
 from trainfit.validate import arg
@@ -18,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=arg("warmup_timed_steps"), default=DEFAULT_WARMUP_STEPS, metavar="N",
                         help=f"untimed warm-up steps (default {DEFAULT_WARMUP_STEPS})")
     parser.add_argument("--no-save", action="store_true", help="do not store the calibration")
+    add_framework_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
 
@@ -46,7 +51,7 @@ def render_report(r) -> list[str]:
 
 
 def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAULT_WARMUP_STEPS, save: bool = True,
-           log=None):
+           log=None, framework: str | None = None):
     """Python twin: returns the VerifyReport."""
     from trainfit.errors import BadInputError
     from trainfit.train.run_config import load_run_config
@@ -54,6 +59,15 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
     if steps < 1 or warmup < 0:
         raise BadInputError("--steps must be >= 1 and --warmup >= 0")
     cfg = load_run_config(config)  # a bad config fails before torch is imported
+    from trainfit.cli.cmd_train import _refuse_foreign_framework
+    from trainfit.train.run_config import own_run_problem
+
+    if framework is not None:  # verify measures trainfit's own run: only it can be compared and calibrated
+        problem = own_run_problem(dataclasses.replace(cfg, framework=framework), "trainfit verify")
+        if problem is not None:
+            raise BadInputError(problem.replace("framework: ", "--framework ", 1).replace(
+                "drop the key (or set framework: trainfit)", "drop --framework"))
+    _refuse_foreign_framework(cfg, "trainfit verify")
     from trainfit.errors import require_extra
 
     for module in ("torch", "transformers", "trl"):  # a core-only install: exit 4 naming the extra, as train does
@@ -68,10 +82,17 @@ def run(args: argparse.Namespace) -> int:
     from trainfit.train.runner import quiet_libraries
 
     with quiet_libraries():  # library warnings are not the user's business
-        report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say)
+        report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say,
+                        framework=args.framework)
+    own = chosen(args, this_machine=True)  # what verify measured and predicted: trainfit's own run here
     if args.json:
-        print_json(report)
+        from trainfit.core.serde import to_jsonable
+
+        doc = to_jsonable(report)
+        doc["framework"] = profile_json(own)
+        print_json(doc)
     else:
         for line in render_report(report):
             print(line)
+        print(f"  figures for: {describe(own)}")
     return 0

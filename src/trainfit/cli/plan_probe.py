@@ -65,6 +65,9 @@ def why_no_probe(args: argparse.Namespace, req) -> str | None:
         return "planned for other hardware (--hardware), not this machine"
     if req.method == "inference":
         return "inference plans rank by batch size, not step time"
+    framework = getattr(req, "framework", None)
+    if framework is not None and not framework.is_own:  # the probe times trainfit's own loop
+        return f"planned for {framework.label} (--framework), whose steps the probe cannot run"
     return None
 
 
@@ -119,18 +122,24 @@ def render(probe: dict | None, out) -> None:
             return
     else:
         state = "confirmed the picks" if probe["confirmed"] else f"did not finish ({probe['unconfirmed']})"
+        again = f", {probe['rechecks']} finalist pair(s) measured again" if probe.get("rechecks") else ""
         out.print(f"[bold]probe[/]: {probe['seconds']:.1f} s of real steps on this machine "
-                  f"(budget {probe['budget_seconds']:g} s, {probe['rounds']} rounds): {state}")
+                  f"(budget {probe['budget_seconds']:g} s, {probe['rounds']} rounds{again}): {state}")
     for m in probe["measurements"]:
         if "error" in m:
             out.print(f"  {m['setup']}: not measured ({m['error']})")
             continue
         bound = ">= " if m["lower_bound"] else ""
-        out.print(f"  {m['setup']}: {bound}{m['measured_step_seconds']:.3g} s/step measured, "
+        repeats = m.get("repeats", 1)
+        noise = f", spread {m['spread']:.0%}" if m.get("spread") is not None and not m["lower_bound"] else ""
+        out.print(f"  {m['setup']}: {bound}{m['measured_step_seconds']:.3g} s/step measured"
+                  + (f" (median of {repeats})" if repeats > 1 else "") + f"{noise}, "
                   f"{m['predicted_step_seconds']:.3g} predicted ({m['measured_over_predicted']:.2f}x)"
                   + (" [stored]" if m["source"] == "stored" else ""))
     for p in probe["picks"]:
-        if p["changed"]:
+        if p.get("decision"):
+            out.print(f"  {p['mode']}: {p['decision']['text']}")
+        elif p["changed"]:
             out.print(f"  {p['mode']}: the speed model picked {p['speed_model_pick']}; measured best: {p['pick']}")
     if probe.get("stored"):
         out.print(f"  stored as this machine's calibration: {probe['stored']}")

@@ -57,6 +57,9 @@ class CloudRequest:
     setup_minutes: float = DEFAULT_SETUP_MINUTES
     lora: LoraSettings | None = None  # default: rank 16 on every linear of the blocks (not lm_head)
     spot: bool = False
+    # The tool that will run the job (core.frameworks.Framework, `--framework`): every setting's memory
+    # and time are that tool's. None: trainfit's own run.
+    framework: object | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,9 @@ def _search(
                                       offload=("optimizer", "optimizer+params"))
             tiers.append(Tier(f"{variants.LABELS[variant]} + CPU offload",
                               space.batch_chains(offloaded, batches, req.global_batch)))
+    from trainfit.core.frameworks import framed_tiers
+
+    tiers = framed_tiers(tiers, req.framework)  # type: ignore[arg-type]
     result = search(req.model, hw, tiers, rank_key=by_step_time, memory_fn=memory_fn,
                     speed_fn=lambda m, s: predict_step(m, s, rates, workload_for(req, s)))
     ratio = result.smallest_need_ratio
@@ -248,6 +254,17 @@ def rank_flavors(
         terms = catalog.spot_terms(flavor) if req.spot else None
         results.append(_result(req, flavor, *cache[key], terms=terms))
     return _rank(req, results, skipped)
+
+
+def chosen_setting(req: CloudRequest, catalog: CloudCatalog, flavor_id: str):
+    """(setup, hardware, rates) of the setting the ranking chose on one flavor, or None where nothing
+    fits: what `cloud --framework` measures each behaviour's effect on."""
+    if req.lora is None:
+        req = dataclasses.replace(req, lora=default_lora(req.model))
+    flavor = catalog.get(flavor_id)
+    hw, rates = _hardware(flavor)
+    best, _, _ = _search(req, hw, rates, max(1, flavor.gpu_count), _default_memory_fn())
+    return None if best is None else (best.setup, hw, rates)
 
 
 def _spot_fields(req: CloudRequest, flavor: Flavor, best: _Best, terms: SpotTerms) -> dict:

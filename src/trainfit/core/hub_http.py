@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from trainfit.errors import BadInputError, UnavailableError
+from trainfit.validate import nested_deeper_than
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -357,28 +358,9 @@ def parse_document(data: bytes, what: str, max_items: int, *, refused_model: boo
         raise HubLimitError(f"{what}: holds a number too long to be real", refused_model=refused_model) from None
     if not isinstance(doc, dict):
         raise HubLimitError(f"{what}: expected a JSON object, got {type(doc).__name__}", refused_model=refused_model)
-    if json_depth(doc) > MAX_JSON_DEPTH:
+    if nested_deeper_than(doc, MAX_JSON_DEPTH):
         raise HubLimitError(f"{what}: nested deeper than {MAX_JSON_DEPTH} levels", refused_model=refused_model)
     return doc
-
-
-def json_depth(doc: Any) -> int:
-    """Nesting depth of parsed JSON (a scalar is 0), without recursion."""
-    deepest = 0
-    stack = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if depth > MAX_JSON_DEPTH:
-            return depth
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
 
 
 def _import_httpx() -> Any:

@@ -90,19 +90,25 @@ def load_hub_model(repo_id: str, revision: str | None = None, *,
     entry = hub.read_cache()
     if entry is not None:
         return hub.spec(entry)
-    if _offline():
+    if offline_variable():
         raise hub.offline_error()
-    _check_endpoint(hub.endpoint)
+    check_endpoint(hub.endpoint)
     entry = hub.fetch_within_deadline(read_limits())
     spec = hub.spec(entry)  # every check (the parameter total too) before anything is cached
     hub.write_cache(entry)
     return spec
 
 
-def _offline() -> bool:
-    """HF_HUB_OFFLINE (else TRANSFORMERS_OFFLINE) read now, as huggingface_hub reads it at import."""
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in _TRUE
+def offline_variable() -> str | None:
+    """The environment variable that makes the Hub off limits, None when none does: HF_HUB_OFFLINE
+    (else TRANSFORMERS_OFFLINE) read now, as huggingface_hub reads it at import."""
+    name = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    return name if os.environ.get(name, "").upper() in _TRUE else None
+
+
+def hub_endpoint() -> str:
+    """The Hub's address: HF_ENDPOINT, else huggingface.co (unchecked: check_endpoint)."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
 def read_limits() -> hub_http.Limits:
@@ -114,15 +120,17 @@ def read_limits() -> hub_http.Limits:
                                                                  LIMITS.read_timeout_seconds))
 
 
-def _check_endpoint(endpoint: str) -> None:
-    """HF_ENDPOINT is an http(s) URL with a host (and a valid port), else exit 2 naming it."""
+def check_endpoint(endpoint: str) -> urllib.parse.SplitResult:
+    """HF_ENDPOINT's parts when it is an http(s) URL with a host (and a valid port), else exit 2
+    naming it."""
     try:
         parts = urllib.parse.urlsplit(endpoint)
         ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
     except ValueError:  # "http://[bad", a port over 65535
         ok = False
-    if not ok:
-        raise BadInputError(f"environment variable HF_ENDPOINT: {endpoint[:80]!r} is not an http(s) URL with a host",
+    if ok:
+        return parts
+    raise BadInputError(f"environment variable HF_ENDPOINT: {endpoint[:80]!r} is not an http(s) URL with a host",
                             hint=f"unset it for {DEFAULT_ENDPOINT}, or give a mirror such as https://hf-mirror.com")
 
 
@@ -147,7 +155,7 @@ class _Hub:
 
     def __init__(self, repo_id: str, revision: str, suggestions: Callable[[], list[str]]):
         self.repo_id, self.revision, self.suggestions = repo_id, revision, suggestions
-        self.endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        self.endpoint = hub_endpoint()
         self.ref = repo_id if revision == DEFAULT_REVISION else f"{repo_id}@{revision}"
         key = hashlib.sha256(f"{self.endpoint}\n{repo_id.lower()}\n{revision}".encode()).hexdigest()[:16]
         safe_rev = re.sub(r"[^\w.-]", "_", revision)[:60]

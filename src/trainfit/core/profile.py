@@ -18,6 +18,7 @@ from typing import Literal
 
 from trainfit.core.gpu_spec import Precision, Vendor  # noqa: F401 - re-exported: the profile's vocabulary
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
+from trainfit.validate import MAX_DOCUMENT_DEPTH, nested_deeper_than
 
 SCHEMA_VERSION = 1
 _GIB = 1 << 30
@@ -313,6 +314,8 @@ class HardwareProfile:
             raise ValueError("nested too deeply to be a profile") from None
         except ValueError:  # Python reads no integer of more than 4,300 digits
             raise ValueError("holds an integer with more than 4,300 digits; no machine has that much of anything") from None
+        if nested_deeper_than(data, MAX_DOCUMENT_DEPTH):
+            raise ValueError(f"nested more than {MAX_DOCUMENT_DEPTH} levels deep; a profile is not")
         return cls.from_dict(data)
 
     @classmethod

@@ -109,7 +109,7 @@ class TrainingSetup:
     # Inference: tokens generated after the prompt (seq_len is the prompt length).
     generate_tokens: int = 0
     # Sharding / offload knobs (modelled in trainfit.core.memory.fsdp, knob_effects and
-    # states; refused combinations in knob_checks).
+    # states; refused combinations in trainfit.core.knob_rules).
     # FSDP instead of DeepSpeed: zero_stage then holds the ZeRO-equivalent stage (full-shard 3,
     # shard-grad-op 2, no-shard 0) and offload "optimizer+params" is FSDP's CPUOffload.
     fsdp_strategy: FsdpStrategy = "none"

@@ -1,4 +1,5 @@
-"""One configuration as the files the real tools load, and writing them all-or-nothing.
+"""One configuration as the files the real tools load (trainfit.export.publish.write_tree writes them
+all-or-nothing).
 
 `render_files` returns file name -> text (pure: no torch / transformers import):
 
@@ -25,7 +26,6 @@ is its checkpoints/ subfolder, where `trainfit train` writes checkpoints).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
@@ -86,12 +86,14 @@ def precision_lines(cfg: RunConfig, class_name: str) -> list[str]:
 
 
 def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int, device: str,
-                 run_config_text: str, transformers_major: int | None = None) -> dict[str, str]:
+                 run_config_text: str, transformers_major: int | None = None, network=None) -> dict[str, str]:
     """File name -> full text for one configuration run as num_processes processes on device.
 
     device: the resolved device (cpu, cuda, mps). transformers_major: the Transformers major
     version the files are for (FSDP and checkpointing argument forms); default: the installed
     one, or trainfit.export.versions.TRANSFORMERS_MAJOR_DEFAULT without Transformers.
+    network: several nodes: the NetworkSpec between them, whose NCCL / EFA variables launch.sh sets
+    (trainfit.core.cluster_env; None: plain Ethernet).
     """
     major = installed_transformers_major() if transformers_major is None else transformers_major
     eng = engine(cfg, num_processes=num_processes)
@@ -144,24 +146,11 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
                   "copied (or shared) there:",
                   "  node 0:  NODE_RANK=0 MASTER_ADDR=<node 0's address> [MASTER_PORT=29500] ./launch.sh",
                   f"  node R:  NODE_RANK=R MASTER_ADDR=<node 0's address> [MASTER_PORT=29500] ./launch.sh  "
-                  f"(R = {'1' if nodes == 2 else f'1..{nodes - 1}'})"]
+                  f"(R = {'1' if nodes == 2 else f'1..{nodes - 1}'})",
+                  "  with TRAINFIT_CHECKPOINT_DIR=<a directory every node mounts> on every node: the run directory is "
+                  f"$TRAINFIT_CHECKPOINT_DIR/{run_dir} (checkpoints a --resume reads on every node)"]
     files[LAUNCH_FILE] = ("#!/usr/bin/env bash\n" + _comments(_header_lines(header_lines, about)) + "set -euo pipefail\n"
         + 'cd "$(dirname "${BASH_SOURCE[0]}")"  # the files below are named relative to this folder\n'
-        + (node_preamble(nodes) if nodes > 1 else "")
+        + (node_preamble(nodes, network) if nodes > 1 else "")
         + f'{command} "$@"\n')
     return files
-
-
-# ---------------------------------------------------------------------------------------------
-def write_files(out_dir: Path, files: dict[str, str], *, force: bool) -> list[Path]:
-    """Write every file into out_dir, all or nothing; returns the paths written, in order.
-
-    trainfit.export.publish.write_tree with one folder: refused (BadInputError, nothing touched)
-    when out_dir is a file or a dangling link, a name is not a plain file name, a target is a
-    directory, or a target exists and force is False; out_dir (with parents) is created when
-    missing; a failure, SIGINT or SIGTERM undoes what was written, a kill is undone by the next
-    write into out_dir.
-    """
-    from trainfit.export.publish import write_tree
-
-    return write_tree(out_dir, {"": files}, force=force)[""]

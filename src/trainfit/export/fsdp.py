@@ -6,7 +6,7 @@ gradients, so there is no "no shard" stage here). `offload` other than none move
 (and with them gradients and optimizer state) to the CPU.
 
 training.fsdp_strategy (full-shard / shard-grad-op) arrives here as its ZeRO-equivalent stage: the
-run config requires zero_stage 3 / 2 beside it (trainfit.train.knob_refusals), so the stage keeps
+run config requires zero_stage 3 / 2 beside it (trainfit.core.knob_rules), so the stage keeps
 being the one input. no-shard is refused there (DDP runs it), so NO_SHARD is never written.
 
 * `fsdp_arguments`: the TrainingArguments keys. Transformers 5 takes FSDP2 through `fsdp=True` +

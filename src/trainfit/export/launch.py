@@ -12,6 +12,12 @@ address from the environment and refuses to start without them (NODE_PREAMBLE):
     NODE_RANK     0 on the first node, 1 .. N-1 on the others
     MASTER_ADDR   the address of node 0, reachable from every node (required)
     MASTER_PORT   a free TCP port on node 0 (default 29500)
+    TRAINFIT_CHECKPOINT_DIR  a directory every node mounts (shared storage, required): the run
+                  directory - checkpoints, metrics - is $TRAINFIT_CHECKPOINT_DIR/runs/<name>, so a
+                  relaunch with --resume finds the same checkpoint on every node (trainfit train
+                  refuses a node-local one, trainfit.train.shared_storage)
+and sets the network's variables (trainfit.core.cluster_env) where the node has not set them:
+NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME to the default route's interface, the fabric's NCCL / EFA settings;
 and starts `torchrun --nnodes N --node-rank $NODE_RANK --nproc-per-node G --rdzv-backend static
 --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT` (CPU), or `accelerate launch` with the multi-node
 accelerate.yaml and `--machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import shlex
 
+from trainfit.core.cluster_env import DEFAULT_MASTER_PORT, fabric_exports
 from trainfit.export.engine import ENGINES
 
 
@@ -37,10 +44,11 @@ def _join(words: list[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-DEFAULT_MASTER_PORT = 29500  # torchrun's and Accelerate's default rendezvous port
+CHECKPOINT_DIR_ENV = "TRAINFIT_CHECKPOINT_DIR"
+SHARED_RUN_DIR = f'"${CHECKPOINT_DIR_ENV}"/'  # shell words: the run directory under the shared directory
 
 
-def node_preamble(num_nodes: int) -> str:
+def node_preamble(num_nodes: int, network=None) -> str:
     """Shell lines that check NODE_RANK / MASTER_ADDR / MASTER_PORT (see the module docstring)."""
     last = num_nodes - 1
     return f"""if [ -z "${{MASTER_ADDR:-}}" ]; then
@@ -55,7 +63,16 @@ if [ "$NODE_RANK" -gt {last} ]; then
   exit 2
 fi
 MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"
-"""
+case "${{{CHECKPOINT_DIR_ENV}:-}}" in
+  /*) ;;
+  *) echo "launch.sh: set {CHECKPOINT_DIR_ENV} to an absolute directory every node mounts (shared storage: the checkpoints a --resume reads on every node); got '${{{CHECKPOINT_DIR_ENV}:-}}'" >&2; exit 2 ;;
+esac
+# The interface the nodes reach each other over: the default route's, unless set (cluster_env).
+ROUTE_IF="$(ip -o route show default 2>/dev/null | awk '{{for (i = 1; i < NF; i++) if ($i == "dev") {{print $(i + 1); exit}}}}' || true)"
+if [ -n "$ROUTE_IF" ]; then
+  export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$ROUTE_IF}}" GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$ROUTE_IF}}"
+fi
+{fabric_exports(network)}"""
 
 
 def launch_command(run_config_file: str, *, out_dir: str, num_processes: int, strategy: str,
@@ -74,15 +91,18 @@ def launch_command(run_config_file: str, *, out_dir: str, num_processes: int, st
         raise ValueError(f"{num_processes} processes do not split evenly over {num_nodes} node(s)")
     train = ["train", run_config_file, "--out", out_dir]
     if num_nodes > 1:
+        # the run directory lives on the shared directory every node mounts (node_preamble checks it)
+        train = ["train", run_config_file, "--out"]
+        suffix = " " + SHARED_RUN_DIR + shlex.quote(out_dir)
         env = '--node-rank "$NODE_RANK"'
         if accelerate_file is not None:
             # The file holds num_machines / num_processes; the flags name this node and node 0.
             return (_join(["accelerate", "launch", "--config_file", accelerate_file])
                     + ' --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" '
-                    + _join(["-m", "trainfit", *train]))
+                    + _join(["-m", "trainfit", *train]) + suffix)
         return (_join(["torchrun", "--nnodes", str(num_nodes)]) + f" {env} "
                 + _join(["--nproc-per-node", str(num_processes // num_nodes), "--rdzv-backend", "static"])
-                + ' --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" ' + _join(["-m", "trainfit", *train]))
+                + ' --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" ' + _join(["-m", "trainfit", *train]) + suffix)
     if num_processes == 1 and strategy in ("single", "ddp"):
         return _join(["trainfit", *train])
     if accelerate_file is not None:

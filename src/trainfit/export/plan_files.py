@@ -149,10 +149,11 @@ def header_lines(mp: ModePlan, command: str) -> list[str]:
 
 
 def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[str] | None = None,
-               base_dir=None, tool: str = "trl") -> dict[str, str]:
+               base_dir=None, launchers: tuple[str, ...] = (), tool: str = "trl") -> dict[str, str]:
     """File name -> text for one mode (run.yaml, training_args.yaml, lora.yaml, accelerate.yaml,
-    deepspeed.json, launch.sh, and with tool the config of that tool: trainfit.export.tools): the run
-    config is validated by the run-config parser first."""
+    deepspeed.json, launch.sh, each of `launchers`' specs: trainfit.export.cluster_job, and with tool
+    the config of that tool: trainfit.export.tools): the run config is validated by the run-config
+    parser first."""
     from pathlib import Path
 
     from trainfit.export.bundle import render_files
@@ -178,8 +179,24 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     assert s is not None
     device = "cuda" if s.device in ("cuda", "rocm") else s.device
     text = yaml.safe_dump(raw, sort_keys=False)
+    from trainfit.core.network_catalog import get_network
+
+    hw = req.hardware
+    network = get_network(hw.nodes.network) if hw.node_count > 1 and hw.nodes.network else None
+    if network is not None:
+        from trainfit.core.cluster_env import env_text
+
+        lines.append(f"cluster: {env_text(network)} (launch.sh sets them; checkpoints on shared storage: "
+                     "TRAINFIT_CHECKPOINT_DIR)")
     files = render_files(cfg, header_lines=lines, num_processes=max(1, s.num_gpus) if device != "cpu" else 1,
-                         device=device, run_config_text=text)
+                         device=device, run_config_text=text, network=network)
+    if launchers:
+        from trainfit.export.bundle import run_dir_name
+        from trainfit.export.cluster_job import cluster_job, launcher_files
+
+        job = cluster_job(mp, req, run_dir=run_dir_name(cfg), keep_last=cfg.checkpointing.keep_last,
+                          header_lines=lines, plan_files=files)
+        files.update(launcher_files(job, launchers))
     if tool != "trl":
         from trainfit.export.tools import ToolPlan, tool_files
 

@@ -12,7 +12,7 @@ folder per mode, DIR/<mode>/<file>. write_tree:
    (not even with --force: a planted DIR/balanced -> elsewhere/ would make trainfit write, and
    overwrite, elsewhere), no file where a folder goes, no folder where a file goes, no existing
    file without force (a file that is a symbolic link is replaced as a link, never followed);
-4. writes every file of every folder into one staging folder (each file fsynced);
+4. writes every file of every folder into one staging folder (each file and folder fsynced once);
 5. publishes in one step: DIR missing: one rename of the staged tree onto DIR. DIR present: a
    folder missing under DIR is renamed into place whole, a file into a folder that exists is
    renamed into place after the file it replaces (with force) is moved into the staging folder.
@@ -159,23 +159,35 @@ def _check_targets(out_dir: Path, folders: dict[str, dict[str, str]], force: boo
 
 # -- writing ---------------------------------------------------------------------------------
 def _stage(staging: Path, out_dir: Path, folders: dict[str, dict[str, str]], flag: str) -> None:
-    """Every file, complete and fsynced, under staging/new/<folder>/."""
-    from trainfit.files import write_atomic
+    """Every file, complete and fsynced once, under staging/new/<folder>/, then each staged folder
+    fsynced once (deepest first). The staging folder is what makes the write atomic, so a file is
+    written in place: no temporary file, rename and folder fsync per file."""
+    from trainfit.files import write_error
 
+    folders_made = {staging / NEW}
     for folder, files in folders.items():
         where = staging / NEW / folder
         where.mkdir(parents=True, exist_ok=True)
+        folders_made.update(p for p in [where, *where.parents] if p.is_relative_to(staging / NEW))
         for name, text in files.items():
             try:
-                staged = write_atomic(where / name, text)
-                os.chmod(staged, EXECUTABLE_MODE if text.startswith("#!") else FILE_MODE)
-            except TrainfitError as exc:
-                exc.message = f"{flag}: cannot write {out_dir / folder / name}: {_reason(exc)}"
-                raise
+                _write_synced(where / name, text, EXECUTABLE_MODE if text.startswith("#!") else FILE_MODE)
             except OSError as exc:
-                from trainfit.files import write_error
+                error = write_error(where / name, exc)
+                error.message = f"{flag}: cannot write {out_dir / folder / name}: {_reason(error)}"
+                raise error from None
+    for made in sorted(folders_made, key=lambda p: len(p.parts), reverse=True):
+        _fsync_dir(made)
 
-                raise write_error(out_dir / folder / name, exc) from None
+
+def _write_synced(path: Path, text: str, mode: int) -> None:
+    """A new file holding `text` with `mode`, fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(path, mode)
 
 
 def _reason(exc: TrainfitError) -> str:

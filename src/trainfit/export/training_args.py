@@ -105,7 +105,7 @@ def trl_arguments(cfg: RunConfig) -> dict[str, Any]:
     """The TRL-only keys of SFTConfig / DPOConfig (none for pretraining)."""
     t = cfg.training
     if cfg.method == "pretrain":
-        return {}  # training.activation_offload is refused for pretrain (trainfit.train.knob_refusals)
+        return {}  # training.activation_offload is refused for pretrain (trainfit.core.knob_rules)
     # TRL's saved-tensor hooks move activations to pinned CPU memory (SFTConfig / DPOConfig key);
     # written only when set, so configs without it export what they always did.
     offload = {"activation_offloading": True} if t.activation_offload else {}

@@ -5,8 +5,6 @@ Only the main process writes or prints; every process times its own steps.
 
 from __future__ import annotations
 
-import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -15,12 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from trainfit.train.events import append_record
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+from trainfit.train.monitor import eta_seconds, peak_rss_bytes
 
 
 def device_memory() -> dict[str, int]:
@@ -79,7 +72,9 @@ class MetricsWriter(TrainerCallback):
         self._start = 0.0
 
     def eta_seconds(self, state) -> float | None:
-        return eta_seconds(state, self.timer.step_seconds, self.stop_step)
+        # steps left to where this invocation ends (pauses are not steps; None before a step was timed)
+        end = end_step(state, self.stop_step)
+        return eta_seconds(end - state.global_step if end else None, self.timer.step_seconds)
 
     def on_train_begin(self, args, state, control, **kw):
         self._start = self._last_t = time.perf_counter()
@@ -152,19 +147,6 @@ def end_step(state, stop_step: int | None) -> int:
     if stop_step is not None and (not state.max_steps or stop_step < state.max_steps):
         return stop_step
     return state.max_steps
-
-
-def eta_seconds(state, step_seconds: list[float], stop_step: int | None = None) -> float | None:
-    """Steps left to where this invocation ends x the median of the last ETA_STEPS step times
-    (pauses are not steps; None before a step was timed)."""
-    recent = step_seconds[-ETA_STEPS:]
-    end = end_step(state, stop_step)
-    if not recent or not end:
-        return None
-    return max(end - state.global_step, 0) * statistics.median(recent)
-
-
-ETA_STEPS = 20  # step times the ETA takes the median of (a checkpoint or a pause does not swing it)
 
 
 class BeforeFirstStep(TrainerCallback):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from trainfit.errors import BadInputError
+from trainfit.files import FolderAdditions
 from trainfit.train.run_config import BUILTIN_DATA, RunConfig
 
 _BY_SUFFIX = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",
@@ -123,61 +124,18 @@ def check_cache_dir(cfg: RunConfig) -> None:
         output_dir(cfg.data.cache_dir, "data.cache_dir")
 
 
-class CacheAdditions:
-    """What a run adds to data.cache_dir when that lies outside its run directory, remembered from
-    before any data is read, so that a run refused before its first checkpoint (a missing column,
-    a corpus shorter than one block, a model that does not fit) takes its Arrow cache files out
-    again and leaves nothing outside --out. A cache folder the run created goes whole; in one that
-    existed only the entries that were not there before go (a run sharing the folder at the same
-    moment could lose a file it has just written, which datasets then writes again)."""
-
-    def __init__(self, cache_dir: str | None, run_dir: Path) -> None:
-        root = Path(cache_dir).resolve() if cache_dir else None
-        self.root = None if root is None or root.is_relative_to(run_dir.resolve()) else root
-        self.created: list[Path] = []
-        self.before: set[str] = set()
-        if self.root is None:
-            return
-        p = self.root
-        while not p.exists() and p != p.parent:
-            self.created.append(p)
-            p = p.parent
-        self.before = self._entries()
-
-    def _entries(self) -> set[str]:
-        import os
-
-        found: set[str] = set()
-        if self.root is None or not self.root.is_dir():
-            return found
-        for folder, dirs, files in os.walk(self.root):
-            rel = Path(folder).relative_to(self.root)
-            found.update(str(rel / name) for name in dirs + files)
-        return found
-
-    def undo(self) -> list[str]:
-        """Remove what was added; returns the removed entries (relative to the cache folder)."""
-        import shutil
-
-        if self.root is None or not self.root.is_dir():
-            return []
-        if self.created:
-            shutil.rmtree(self.root)
-            for parent in self.created[1:]:
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-            return ["."]
-        new = self._entries() - self.before
-        outermost = sorted(e for e in new if str(Path(e).parent) not in new)
-        for entry in outermost:
-            path = self.root / entry
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        return outermost
+def cache_additions(cache_dir: str | None, run_dir: Path) -> FolderAdditions | None:
+    """What a run adds to data.cache_dir when that lies outside its run directory (None otherwise),
+    remembered from before any data is read, so that a run refused before its first checkpoint (a
+    missing column, a corpus shorter than one block, a model that does not fit) takes its Arrow
+    cache files out again and leaves nothing outside --out. A cache folder the run created goes
+    whole; in one that existed only the entries that were not there before go, at any depth (a run
+    sharing the folder at the same moment could lose a file it has just written, which datasets
+    then writes again)."""
+    root = Path(cache_dir).resolve() if cache_dir else None
+    if root is None or root.is_relative_to(run_dir.resolve()):
+        return None
+    return FolderAdditions(root, deep=True)
 
 
 def _into_cache_dir(cfg: RunConfig, ds):

@@ -12,6 +12,9 @@ Set TRAINFIT_FAULTS before `trainfit train` (it also reaches every rank under to
     TRAINFIT_FAULTS="nangrad@7"                   the loss of step 7 is finite, its gradients NaN
     TRAINFIT_FAULTS="device_lost@9:ecc"           the device fails in step 9 (lost | ecc | poisoned)
     TRAINFIT_FAULTS="oom@5:cuda,rank=1"           only on rank 1 (default: every rank)
+    TRAINFIT_FAULTS="stall@6,rank=1"              rank 1 stops responding in step 6 (its forward
+                                                  sleeps STALL_SECONDS): the others wait for it in
+                                                  their gradient all-reduce, as for a hung node
 
 Steps count optimizer steps from 1, as metrics.jsonl does. OOM backends: cuda, hip, mps, xpu,
 xpu-ur (the Level Zero runtime's error), cpu, cpu-python (MemoryError). Each raises the exception
@@ -48,7 +51,8 @@ from transformers import TrainerCallback
 from trainfit.errors import BadInputError
 
 ENV = "TRAINFIT_FAULTS"
-KINDS = ("oom", "nan", "inf", "nangrad", "device_lost")
+KINDS = ("oom", "nan", "inf", "nangrad", "device_lost", "stall")
+STALL_SECONDS = 3600.0  # longer than any test waits: the stalled process is killed, never woken
 FAKE_MACHINE_ENV = "TRAINFIT_FAKE_MACHINE"
 
 # Messages as the backends print them (numbers from one real report each).
@@ -163,7 +167,7 @@ def parse(text: str) -> FaultPlan:
         if kind == "device_lost" and variant not in DEVICE_MESSAGES:
             raise BadInputError(f"{ENV}: {raw!r}: device failure {variant!r} unknown "
                                 f"(valid: {', '.join(DEVICE_MESSAGES)})")
-        if kind in ("nan", "inf", "nangrad") and m["variant"]:
+        if kind in ("nan", "inf", "nangrad", "stall") and m["variant"]:
             raise BadInputError(f"{ENV}: {raw!r}: {kind} takes no variant")
         if first < 1 or last < first:
             raise BadInputError(f"{ENV}: {raw!r}: steps count from 1 and a range goes upwards")
@@ -221,6 +225,13 @@ class FaultInjector(TrainerCallback):
         if not module.training:
             return None
         self._forward += 1
+        stall = self._due(("stall",))
+        if stall is not None:
+            stall.fired += 1
+            self.log(f"fault injection: rank {self.rank} stops responding in step {self._step}")
+            import time
+
+            time.sleep(STALL_SECONDS)
         fault = self._due(("oom", "device_lost"))
         if fault is not None:
             fault.fired += 1

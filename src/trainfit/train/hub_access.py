@@ -3,8 +3,10 @@
 huggingface_hub retries a failed request with back-off (five tries per file, and a run asks for
 the tokenizer and then the weights): offline, a run waited about a minute before failing. Here:
 
-* HF_HUB_OFFLINE set: the cache only, never the network;
-* otherwise one TCP connection to the Hub's host (HF_ENDPOINT, default huggingface.co), at most
+* HF_HUB_OFFLINE (else TRANSFORMERS_OFFLINE) set: the cache only, never the network (read as
+  huggingface_hub reads them: trainfit.core.hub_models.offline_variable);
+* otherwise one TCP connection to the Hub's host (HF_ENDPOINT, default huggingface.co; one that is
+  no http(s) URL with a host is exit 2, as for every command: hub_models.check_endpoint), at most
   CONNECT_SECONDS: when it fails the files come from the cache only, and a model missing there is
   an UnavailableError at once, saying what was tried and what to do.
 
@@ -16,17 +18,21 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from urllib.parse import urlparse
+
+from trainfit.core.hub_models import check_endpoint, hub_endpoint, offline_variable
 
 CONNECT_SECONDS = 5.0
-_TRUE = {"1", "true", "yes", "on"}
 
 
 def offline_reason() -> str | None:
-    """Why the Hub is not to be asked (None: it may be)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
-        return "HF_HUB_OFFLINE is set"
-    return _unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co", _behind_proxy())
+    """Why the Hub is not to be asked (None: it may be). BadInputError: HF_ENDPOINT is no URL."""
+    variable = offline_variable()
+    if variable is not None:
+        return f"{variable} is set"
+    url = check_endpoint(hub_endpoint())
+    if _behind_proxy():
+        return None
+    return _unreachable(url.hostname, url.port or (80 if url.scheme == "http" else 443))
 
 
 def _behind_proxy() -> bool:
@@ -35,14 +41,7 @@ def _behind_proxy() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _unreachable(endpoint: str, proxied: bool) -> str | None:
-    if proxied:
-        return None
-    url = urlparse(endpoint)
-    host = url.hostname
-    if not host:
-        return f"HF_ENDPOINT {endpoint[:80]!r} names no host"
-    port = url.port or (80 if url.scheme == "http" else 443)
+def _unreachable(host: str, port: int) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=CONNECT_SECONDS):
             return None

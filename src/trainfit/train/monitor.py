@@ -273,6 +273,7 @@ class Monitor:
         self._samples: collections.deque[Sample] = collections.deque(maxlen=history_samples)
         self._steps: collections.deque[StepPoint] = collections.deque(maxlen=history_steps)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self._events_emitted = 0  # ever: events_since's readers pass back the count they have seen
         self._readings: collections.deque[tuple[int, int, Any]] = collections.deque()  # leak readings to fit
         # (step, loss): floats, and tensors the monitor thread reads (a .item() there blocks that
         # thread, never the training loop)
@@ -433,6 +434,7 @@ class Monitor:
         rec = event(kind, self._step, reason, **details)
         with self._lock:
             self._events.append(rec)
+            self._events_emitted += 1
         self._write(rec)
         if self._on_event is not None:
             try:
@@ -527,7 +529,7 @@ class Monitor:
         with self._lines_lock:
             while self._step_lines:
                 line = self._step_lines.popleft()
-                self._write({**line, "loss": _as_float(line["loss"]), "peak_rss_bytes": _peak_rss_bytes()})
+                self._write({**line, "loss": _as_float(line["loss"]), "peak_rss_bytes": peak_rss_bytes()})
 
     def _read_losses(self) -> None:
         while self._pending_losses:
@@ -613,22 +615,31 @@ class Monitor:
         with self._lock:
             return list(self._events)
 
+    def events_since(self, seen: int) -> tuple[list[dict[str, Any]], int]:
+        """The event records emitted after the first `seen` (of those kept: the last 100), and how many
+        have been emitted: a reader that passes that count back next time reads each record once, at
+        the cost of what is new, however long the run."""
+        with self._lock:
+            new = min(self._events_emitted - seen, len(self._events))
+            return [self._events[i] for i in range(-new, 0)], self._events_emitted
+
     @property
     def current_step(self) -> int:
         return self._step
 
+    def _recent_step_seconds(self) -> list[float]:
+        with self._lock:
+            return [p.step_seconds for p in list(self._steps)[-RECENT_STEPS:] if p.step_seconds is not None]
+
     def seconds_per_step(self) -> float | None:
         """Median wall seconds per step over the last RECENT_STEPS steps."""
-        with self._lock:
-            recent = [p.step_seconds for p in list(self._steps)[-RECENT_STEPS:] if p.step_seconds is not None]
+        recent = self._recent_step_seconds()
         return statistics.median(recent) if recent else None
 
     def eta_seconds(self) -> float | None:
         """Steps left to total_steps x the recent median step time (None while either is unknown)."""
-        per = self.seconds_per_step()
-        if self.total_steps is None or per is None:
-            return None
-        return max(self.total_steps - self._step, 0) * per
+        return eta_seconds(None if self.total_steps is None else self.total_steps - self._step,
+                           self._recent_step_seconds())
 
     def rates(self) -> dict[str, float | None]:
         """tokens/s and samples/s over the last ~RECENT_STEPS steps (their step times)."""
@@ -662,7 +673,17 @@ class Monitor:
         }
 
 
-def _peak_rss_bytes() -> int | None:
+def eta_seconds(steps_left: int | None, step_seconds: list[float]) -> float | None:
+    """Steps left x the median of the last RECENT_STEPS step times (a checkpoint or a pause, not a
+    step, does not swing it); None while either is unknown. The one ETA of metrics.jsonl, the
+    progress line and the dashboard."""
+    recent = step_seconds[-RECENT_STEPS:]
+    if steps_left is None or not recent:
+        return None
+    return max(steps_left, 0) * statistics.median(recent)
+
+
+def peak_rss_bytes() -> int | None:
     """This process's peak resident set size (Linux reports KiB, macOS bytes); None on Windows."""
     try:
         import resource

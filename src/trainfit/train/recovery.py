@@ -929,10 +929,10 @@ class RecoveryCallback(TrainerCallback):
         if trainer is None or not s.enabled:
             return
         requests = s._take_requests()
-        nonfinite = trainer._tf_take_nonfinite() if hasattr(trainer, "_tf_take_nonfinite") else False
         # NaN / inf gradients can come with a finite loss (an overflow in the backward pass): the
         # gradient norm the Trainer computed for this step is checked as well
-        bad_grads = trainer._tf_take_grad_nonfinite() if hasattr(trainer, "_tf_take_grad_nonfinite") else False
+        nonfinite, bad_grads = (trainer._tf_take_nonfinite() if hasattr(trainer, "_tf_take_nonfinite")
+                                else (False, False))
         flags = [int(nonfinite or bad_grads), int("shrink" in requests), int("fallback" in requests),
                  int(nonfinite)]
         if s.world > 1:

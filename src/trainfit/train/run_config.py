@@ -119,6 +119,10 @@ class TrainingConfig(TrainingSetup):
     precision: PrecisionMode | Literal["auto"] = "auto"
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dpo_beta: float = 0.1
+    # Runtime knobs of the knob table that are no TrainingSetup field (trainfit.core.knobs): a run
+    # is the installed versions, so the rules refuse them when set.
+    transformers_version: str | None = None
+    bitsandbytes_version: str | None = None
 
 
 # Training keys that say how the global batch is spread (GPUs, nodes, hybrid sharding) and how a
@@ -139,7 +143,23 @@ NOT_TRAINING_KEYS = ("method", "generate_tokens", "optimizer_impl", "bnb_keeps_i
                      "kbit_upcast", "autocast_16bit_weights", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state",
                      "logits_shift_copy", "logits_returned_fp32", "output_kept", "experts_fused",
                      "reentrant_checkpoint_around_fsdp_units", "cache_under_checkpointing", "model_code",
-                     "previous_step_kept", "fsdp_flat_params", "torch_compile")
+                     "previous_step_kept", "fsdp_flat_params", "torch_compile", "transformers_version",
+                     "bitsandbytes_version")
+
+
+def _runtime_keys() -> tuple[str, ...]:
+    """The knob table's runtime knobs (refused when set), so a new one changes no config hash."""
+    from trainfit.core.knobs import RUNTIME_KNOBS
+
+    return tuple(k.yaml_key.split(".")[1] for k in RUNTIME_KNOBS)
+
+
+def _knob_keys() -> set[str]:
+    """The `training:` keys the knob table declares (trainfit.core.knobs): read, then checked by its
+    rules (trainfit.core.knob_rules), which refuse what a run does not do."""
+    from trainfit.core.knobs import KNOBS
+
+    return {k.yaml_key.split(".")[1] for k in KNOBS if k.yaml_key.startswith("training.")}
 
 
 @dataclass(frozen=True)
@@ -158,6 +178,9 @@ class ScheduleConfig:
 class CheckpointConfig:
     every_steps: int = 100
     keep_last: int = 2
+    # A multi-node run's run directory must be shared storage (shared_storage_errors); true: the
+    # user vouches for storage the rule cannot see is shared.
+    allow_node_local: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,6 +229,9 @@ class RunConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    # The tool meant to run this config, as `--framework NAME[@VERSION]` (core/frameworks.py). trainfit
+    # train and verify run trainfit's own loop, so they refuse another tool's name (own_run_problem).
+    framework: str | None = None
     source: str = ""  # file the config was read from (not part of the hash)
 
     @property
@@ -234,7 +260,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         data = to_jsonable(self)
         data.pop("source", None)
-        for key in NOT_TRAINING_KEYS:
+        if data.get("framework") is None:  # written only when named (files and hashes of before stay as they were)
+            data.pop("framework", None)
+        for key in NOT_TRAINING_KEYS + _runtime_keys():  # a run is trainfit's own runtime: never written
             data["training"].pop(key, None)
         return data
 
@@ -265,8 +293,10 @@ class RunConfig:
         data = self.to_dict()
         data.pop("logging", None)
         data["checkpointing"].pop("keep_last", None)
+        data["checkpointing"].pop("allow_node_local", None)  # where checkpoints live, not what they hold
         data.pop("safety", None)  # pauses and extra checkpoints do not change a loss either
         data.pop("monitoring", None)  # watching a run does not change it
+        data.pop("framework", None)  # which tool is named does not change trainfit's own run
         data["data"] = data_hash_view(data["data"], self.method)  # workers, caches: speed, not maths
         t = data["training"]
         n = processes if processes is not None else self.training.num_gpus
@@ -306,8 +336,8 @@ def _build_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
     if not isinstance(raw, dict):
         errors.append(f"{path}: expected a mapping, got {type(raw).__name__}")
         return None
-    fields = {f.name: f for f in dataclasses.fields(cls)
-              if f.init and not (cls is TrainingConfig and f.name in NOT_TRAINING_KEYS)}
+    skipped = set(NOT_TRAINING_KEYS) - _knob_keys() if cls is TrainingConfig else set()
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skipped}
     hints = __import__("typing").get_type_hints(cls)
     errors.extend(unknown_keys(raw, fields, f"{path}."))
     kwargs: dict[str, Any] = {}
@@ -334,7 +364,7 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     errors: list[str] = []
     if not isinstance(raw, dict):
         raise BadInputError(f"{source or 'run config'}: expected a YAML mapping at the top level")
-    top = {"version", "name", "method"} | set(_SECTIONS)
+    top = {"version", "name", "method", "framework"} | set(_SECTIONS)
     errors.extend(unknown_keys(raw, sorted(top)))
     version = raw.get("version")
     if type(version) is not int or version != CONFIG_VERSION:  # `true` == 1 in Python, not in a schema
@@ -348,6 +378,14 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     if not isinstance(name, str):
         errors.append("name: expected a string")
     sections = {k: _build_section(cls, raw.get(k), k, errors) for k, cls in _SECTIONS.items()}
+    framework = raw.get("framework")
+    if framework is not None:
+        from trainfit.core.frameworks import resolve_framework
+
+        try:
+            resolve_framework(framework, key="framework")
+        except TrainfitError as exc:
+            errors.append(exc.message)
     if "model" not in raw:
         errors.append("model: missing (give one of model.id, model.path or model.shape)")
     if "data" not in raw:
@@ -357,11 +395,26 @@ def parse_run_config(raw: Any, *, base_dir: Path | None = None, source: str = ""
     base = base_dir or Path.cwd()
     sections["model"], sections["tokenizer"], sections["data"] = _resolve_paths(
         sections["model"], sections["tokenizer"], sections["data"], base)
-    cfg = RunConfig(version=version, method=method, name=name, source=source, **sections)
+    cfg = RunConfig(version=version, method=method, name=name, source=source, framework=framework, **sections)
     errors.extend(semantic_errors(cfg))
     if errors:
         raise BadInputError(_joined(source, errors))
     return cfg
+
+
+def own_run_problem(cfg: RunConfig, command: str) -> str | None:
+    """Why `command` (trainfit train / verify) will not run a config that names another tool: it runs
+    trainfit's own loop, whose memory and speed are not that tool's. None for no framework or trainfit."""
+    if cfg.framework is None:
+        return None
+    from trainfit.core.frameworks import resolve_framework
+
+    framework = resolve_framework(cfg.framework, key="framework")
+    if framework.is_own:
+        return None
+    return (f"framework: {cfg.framework}: {command} runs trainfit's own training loop, not {framework.title}; "
+            f"run the config's settings with that tool (trainfit estimate/plan --framework {cfg.framework} give "
+            "its figures), or drop the key (or set framework: trainfit) to train here")
 
 
 def _joined(source: str, errors: list[str]) -> str:
@@ -463,12 +516,9 @@ def semantic_errors(cfg: RunConfig) -> list[str]:
     if s.max_steps is None and s.epochs is None:
         errs.append("schedule: give max_steps or epochs")
     errs.extend(_data_errors(cfg))
-    from trainfit.train.knob_refusals import sharding_knob_errors
+    from trainfit.core.knob_rules import run_config_problems
 
-    errs.extend(sharding_knob_errors(cfg))  # fsdp_strategy, offload, activation_offload, optimizer_in_backward
-    from trainfit.train.model_knob_refusals import model_knob_errors
-
-    errs.extend(model_knob_errors(cfg))  # loss, gptq/awq quant, dora, image_size, images_per_example
+    errs.extend(run_config_problems(cfg))  # the knob table's refusals, worded by key (trainfit.core.knob_rules)
     return errs
 
 
@@ -526,6 +576,21 @@ def _bound_errors(cfg: RunConfig) -> list[str]:
         errs += section_problems(section, path)
     errs += section_problems(cfg.safety, "safety")
     return errs
+
+
+def shared_storage_errors(cfg: RunConfig, run_dir: str) -> list[str]:
+    """A multi-node run's run directory (`trainfit train --out`) must be storage every node shares:
+    each rank reads the checkpoint from it on --resume (the rule: trainfit.train.shared_storage)."""
+    if cfg.training.num_nodes <= 1 or cfg.checkpointing.allow_node_local:
+        return []
+    from trainfit.train.shared_storage import node_local_reason
+
+    reason = node_local_reason(str(run_dir))
+    if reason is None:
+        return []
+    return [f"--out {run_dir}: training.num_nodes {cfg.training.num_nodes} needs the run directory (its checkpoints) "
+            f"on storage every node mounts, and {reason}; give --out a shared directory (NFS, Lustre, a bucket "
+            "mount, a ReadWriteMany volume), or set checkpointing.allow_node_local: true if it is shared"]
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ from trainfit.errors import BadInputError, DoesNotFitError, TrainfitError, Unava
 from trainfit.export.engine import sharding_engine
 from trainfit.export.training_args import CONFIG_MODULES, NEEDS_BITSANDBYTES, trainer_config, training_arguments
 from trainfit.export.versions import transformers_major
+from trainfit.files import FolderAdditions
 from trainfit.train import checkpoints as ck
 from trainfit.train.run_config import RunConfig, dump_run_config
 
@@ -224,6 +224,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     for key in ("logging", "safety", "monitoring"):
         data.pop(key, None)
     data["checkpointing"].pop("keep_last", None)
+    data["checkpointing"].pop("allow_node_local", None)  # added later; where checkpoints live, not their maths
     # Keys that did not exist when this hash was written: left out while at their default.
     for section, cls, keys in (("training", TrainingConfig, LEGACY_ABSENT_TRAINING), ("data", DataConfig, LEGACY_ABSENT_DATA)):
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -518,6 +519,10 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     rank, world_size = world()
     log = log or (lambda m: None)
     say = log if rank == 0 else (lambda m: None)
+    from trainfit.train.run_config import shared_storage_errors
+
+    for problem in shared_storage_errors(cfg, str(run_dir)):  # before anything is read or written
+        raise BadInputError(problem)
     run_dir = Path(run_dir).resolve()
     user_cfg = cfg
     requests = _recovery_requests(run_dir, user_cfg) if recover else []
@@ -538,7 +543,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     if replan:
         cfg, precision_note = _precision_for_device(cfg, device)
     check_method_available(cfg, device)
-    from trainfit.train.data import CacheAdditions, check_cache_dir
+    from trainfit.train.data import cache_additions, check_cache_dir
 
     check_cache_dir(cfg)  # before anything is written or read
     resume_from = prepare_run_dir(user_cfg, run_dir, resume, say, processes=processes, legacy=resolved)
@@ -547,7 +552,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
         say(f"{run_dir.name} already finished: step {finished['global_step']} of {finished['max_steps']}; "
             "nothing to train")
         return RunResult(run_dir, finished["global_step"], [], finished, resumed_from=resume_from.path.name)
-    undo = FailedStartCleanup(run_dir, CacheAdditions(cfg.data.cache_dir, run_dir)) if rank == 0 else None
+    undo = FailedStartCleanup(run_dir, cache_additions(cfg.data.cache_dir, run_dir)) if rank == 0 else None
     try:
         return _train(user_cfg, cfg, run_dir, device, resume_from, adj=adj, requests=requests, processes=processes,
                       precision_note=precision_note, stop_after=stop_after, quiet=quiet, say=say, log=log,
@@ -607,19 +612,16 @@ def finished_summary(run_dir: Path, resume_from: ck.CheckpointInfo | None) -> di
 
 
 class FailedStartCleanup:
-    """Remembers what run_dir held before this invocation; called after a failure, removes what
-    the invocation created, unless it wrote a checkpoint (then everything stays, for --resume).
-    A directory it created is removed whole (and parent directories it created, when empty)."""
+    """Remembers what run_dir held before this invocation (trainfit.files.FolderAdditions); called
+    after a failure, removes what the invocation created, unless it wrote a checkpoint (then
+    everything stays, for --resume). A directory it created is removed whole (and parent
+    directories it created, when empty). `cache`: the Arrow caches it adds outside run_dir
+    (trainfit.train.data.cache_additions), removed with it."""
 
-    def __init__(self, run_dir: Path, cache: Any = None) -> None:
+    def __init__(self, run_dir: Path, cache: FolderAdditions | None = None) -> None:
         self.run_dir = run_dir
-        self.cache = cache  # trainfit.train.data.CacheAdditions: Arrow caches outside run_dir
-        self.created_dirs = []  # run_dir and the parents mkdir(parents=True) will create
-        p = run_dir
-        while not p.exists() and p != p.parent:
-            self.created_dirs.append(p)
-            p = p.parent
-        self.entries = set(os.listdir(run_dir)) if run_dir.is_dir() else set()
+        self.cache = cache
+        self.added = FolderAdditions(run_dir)
         self.checkpoints = self._checkpoints()
 
     def _checkpoints(self) -> set[str]:
@@ -638,24 +640,11 @@ class FailedStartCleanup:
                 return  # a rank asked for a restart with another split: the restart needs the run
             if self.cache is not None and self.cache.undo():
                 say(f"removed the data cache files this attempt wrote in {self.cache.root}")
-            if self.created_dirs:
-                shutil.rmtree(self.run_dir)
-                for parent in self.created_dirs[1:]:
-                    try:
-                        parent.rmdir()
-                    except OSError:
-                        break
+            removed = self.added.undo()
+            if removed == ["."]:
                 say(f"removed {self.run_dir} again (the run failed before its first checkpoint)")
-                return
-            new = sorted(set(os.listdir(self.run_dir)) - self.entries)
-            for name in new:
-                p = self.run_dir / name
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
-            if new:
-                say(f"removed what this attempt created in {self.run_dir}: {', '.join(new)}")
+            elif removed:
+                say(f"removed what this attempt created in {self.run_dir}: {', '.join(removed)}")
         except OSError as exc:  # never hide the failure that brought us here
             say(f"could not clean up {self.run_dir}: {exc}")
 
@@ -728,7 +717,7 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
         # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
         # the monitor's latest sample each time they look (a function, not the sample of now).
         if monitor.enabled:
-            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events
+            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since
         else:
             sample_fn = leak_events = None
             say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "

@@ -73,6 +73,8 @@ from trainfit.train.events import append_record, event
 
 Log = Callable[[str], None]
 SampleFn = Callable[[], Sample]
+# (count of events seen) -> (the monitor's event records emitted since, count emitted): Monitor.events_since
+EventsSince = Callable[[int], tuple[list[dict[str, Any]], int]]
 
 # NVML clock-event reasons that mean heat (hw_slowdown: heat, or an external power brake).
 THERMAL_THROTTLE_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
@@ -140,17 +142,13 @@ class SafetyContext:
     thermal_risk_until: float = -math.inf
     signal_received: int | None = None
     stop: StopRequest | None = None
-    _cached: tuple[float, Sample] | None = None
     _read_failed: bool = False
 
-    def read(self, max_age_seconds: float = 1.0) -> Sample | None:
-        """A reading (the last one when younger than max_age_seconds); None when there is no
-        sampler or it failed (reported once: a failing sampler never stops training)."""
+    def read(self) -> Sample | None:
+        """The sampler's reading now; None when there is no sampler or it failed (reported once: a
+        failing sampler never stops training)."""
         if self.sample_fn is None:
             return None
-        now = self.clock()
-        if self._cached is not None and now - self._cached[0] < max_age_seconds:
-            return self._cached[1]
         try:
             sample = self.sample_fn()
         except Exception as exc:  # noqa: BLE001
@@ -160,7 +158,6 @@ class SafetyContext:
                          "thermal and battery policies are blind until they work again")
             return None
         self._read_failed = False
-        self._cached = (now, sample)
         return sample
 
     def emit(self, kind: str, step: int | None, reason: str, *, say: bool = True, **details: Any) -> dict[str, Any]:
@@ -200,7 +197,7 @@ class SafetyContext:
             if self.signal_received is not None:
                 outcome = "signal"
                 break
-            sample = self.read(max_age_seconds=0.0)
+            sample = self.read()
             now = self.clock()
             if sample is not None:
                 last = sample
@@ -242,7 +239,7 @@ def _due_sample(policy, state):
     if _last_step(state) or now - policy._last_check < policy.ctx.thresholds.check_seconds:
         return None, now
     policy._last_check = now
-    return policy.ctx.read(max_age_seconds=0.0), now
+    return policy.ctx.read(), now
 
 
 def _gpu_reading(g: GpuSample) -> dict[str, Any]:
@@ -533,17 +530,18 @@ def _gib(n: float) -> str:
 class MemoryPressurePolicy(TrainerCallback):
     """Shrinks the split before memory runs out (see the module doc). `request`: how a shrink is
     asked for (trainfit.train.recovery.request_shrink: at the next optimizer-step boundary, on
-    every rank); `leak_events`: () -> the monitor's event records (its memory_leak findings)."""
+    every rank); `leak_events`: (count seen) -> (the monitor's event records emitted since, count
+    emitted) (Monitor.events_since; its memory_leak findings)."""
 
     def __init__(self, ctx: SafetyContext, request: Callable[[str], bool] | None = None,
-                 leak_events: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 leak_events: EventsSince | None = None) -> None:
         self.ctx = ctx
         self.request = request or _request_shrink
         self.leak_events = leak_events
         self._last_check = -math.inf
         self._swap_base: int | None = None  # swap in use when the run started (or at the last shrink)
         self._quiet_until = -1  # no new request before this step (a shrink is taking effect)
-        self._last_leak_time = -math.inf
+        self._events_seen = 0  # the monitor's events read so far: each step reads only the new ones
         self.requests: list[tuple[int, str]] = []  # (step, reason) of each shrink asked for
 
     @property
@@ -555,7 +553,7 @@ class MemoryPressurePolicy(TrainerCallback):
             self.ctx.device = _vendor_device(args)
 
     def on_step_end(self, args, state, control, **kw):
-        leak = self._leak(state)  # read every step: findings are not repeated
+        leak = self._leak(state)  # every step: only the events emitted since the last one
         sample, _ = _due_sample(self, state)
         if state.global_step < self._quiet_until:
             return
@@ -604,14 +602,10 @@ class MemoryPressurePolicy(TrainerCallback):
         if self.leak_events is None:
             return None
         try:
-            found = [e for e in self.leak_events() if e.get("event") == "memory_leak"]
+            records, self._events_seen = self.leak_events(self._events_seen)
         except Exception:  # noqa: BLE001  (the monitor's view; never stops training)
             return None
-        # the monitor keeps its last 100 events: new findings are told apart by their time
-        new = [e for e in found if e.get("time", 0) > self._last_leak_time]
-        if new:
-            self._last_leak_time = max(e.get("time", 0) for e in new)
-        for e in new:
+        for e in (r for r in records if r.get("event") == "memory_leak"):
             # judged at the step the finding was made: it reaches the policy a tick later, by when a
             # fast run has taken more steps (memory runs out at that step + steps_to_full)
             at = e.get("step") if isinstance(e.get("step"), int) else state.global_step
@@ -873,7 +867,7 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
                      world_size: int | None = None, rank: int | None = None,
                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                      handle_signals: bool = True, interruption_hours: float | None = None,
-                     leak_events: Callable[[], list[dict[str, Any]]] | None = None,
+                     leak_events: EventsSince | None = None,
                      **threshold_overrides) -> list[TrainerCallback]:
     """The safety callbacks of one run, to append after every other callback (the last one raises
     TrainingStopped at train end when a policy stopped the run).
@@ -883,7 +877,7 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     metrics.jsonl receives the events. device: cpu | cuda | rocm | mps (None: from the Trainer's
     arguments). clock / sleep: injectable for tests. interruption_hours: the run config's
     safety.interruption_hours (combined with the mode's risk by the cadence policy).
-    leak_events: () -> the monitor's event records (its memory_leak findings count as pressure).
+    leak_events: Monitor.events_since (its memory_leak findings count as pressure).
     threshold_overrides: SafetyThresholds fields.
     """
     env_rank, env_world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -216,16 +216,6 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
             self._tf_grad_norm = norm
             return norm
 
-        def _tf_take_grad_nonfinite(self) -> bool:
-            """Whether this optimizer step's gradient norm is NaN or inf (and reset)."""
-            import math
-
-            norm, self._tf_grad_norm = getattr(self, "_tf_grad_norm", None), None
-            if norm is None:
-                return False
-            value = float(norm.item() if hasattr(norm, "item") else norm)
-            return not math.isfinite(value)
-
         def _maybe_log_save_evaluate(self, tr_loss, *args, **kwargs):
             # With logging_nan_inf_filter off (the runner's choice: a NaN loss is recorded as NaN),
             # the Trainer's reset `tr_loss -= tr_loss` leaves a NaN in the running sum forever:
@@ -235,11 +225,28 @@ def with_trainfit(base: type, *, ckpt_dir: Path, keep_last: int, log) -> type:
                 if not bool(tr_loss.isfinite().all().item()):
                     tr_loss.zero_()
 
-        def _tf_take_nonfinite(self) -> bool:
-            """Whether a micro-batch of this optimizer step had a non-finite loss (and reset)."""
-            flag = getattr(self, "_tf_nonfinite", None)
-            self._tf_nonfinite = None
-            return bool(flag.item()) if flag is not None else False
+        def _tf_take_nonfinite(self) -> tuple[bool, bool]:
+            """(a micro-batch of this optimizer step had a non-finite loss, the step's gradient norm is
+            NaN or inf), and reset both. Both device-side flags come back in one device->host transfer:
+            one sync per optimizer step."""
+            import math
+
+            import torch
+
+            loss_bad, self._tf_nonfinite = getattr(self, "_tf_nonfinite", None), None
+            norm, self._tf_grad_norm = getattr(self, "_tf_grad_norm", None), None
+            on_device = {}
+            if loss_bad is not None:
+                on_device["loss"] = loss_bad
+            if torch.is_tensor(norm):
+                on_device["grad"] = ~torch.isfinite(norm.detach()).all()
+            elif norm is not None:  # a host number (DeepSpeed's engine returns a float)
+                on_device["grad"] = torch.tensor(not math.isfinite(float(norm)))
+            if not on_device:
+                return False, False
+            device = next(iter(on_device.values())).device
+            read = dict(zip(on_device, torch.stack([flag.to(device) for flag in on_device.values()]).tolist()))
+            return bool(read.get("loss", False)), bool(read.get("grad", False))
 
         def _tf_count_tokens(self, inputs) -> None:
             # Sum attention masks (real tokens, not padding); kept as a tensor: no device sync.

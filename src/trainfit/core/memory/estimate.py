@@ -21,18 +21,17 @@ from trainfit.core.memory.framework_effects import (BNB_QUANTS, cached_kv_bytes_
                                                     held_layer_input_grads, kbit_upcast_applies,
                                                     no_sync_gradient_bytes, previous_has_inputs, quantised_lm_head,
                                                     returned_logits_bytes, step_temporary_bytes)
-from trainfit.core.memory.fsdp import (SHARDED_STRATEGIES, flat_root_bytes, gathered_by_phase, gathered_what,
-                                       no_sync_applies)
+from trainfit.core.memory.fsdp import (SHARDED_STRATEGIES, flat_root_bytes, fsdp_shards, gathered_by_phase,
+                                       gathered_what, no_sync_applies)
 from trainfit.core.memory.inference import inference_components
-from trainfit.core.memory.knob_checks import check_knobs
 from trainfit.core.memory.knob_effects import offload_activations
 from trainfit.core.memory import dora, loss_kernels, model_dropout, quant_formats, vision
-from trainfit.core.memory.model_knob_checks import check_model_knobs
 from trainfit.core.memory.overheads import (ACTIVATION_PHASES, STEP_PHASES, cpu_capacity, gpu_capacity, margins,
                                            phase_pool_bytes, required_bytes)
 from trainfit.core.memory.paged_states import paged_note, paged_what
 from trainfit.core.memory.states import model_states, trained_param_bytes
 from trainfit.core.memory.stats import lora_stats, model_stats
+from trainfit.core import knob_rules  # a module: knob_rules imports core.memory in turn
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
@@ -47,9 +46,8 @@ EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                     hardware: HardwareProfile | None = None) -> MemoryEstimate:
     """Memory per device for `setup` on `model`; capacities from `hardware` when given."""
-    check_knobs(setup)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
+    knob_rules.check_knobs(setup, model)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
     check_setup(model, setup)
-    check_model_knobs(model, setup)
     text_tokens = setup.seq_len
     setup = vision.with_image_tokens(model, setup)  # image tokens join the language model's sequence
     untied = setup.model_code == "litgpt" and model.tie_embeddings
@@ -75,7 +73,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if model.architecture in EAGER_ONLY and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
-    if setup.quantize_lm_head and model.tie_embeddings:  # check_knobs refused it for a non-bitsandbytes quant
+    if setup.quantize_lm_head and model.tie_embeddings:  # knob_rules refused it for a non-bitsandbytes quant
         notes.append("the lm_head is tied to the embeddings: it stays 16-bit with them (--quantize-lm-head "
                      "quantises an lm_head of its own)")
     if quant_formats.experts_left_dense(st, setup):
@@ -229,7 +227,13 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     weights = states.weights + states.quant_overhead + states.lora
     ref = 0.0
     if dpo and setup.dpo_reference == "separate":
-        ref = states.weights + states.quant_overhead if not full else _frozen_copy(st, setup)
+        if full:
+            ref, ref_host = _full_reference_bytes(model, st, setup)
+            if ref_host:
+                host_comps.append(C("reference_model", int(ref_host), "frozen DPO reference's parameter shards, "
+                                    "offloaded like the policy's (all ranks on this host)", True))
+        else:
+            ref = states.weights + states.quant_overhead
     g_acc = states.gradients if setup.grad_accum > 1 else 0.0
     if no_sync_applies(setup):
         # FSDP no_sync: unsharded gradients between micro-batches (framework_effects.py)
@@ -318,7 +322,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         dtype = "fp32" if per == 4 else "16-bit, LitGPT's bf16-true"
         comps.append(C("lora", int(states.lora), f"adapters r={setup.lora.rank}: {states.trainable:,} params x {per} B ({dtype})", True))
     if ref:
-        comps.append(C("reference_model", int(ref), "frozen DPO reference: a second copy of the base weights", True))
+        comps.append(C("reference_model", int(ref), _reference_what(setup), True))
     if states.master_weights:
         comps.append(C("master_weights", int(states.master_weights), "fp32 master copy (4 B/param, sharded by ZeRO)", True))
     if states.optimizer:
@@ -389,8 +393,34 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     return comps, pool
 
 
-def _frozen_copy(st, setup: TrainingSetup) -> float:
-    return st.total * (4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2)
+def _full_reference_bytes(model: ModelSpec, st, setup: TrainingSetup) -> tuple[float, float]:
+    """(per GPU, per host) bytes of a full fine-tune's DPO reference, a frozen copy of the base model.
+    TRL's DPOTrainer hands it to the policy's engine (trl.models.utils.prepare_deepspeed / prepare_fsdp):
+    * DeepSpeed: deepspeed.initialize casts it to the engine's 16-bit dtype (DeepSpeedEngine.
+      _configure_distributed_model); under ZeRO-3 it keeps stage 3, so it is partitioned over the ranks
+      like the policy's weights (offload_param included); any other stage becomes 0, a whole copy per GPU;
+    * FSDP wraps it like the policy: sharded flat parameters in the loaded dtype, offloaded with them;
+    * with neither, it is the model's own copy (its dtype, whole on every GPU)."""
+    if (setup.uses_deepspeed and setup.zero_stage == 3) or setup.fsdp_strategy != "none":
+        on_gpu = model_states(model, st, dataclasses.replace(setup, offload="none"), 0).weights
+        if setup.offload == "optimizer+params":
+            return 0.0, on_gpu * setup.gpus_per_node
+        return on_gpu, 0.0
+    if setup.uses_deepspeed:
+        return st.total * (4.0 if setup.precision == "fp32" else 2.0), 0.0
+    return st.total * (4.0 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2.0), 0.0
+
+
+def _reference_what(setup: TrainingSetup) -> str:
+    what = "frozen DPO reference: a second copy of the base weights"
+    dtype = "fp32" if setup.precision == "fp32" else "16-bit"
+    if setup.uses_deepspeed and setup.zero_stage == 3:
+        return what + f", {dtype} / {setup.shard_group} GPUs (ZeRO-3 partitions it like the policy)"
+    if setup.fsdp_strategy != "none" and fsdp_shards(setup) > 1:
+        return what + f" / {fsdp_shards(setup)} GPUs (FSDP shards it like the policy)"
+    if setup.uses_deepspeed:
+        return what + f", {dtype}, whole on every GPU (TRL prepares it with ZeRO stage 0)"
+    return what
 
 
 def _weights_what(setup: TrainingSetup, model: ModelSpec, st) -> str:
@@ -450,4 +480,6 @@ def _grad_what(setup: TrainingSetup, states, *, at_step: bool) -> str:
         return ("unsharded gradients of every trained FSDP unit, kept across accumulation micro-steps "
                 "(FSDP no_sync: no reduce-scatter until the last micro-batch)")
     why = "alive at the optimizer step" if setup.grad_accum == 1 else "kept across accumulation micro-steps"
-    return f"gradients of {states.trainable:,} trainable params ({why})"
+    shard = f" / {setup.shard_group} GPUs (ZeRO-{setup.zero_stage})" if (
+        setup.uses_deepspeed and setup.zero_stage >= 2 and setup.shard_group > 1) else ""
+    return f"gradients of {states.trainable:,} trainable params{shard} ({why})"

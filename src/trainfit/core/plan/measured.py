@@ -13,7 +13,13 @@ The planner stays pure: it never measures, it only ranks with what it is given:
     that is below 1 (the machine is faster than the model everywhere), never up (unmeasured_factor).
 
 `shortlist` names the settings a probe should measure next: the unmeasured ones whose step time
-could, within the speed model's error, beat the best one. Empty means the pick is confirmed.
+could, within the speed model's error and the measurements' noise, beat the best one. Empty means
+the pick is confirmed.
+
+A measurement is noisy (another process takes a core, the allocator grows): each carries its
+spread, and `decide` keeps the speed model's pick unless another setting is measured faster by more
+than the spread of the two (the probe re-measures such finalists interleaved before it decides);
+a kept pick is pinned (`measured_pins`, `pinned`) so the final plan ranks it first.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from trainfit.core.model_spec import ModelSpec
@@ -36,6 +43,14 @@ SPEED_MODEL_ERROR = 0.15
 BAND = (1 + SPEED_MODEL_ERROR) / (1 - SPEED_MODEL_ERROR)
 # Settings measured per round: the best of each kernel class in the band first, then the rest.
 ROUND_SIZE = 4
+# The smallest difference that moves a pick off the speed model's, whatever the measured spread:
+# two settings a few per cent apart are equivalent for a run (and the benchmark's 95 % verdict).
+MIN_SPREAD = 0.03
+# A measured pick this much faster than the speed model's (or less) is measured again, both
+# interleaved, before it replaces it: on a busy machine the same setting measured twice differed by
+# 24 % (median) and up to 50 % (bench/results/plan_quality_probe.md), beyond what one measurement's
+# own spread shows. A larger gap (a kernel class the model is wrong about) needs no second look.
+RECHECK_GAP = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,42 @@ class MeasuredStep:
     predicted_step_seconds: float  # what the planner predicted for it when it was measured
     lower_bound: bool = False  # stopped before it finished: at least this slow
     source: str = "probe"  # "probe" (this plan) or "stored" (an earlier plan's probe)
+    # Relative noise of step_seconds: each measurement's own spread (of its timed micro-batches,
+    # train.probe.micro_spread) and, measured again, how far the measurements disagree (repeat_spread).
+    spread: float = 0.0
+    samples: tuple[float, ...] = ()  # each measurement's step seconds (step_seconds is their median)
+    sample_spreads: tuple[float, ...] = ()  # each measurement's own spread
+
+    @property
+    def repeats(self) -> int:
+        return max(1, len(self.samples))
+
+
+def pooled(old: MeasuredStep, new: MeasuredStep) -> MeasuredStep:
+    """One setting measured again in the same probe: the median of its measurements, their spread.
+    A complete measurement replaces an "at least this slow" one; another plan's (stored) is replaced."""
+    if old.source != new.source or old.lower_bound and not new.lower_bound:
+        return new
+    if new.lower_bound:
+        return old if not old.lower_bound or old.step_seconds >= new.step_seconds else new
+    samples = (*(old.samples or (old.step_seconds,)), *(new.samples or (new.step_seconds,)))
+    own = (*(old.sample_spreads or (old.spread,) * len(old.samples or (0,))),
+           *(new.sample_spreads or (new.spread,) * len(new.samples or (0,))))
+    return dataclasses.replace(old, step_seconds=statistics.median(samples), samples=samples, sample_spreads=own,
+                               spread=repeat_spread(samples, own))
+
+
+def repeat_spread(samples: tuple[float, ...], own: tuple[float, ...] = ()) -> float:
+    """The spread of a setting measured several times: the larger of how far the measurements
+    disagree and of their own spreads. Two: their range and the larger own spread; three or more:
+    twice their median absolute deviation over their median, and the median own spread (one cold or
+    stalled measurement among three moves these little, as it moves their median little)."""
+    if len(samples) < 2 or min(samples) <= 0:
+        return max(own, default=0.0)
+    if len(samples) == 2:
+        return max(max(samples) / min(samples) - 1, *own)
+    mid = statistics.median(samples)
+    return max(2 * statistics.median(abs(x - mid) for x in samples) / mid, statistics.median(own) if own else 0.0)
 
 
 @dataclass(frozen=True)
@@ -163,17 +214,17 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
     time when the probe measured it: the figures then say what this machine does."""
     from trainfit.core.power import estimate_power
     from trainfit.core.run_prediction import RunPrediction, _scaled, predict_run as predict
-    from trainfit.core.speed import predict_step
 
-    if not active(req):
+    measured = _measured(req.measured_steps, model.id)
+    ratios = class_ratios(req.measured_steps, model.id)
+    # Which figure applies is known before predicting: one prediction either way.
+    unadjusted = s not in measured and kernel_class(s) not in ratios and not req.speed_skew
+    if not active(req) or unadjusted:
         return predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
                        step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     base = predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh)
-    raw = predict_step(model, s, req.hardware).step_seconds
-    seconds, how = adjusted_step(req, model.id, s, raw)
-    if how == "predicted" and not req.speed_skew:
-        return predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
-                       step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
+    raw = base.speed.step_seconds  # the speed model's step (no calibration factor applied to base)
+    seconds, how = adjusted_step(req, model.id, s, raw, measured=measured, ratios=ratios)
     factor = seconds / raw if raw > 0 else 1.0
     speed = _scaled(base.speed, factor)
     note = {"measured": f"step time measured on this machine by the plan's probe ({seconds:.3g} s, "
@@ -204,10 +255,13 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
         timed = [c for c in fitting if c.speed is not None]
         if not timed:
             continue
-        best = min(c.speed.step_seconds for c in timed)
+        leader = min(timed, key=lambda c: c.speed.step_seconds)
         measured = _measured(req.measured_steps, model.id)
+        # A measured leader may itself be off by its noise: the band widens by its spread.
+        noise = measured[leader.setup].spread if leader.setup in measured else 0.0
+        limit = leader.speed.step_seconds * BAND * (1 + noise)
         for c in timed:
-            if c.speed.step_seconds > best * BAND or c.setup in measured:
+            if c.speed.step_seconds > limit or c.setup in measured:
                 continue
             if c.setup.method == "inference" or c.setup.num_gpus > 1:
                 continue  # one process, one device: what a probe can run
@@ -229,24 +283,140 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
 
 
 def with_measurements(req, steps) -> object:
-    """The request with more measured steps (later ones replace earlier ones of the same setting)."""
-    keep = {(m.model_id, m.setup): m for m in (*req.measured_steps, *steps)}
+    """The request with more measured steps (a setting measured again is pooled with its earlier
+    measurements of this probe, `pooled`)."""
+    keep: dict[tuple, MeasuredStep] = {}
+    for m in (*req.measured_steps, *steps):
+        k = (m.model_id, m.setup)
+        keep[k] = pooled(keep[k], m) if k in keep else m
     return dataclasses.replace(req, measured_steps=tuple(keep.values()))
 
 
-def mode_searches(req, plan) -> dict[str, tuple[ModelSpec, list]]:
-    """mode -> (its model, its ranked fitting candidates): the searches behind `plan`'s picks."""
-    from trainfit.core.plan.hardware_rules import rules_for
-    from trainfit.core.plan.modes import targets
-    from trainfit.core.plan.planner import _search_model
+# The searches behind a plan's picks, recorded while `plan_searched` plans (planner._plan_model
+# notes each mode's search), so the probe does not search every mode a second time.
+_SEARCHES: ContextVar[dict | None] = ContextVar("trainfit_plan_searches", default=None)
 
-    rules = rules_for(req.hardware)
-    out = {}
-    for mp in plan.modes:
-        if not mp.fits or mp.model is None:
+
+def note_search(mode: str, model: ModelSpec, result) -> None:
+    found = _SEARCHES.get()
+    if found is not None:
+        found[(mode, model.id)] = (model, result.fitting)
+
+
+def plan_searched(req):
+    """(plan, mode -> (its model, its ranked fitting candidates)): `plan(req)` and the search behind
+    each mode that fits, from the same planning (not searched a second time)."""
+    from trainfit.core.plan.planner import plan
+
+    token = _SEARCHES.set({})
+    try:
+        result = plan(req)
+        found = _SEARCHES.get() or {}
+    finally:
+        _SEARCHES.reset(token)
+    searches = {mp.mode: found[(mp.mode, mp.model.id)] for mp in result.modes
+                if mp.fits and mp.model is not None and (mp.mode, mp.model.id) in found}
+    return result, searches
+
+
+def pinned(req, mode: str, model: ModelSpec, result):
+    """The search result with the probe's kept pick for this mode ranked first (`measured_pins`)."""
+    for pin_mode, model_id, setup in req.measured_pins:
+        if pin_mode != mode or model_id != model.id:
             continue
-        t = targets(mp.mode, memory_share=req.memory_share, tokens_per_param=req.tokens_per_param,
-                    hours_max=req.time_budget_hours)
-        r = req if mp.setup is None or mp.setup.method != "pretrain" else dataclasses.replace(req, method="pretrain")
-        out[mp.mode] = (mp.model, _search_model(r, t, rules, mp.model).fitting)
-    return out
+        pick = next((c for c in result.fitting if c.setup == setup), None)
+        if pick is not None and pick is not result.best:
+            return dataclasses.replace(result, best=pick, fitting=[pick, *(c for c in result.fitting if c is not pick)])
+    return result
+
+
+def setup_label(s: TrainingSetup) -> str:
+    ck = "ckpt" if s.grad_checkpointing != "none" else "no-ckpt"
+    return f"{s.method} {s.precision} {s.attention} {ck} {s.optimizer} mb{s.micro_batch}x{s.grad_accum} seq{s.seq_len}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Why a mode's pick is what it is after the probe, with the measured evidence."""
+
+    mode: str
+    action: str  # "confirmed", "kept", "switched", "unmeasured"
+    speed_model_pick: TrainingSetup
+    pick: TrainingSetup
+    challenger: TrainingSetup | None  # the setting compared with the speed model's pick
+    faster_by: float | None  # challenger's speed over the speed model's pick's, minus 1 (0.03: 3 % faster)
+    spread: float | None  # the noise the gap was held against (>= MIN_SPREAD)
+    repeats: dict  # setting label -> measurements of it
+    text: str
+
+    @property
+    def pin(self) -> bool:
+        return self.action == "kept"
+
+
+def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, ranked_pick: TrainingSetup,
+           ranked_seconds: float, measured: dict, runner_up: MeasuredStep | None = None,
+           pick_error: str | None = None) -> Decision:
+    """Keep the speed model's pick unless a setting is measured faster by more than the noise.
+
+    `ranked_pick`: the measured ranking's pick; `*_seconds`: the two settings' figures in that
+    ranking (measured, "at least" x BAND, or scaled by their class's measured ratio); `measured`:
+    setup -> MeasuredStep of this model; `runner_up`: the fastest setting measured to the end other
+    than the speed model's pick (the evidence for a confirmation); `pick_error`: why the speed
+    model's pick could not run here, if it could not.
+
+    The noise is the larger of the two settings' spreads, at least MIN_SPREAD; where either was not
+    measured to the end, also the speed model's error. Where neither was measured to the end, the
+    speed model's pick stays: two estimates say nothing a measurement said."""
+    def complete(m: MeasuredStep | None) -> MeasuredStep | None:
+        return m if m is not None and not m.lower_bound else None
+
+    name = setup_label
+    inc = complete(measured.get(model_pick))
+    if ranked_pick == model_pick:
+        if inc is None:
+            return Decision(mode, "unmeasured", model_pick, model_pick, None, None, None, {},
+                            "the speed model's pick, not measured to the end (nothing measured beat it)")
+        reps = {name(model_pick): inc.repeats}
+        if complete(runner_up) is None:
+            return Decision(mode, "confirmed", model_pick, model_pick, None, None, None, reps,
+                            f"confirmed: the speed model's pick measured {inc.step_seconds:.3g} s/step "
+                            f"(spread {inc.spread:.0%}), nothing measured faster")
+        slower = runner_up.step_seconds / inc.step_seconds - 1
+        reps[name(runner_up.setup)] = runner_up.repeats
+        return Decision(mode, "confirmed", model_pick, model_pick, runner_up.setup, -slower,
+                        max(MIN_SPREAD, inc.spread, runner_up.spread), reps,
+                        f"confirmed: the speed model's pick measured fastest; the next, {name(runner_up.setup)}, "
+                        f"{slower:.0%} slower")
+    ch = complete(measured.get(ranked_pick))
+    reps = {name(s): m.repeats for s, m in ((model_pick, inc), (ranked_pick, ch)) if m is not None}
+    if pick_error:
+        return Decision(mode, "switched", model_pick, ranked_pick, ranked_pick, None, None, reps,
+                        f"switched: the speed model's pick could not run here ({pick_error}); the measured "
+                        f"ranking picks {name(ranked_pick)}")
+    if inc is None and ch is None:
+        return Decision(mode, "kept", model_pick, model_pick, ranked_pick, None, None, reps,
+                        f"kept the speed model's pick: neither it nor {name(ranked_pick)} was measured to the end")
+    gain = model_pick_seconds / ranked_seconds - 1 if ranked_seconds > 0 else 0.0
+    spreads = [m.spread for m in (inc, ch) if m is not None]
+    if inc is not None and ch is not None:
+        noise = max(MIN_SPREAD, *spreads)
+        how, what = _repeats_text(inc, ch), "measured"
+    else:
+        noise = max(MIN_SPREAD, SPEED_MODEL_ERROR, *spreads)
+        unmeasured = "the speed model's pick" if inc is None else name(ranked_pick)
+        how = (f"{unmeasured} not measured to the end: its kernel class's measured ratio, or its lower bound, "
+               "within the speed model's error")
+        what = "ranked"
+    if gain > noise:
+        return Decision(mode, "switched", model_pick, ranked_pick, ranked_pick, gain, noise, reps,
+                        f"switched: {name(ranked_pick)} {what} {gain:.0%} faster than the speed model's pick "
+                        f"{name(model_pick)}, beyond the {noise:.0%} spread ({how})")
+    return Decision(mode, "kept", model_pick, model_pick, ranked_pick, gain, noise, reps,
+                    f"kept the speed model's pick: {name(ranked_pick)} {what} {gain:.0%} faster, within the "
+                    f"{noise:.0%} spread ({how})")
+
+
+def _repeats_text(a: MeasuredStep, b: MeasuredStep) -> str:
+    n = min(a.repeats, b.repeats)
+    return "one measurement each" if n == 1 else f"{n} interleaved measurements each, medians compared"

@@ -113,16 +113,23 @@ def nearest_tiers(setup: TrainingSetup, rules: DeviceRules, lora: LoraSettings |
 
 
 def nearest_fitting_search(model: ModelSpec, setup: TrainingSetup, hardware: HardwareProfile,
-                           memory_fn: MemoryFn | None = None) -> SearchResult:
+                           memory_fn: MemoryFn | None = None, framework=None) -> SearchResult:
+    """`framework` (core.frameworks.Framework): `setup` is as that tool runs it, and so is every
+    candidate: the variants start from trainfit's knobs and the tool's behaviours are applied to each."""
+    from trainfit.core.frameworks import base_setup, framed_tiers
+
     rules = rules_for(hardware, setup.device)
 
     def key(c: Candidate) -> tuple:
         return (change_cost(setup, c.setup), c.speed.step_seconds if c.speed else 0.0, c.need_ratio)
 
-    return search(model, hardware, nearest_tiers(setup, rules), rank_key=key, memory_fn=memory_fn, rules=rules)
+    start = setup if framework is None or framework.is_own else base_setup(setup, framework)
+    tiers = framed_tiers(nearest_tiers(start, rules), framework)
+    return search(model, hardware, tiers, rank_key=key, memory_fn=memory_fn, rules=rules)
 
 
-def nearest_fitting(model: ModelSpec, setup: TrainingSetup, hardware: HardwareProfile) -> TrainingSetup | None:
+def nearest_fitting(model: ModelSpec, setup: TrainingSetup, hardware: HardwareProfile,
+                    framework=None) -> TrainingSetup | None:
     """`setup` when it fits, else the nearest fitting setup (see module doc), else None."""
     from trainfit.core.memory import estimate_memory
     from trainfit.core.plan.host_ram import host_ram_ratio
@@ -130,7 +137,7 @@ def nearest_fitting(model: ModelSpec, setup: TrainingSetup, hardware: HardwarePr
     memory = estimate_memory(model, setup, hardware)
     if memory.fits is not False and host_ram_ratio(memory, setup, hardware) <= 1:  # the search's own test
         return setup
-    result = nearest_fitting_search(model, setup, hardware)
+    result = nearest_fitting_search(model, setup, hardware, framework=framework)
     return result.best.setup if result.best else None
 
 

@@ -80,8 +80,14 @@ class PlanRequest:
     # they rank their settings instead of the speed model; empty: the speed model alone.
     measured_steps: tuple = ()
     measured_settle: bool = False  # the final ranking (core.plan.measured.unmeasured_factor)
+    # (mode, model id, setup): picks the probe kept because nothing was measured faster by more
+    # than the measurements' noise (core.plan.measured.decide); the search ranks them first.
+    measured_pins: tuple = ()
     # Test hook (core.plan.measured.SpeedSkew): a speed model deliberately wrong about one knob.
     speed_skew: tuple = ()
+    # The tool that will run the plan (core.frameworks.Framework, `--framework`): every candidate's memory
+    # and step time are that tool's. None: trainfit's own run.
+    framework: object | None = None
 
 
 @dataclass(frozen=True)
@@ -180,9 +186,9 @@ def _check_image_knobs(req: PlanRequest) -> None:
     if req.model is None:
         raise BadInputError("--image-size / --images-per-example: pretraining from scratch plans a text model; "
                             "give a vision-language model (e.g. qwen2-vl-2b)")
-    from trainfit.core.memory.model_knob_checks import check_model_knobs
+    from trainfit.core.knob_rules import check_knobs
 
-    check_model_knobs(req.model, TrainingSetup(image_size=req.image_size, images_per_example=req.images_per_example))
+    check_knobs(TrainingSetup(image_size=req.image_size, images_per_example=req.images_per_example), req.model)
 
 
 class MemoryUnknownError(UnavailableError):
@@ -366,13 +372,16 @@ def _search_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: M
 
     global_batch = req.target_batch or t.global_batch
     rates = device_rates(req.hardware, rules.device)  # once per search, not per candidate
-    result = search(model, req.hardware, _tiers(req, t, rules, model, global_batch),
+    from trainfit.core.frameworks import framed_tiers
+
+    tiers = framed_tiers(_tiers(req, t, rules, model, global_batch), req.framework)  # type: ignore[arg-type]
+    result = search(model, req.hardware, tiers,
                      rank_key=_rank_key(t, req.method == "inference"), budget=_budget(req, t), rules=rules,
                      speed_fn=measured.speed_fn(req, model, lambda m, s: predict_step(m, s, rates)),
                      memory_fn=_memory_fn(req, rules))
     if t.largest_micro_batch and req.method != "inference":
         result = _largest_batch_near_fastest(result)
-    return result
+    return measured.pinned(req, t.mode, model, result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +404,7 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                 pretrain: dict | None = None, extra_reasons: list[str] | None = None,
                 extra_warnings: list[str] | None = None) -> ModePlan:
     result = result or _search_model(req, t, rules, model)
+    measured.note_search(t.mode, model, result)  # the probe reads the search behind each pick
     budget = _budget(req, t)
     cap = _capacity(req, rules)
     reasons = list(extra_reasons or [])

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.memory.knob_checks import knob_problems
+from trainfit.core.knob_rules import knob_problems
 from trainfit.core.plan.multinode import coherent_hybrid
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
