@@ -239,3 +239,30 @@ def test_a_target_torchtune_cannot_express_is_refused(tmp_path):
 
     with pytest.raises(BadInputError, match="whole MLP or none"):
         tt.lora_keys(_lora_plan(["q_proj", "up_proj"], tmp_path))
+
+
+def _plan_json(capsys, *extra) -> dict:
+    import json
+
+    code = main(["plan", "qwen2.5-0.5b", "--hardware", "rtx-4090", "--method", "lora", "--examples", "1000",
+                 "--json", *extra])
+    assert code == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_for_a_tool_plans_its_memory_and_time_with_its_framework(tmp_path, capsys):
+    own = _plan_json(capsys)
+    litgpt = _plan_json(capsys, "--for", "litgpt", "--out", str(tmp_path / "out"))
+    assert own["framework"]["name"] == "trainfit" and litgpt["framework"]["name"] == "litgpt"
+    # LitGPT's loop and model code keep other tensors than trainfit's run: the modes' figures differ
+    assert [m["memory_used_bytes"] for m in own["modes"]] != [m["memory_used_bytes"] for m in litgpt["modes"]]
+    release = _plan_json(capsys, "--for", "litgpt", "--framework", "litgpt@0.5", "--out", str(tmp_path / "o2"))
+    assert release["framework"]["name"] == "litgpt"
+
+
+def test_for_and_framework_naming_two_tools_is_refused(tmp_path, capsys):
+    code = main(["plan", "qwen2.5-0.5b", "--hardware", "rtx-4090", "--method", "lora", "--for", "litgpt",
+                 "--framework", "axolotl", "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "--framework axolotl describes another tool than --for litgpt" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

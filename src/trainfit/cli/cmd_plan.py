@@ -134,6 +134,7 @@ def build_request(args: argparse.Namespace, hardware=None):
     args.for_tool = check_tool(getattr(args, "for_tool", None))
     if method != "auto":
         check_method(args.for_tool, method)  # a method the tool lacks: refused before planning
+    _framework_for_tool(args)
     _launchers(args)
     if args.out is not None:
         from trainfit.validate import output_dir
@@ -173,6 +174,22 @@ def build_request(args: argparse.Namespace, hardware=None):
         vocab_size=args.vocab, modes=modes, **calibration, dataset=dataset, **_image_knobs(args),
         spot=flavor.spot if flavor is not None else None,
         framework=chosen(args, this_machine=args.hardware is None and flavor is None))
+
+
+def _framework_for_tool(args: argparse.Namespace) -> None:
+    """--for TOOL plans the tool's run: its framework profile sets every mode's memory and time unless
+    --framework names a release of it. trl (the default) is trainfit's own run and the files it writes."""
+    tool = args.for_tool
+    if tool in (None, "trl"):
+        return
+    from trainfit.core.frameworks import resolve_framework
+
+    wanted = resolve_framework(tool)
+    if getattr(args, "framework", None) is None:
+        args.framework = tool
+    elif resolve_framework(args.framework).name != wanted.name:
+        raise BadInputError(f"--framework {args.framework} describes another tool than --for {tool}: drop "
+                            f"--framework, or give a release of {tool} (e.g. --framework {tool}@VERSION)")
 
 
 def _image_knobs(args: argparse.Namespace) -> dict:
