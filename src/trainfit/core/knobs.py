@@ -23,6 +23,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainfit.bounds import Bound
 from trainfit.core import setup as _setup
 
 Kind = Literal["int", "float", "bool", "choice", "text", "list"]
@@ -32,14 +33,8 @@ FRONTS = ("estimate", "plan", "cloud", "run_config")
 VERSION_PATTERN = r"^\s*v?\d+(\.\d+)*([a-z0-9.+-]*)\s*$"
 
 
-@dataclass(frozen=True)
-class Range:
-    """A closed range [low, high] (open at low with low_open); integers unless integer=False."""
-
-    low: float
-    high: float
-    integer: bool = True
-    low_open: bool = False
+# The bounds of a numeric knob: one class with the run config's and the flags' (trainfit.bounds).
+Range = Bound
 
 
 @dataclass(frozen=True)
