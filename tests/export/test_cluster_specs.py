@@ -180,7 +180,7 @@ def _documents(folder: Path) -> dict[str, dict]:
 
 
 def test_pytorchjob_is_valid_against_the_crd_schema(two_nodes, spot_plan):
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not a test dependency: make test-launchers")
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema comes with the test extra (pyproject [test])")
     validator = jsonschema.Draft7Validator(pytorchjob_schema())
     for folder in (two_nodes, spot_plan):
         job = _documents(folder)["PyTorchJob"]
@@ -199,7 +199,7 @@ def test_pytorchjob_is_valid_against_the_crd_schema(two_nodes, spot_plan):
 
 
 def test_configmap_claim_and_pod_templates_round_trip_through_the_kubernetes_models(two_nodes):
-    kubernetes = pytest.importorskip("kubernetes", reason="kubernetes is not a test dependency: make test-launchers")
+    kubernetes = pytest.importorskip("kubernetes", reason="kubernetes comes with the test extra (pyproject [test])")
     client = kubernetes.client.ApiClient()
     docs = _documents(two_nodes)
     pieces = [(docs["ConfigMap"], "V1ConfigMap"), (docs["PersistentVolumeClaim"], "V1PersistentVolumeClaim")]
