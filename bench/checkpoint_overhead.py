@@ -89,7 +89,7 @@ def timed_saves():
 
 
 def run_variant(raw: dict, work: Path, tag: str, mode: str | None, overrides: dict, times: list[float]) -> dict:
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
     from trainfit.train.runner import run_training
     from trainfit.core.plan import modes
 

@@ -129,7 +129,7 @@ def main() -> int:
     import transformers
 
     from trainfit.hardware.sampling import Sampler
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     raw = dict(CONFIG, schedule=dict(CONFIG["schedule"], max_steps=a.steps))
     cfg = parse_run_config(raw, source="bench")

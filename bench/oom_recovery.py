@@ -76,7 +76,7 @@ def main() -> int:
     sys.path.insert(0, str(HERE.parent / "src"))
     import yaml
 
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import quiet_libraries
 
     rng = random.Random(args.seed)

@@ -94,7 +94,7 @@ def measure_one(job: dict) -> dict:
 
     from transformers import TrainerCallback
 
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
     from trainfit.train.runner import run_training
     from trainfit.train.verify import _MemoryProbe
 
@@ -187,7 +187,7 @@ def make_tokenizer(job: dict) -> dict:
     import resource
 
     from trainfit.train.data import load_raw_dataset, text_iterator
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
     from trainfit.train.tokenizer import load_tokenizer, train_bpe_tokenizer
 
     cfg = parse_run_config(job["config"], base_dir=ROOT, source="plan_quality")
@@ -440,7 +440,7 @@ def main() -> int:
     from trainfit.core.speed import predict_step
     from trainfit.export.plan_files import run_config_dict
     from trainfit.hardware.profiler import build_profile
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     hw = build_profile(quick=True)
 

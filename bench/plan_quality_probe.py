@@ -104,7 +104,7 @@ def _report_doc(report) -> dict:
 
 
 def sweep_jobs(rows: list[dict], base: dict, tok_dir: Path, warmup: int, timed: int) -> list[dict]:
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     jobs = []
     for r in rows:

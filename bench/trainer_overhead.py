@@ -53,7 +53,7 @@ def run_plain(cfg, tokenizer_dir: Path, work: Path, tag: str) -> list[float]:
                               TrainingArguments, default_data_collator)
 
     from trainfit.train.hf_config import build_hf_config
-    from trainfit.train.model_build import shape_spec
+    from trainfit.config.run_config import shape_spec
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -111,7 +111,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     raw = dict(CONFIG, schedule=dict(CONFIG["schedule"], max_steps=a.steps))
     cfg = parse_run_config(raw, source="bench")

@@ -138,7 +138,7 @@ def local_dataset_info(paths: list[str]) -> DatasetInfo:
 
 def _local_info(paths: list[str]) -> DatasetInfo:
     from trainfit.train.data import resolve_data_path
-    from trainfit.train.run_config import BUILTIN_DATA
+    from trainfit.config.run_config import BUILTIN_DATA
 
     unknown = [p for p in paths if p.startswith("builtin:") and p[8:] not in BUILTIN_DATA]
     if unknown:

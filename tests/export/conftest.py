@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainfit.config.run_config import parse_run_config
 from trainfit.export.bundle import render_files
 from trainfit.export.publish import write_tree
-from trainfit.train.run_config import parse_run_config
 
 DATA = {"pretrain": ["builtin:tiny-corpus"], "dpo": ["builtin:tiny-preferences"]}  # others: chat rows
 HEADER = ["trainfit export test", "predicted peak: 1.0 GiB"]

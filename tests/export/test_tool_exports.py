@@ -180,7 +180,7 @@ def test_the_tools_own_parser_loads_a_dpo_plan(tool, exports):
         assert doc["rl"] == "dpo" and doc["datasets"][0]["type"] == "chatml.prompt_pairs"
         assert parsed["micro_batch_size"] == _load(folder, "run.yaml")["training"]["micro_batch"]
     else:
-        from trainfit.train.run_config import TrainingConfig
+        from trainfit.config.run_config import TrainingConfig
 
         beta = _load(folder, "run.yaml")["training"].get("dpo_beta", TrainingConfig.dpo_beta)
         assert parsed["stage"] == "dpo" and doc["pref_beta"] == beta

@@ -127,7 +127,7 @@ def test_adamw_on_a_gpu_is_the_fused_kernel():
     """The foreach kernel ("adamw_torch" on CUDA) allocates a second-moment-sized temporary at each
     step that the memory model does not charge: GPU runs use the fused kernel, as Transformers does."""
     from trainfit.export.training_args import optim_name
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     def training(**t):
         return parse_run_config({"version": 1, "method": "full", "model": {"shape": {"layers": 2, "hidden": 64,

@@ -98,7 +98,7 @@ def _config(tmp_path, framework) -> str:
 
 def test_run_config_framework_key(tmp_path, capsys):
     from trainfit.errors import BadInputError
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     assert load_run_config(_config(tmp_path, "trl@0.12")).framework == "trl@0.12"
     a, b = load_run_config(_config(tmp_path, "trainfit")), load_run_config(_config(tmp_path, None))

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from trainfit.cli.main import main
+from trainfit.config.run_config import parse_run_config
 from trainfit.core import knob_rules
 from trainfit.core.knobs import KNOBS, RUNTIME_KNOBS, json_schema, markdown_table
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError
-from trainfit.train.run_config import parse_run_config
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -169,7 +169,7 @@ def _setup_of(flags: list[str], method: str) -> TrainingSetup:
 
 
 def _config_refusals(keys: dict, method: str):
-    from trainfit.train.run_config import TrainingConfig
+    from trainfit.config.run_config import TrainingConfig
 
     view = dataclasses.replace(TrainingConfig(**keys), method=method)
 

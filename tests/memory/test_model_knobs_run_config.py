@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from trainfit.config.run_config import load_run_config, parse_run_config
 from trainfit.errors import BadInputError
-from trainfit.train.run_config import load_run_config, parse_run_config
 
 BASE = {"version": 1, "method": "lora", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
         "data": {"paths": ["builtin:tiny-corpus"]}, "schedule": {"max_steps": 3}}
@@ -41,7 +41,7 @@ def test_dora_needs_lora_and_is_hashed_only_when_set():
 
 
 def test_loss_kernel_is_not_part_of_the_hash():
-    from trainfit.train.run_config import HASHED_WHEN_SET, HOW_NOT_WHAT
+    from trainfit.config.run_config import HASHED_WHEN_SET, HOW_NOT_WHAT
 
     assert "loss" in HOW_NOT_WHAT and {"dora", "image_size", "images_per_example"} <= set(HASHED_WHEN_SET)
 

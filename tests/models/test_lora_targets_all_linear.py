@@ -57,7 +57,7 @@ def test_every_consumer_takes_the_bare_string():
 
 def test_peft_kwargs_keep_all_linear_a_string():
     from trainfit.export.peft_config import lora_config_kwargs
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     cfg = parse_run_config({"version": 1, "method": "lora", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
                             "data": {"paths": ["builtin:tiny-chat"]}, "schedule": {"max_steps": 1},

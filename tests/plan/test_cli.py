@@ -90,7 +90,7 @@ def test_exported_files_load_in_their_libraries(tmp_path):
     assert lora.r == 16
     acc = load_config_from_file(str(d / "accelerate.yaml"))
     assert acc.num_processes == 1
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     rc = load_run_config(d / "run.yaml")
     assert rc.model.weights == "hub" and rc.training.lora.rank == 16

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from trainfit.train.run_config import load_run_config
+from trainfit.config.run_config import load_run_config
 
 TRACE_HOURS = 431.17 / 202  # the shipped GPU spot trace (data/cloud.yaml)
 

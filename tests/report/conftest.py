@@ -69,7 +69,7 @@ def tiny_run(tmp_path_factory) -> Path:
     """A real 6-step pretraining on CPU (about 10 s), trained once; copy it before changing it."""
     pytest.importorskip("torch")
     pytest.importorskip("trl")
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import run_training
 
     d = tmp_path_factory.mktemp("report-run")

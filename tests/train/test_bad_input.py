@@ -40,7 +40,7 @@ def test_parquet_and_saved_dataset_load(tmp_path):
     import datasets
 
     from trainfit.train.data import check_columns, load_raw_dataset
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     rows = {"body": [f"line {i} of the corpus" for i in range(20)]}
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "d.parquet"))

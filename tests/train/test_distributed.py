@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfit.train.run_config import load_run_config
+from trainfit.config.run_config import load_run_config
 from trainfit.train.runner import run_training
 
 from .conftest import make_config, run_torchrun

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from trainfit.config.run_config import parse_run_config
 from trainfit.errors import BadInputError, UnavailableError
-from trainfit.train.run_config import parse_run_config
 from trainfit.train.runner import check_method_available, quantized_base
 
 BASE = {"version": 1, "method": "dpo", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},

@@ -49,7 +49,7 @@ def test_method_trains_with_falling_loss(tmp_path, capsys, method, extra):
 
 
 def test_lora_base_reference_for_dpo(tmp_path):
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import run_training
 
     cfg = load_run_config(make_config(tmp_path, "dpo", training={

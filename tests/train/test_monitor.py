@@ -281,7 +281,7 @@ def test_trainer_callback_on_a_real_trainer(tmp_path):
 
 
 def test_build_monitor_inside_trainfit_train(tmp_path):
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import run_training
 
     cfg = load_run_config(make_config(tmp_path, "pretrain", schedule={"max_steps": 6},
@@ -314,7 +314,7 @@ def test_build_monitor_inside_trainfit_train(tmp_path):
 
 
 def test_disabled_monitor_does_nothing(tmp_path):
-    from trainfit.train.run_config import MonitoringConfig
+    from trainfit.config.run_config import MonitoringConfig
 
     cb = build_monitor(tmp_path, settings=MonitoringConfig(enabled=False))
     state = type("S", (), {"is_world_process_zero": True, "max_steps": 5, "global_step": 0})()
@@ -421,7 +421,7 @@ def test_dashboard_live_on_a_terminal_and_under_a_progress_bar():
 
 def test_monitoring_section(tmp_path):
     from trainfit.errors import BadInputError
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     a = load_run_config(make_config(tmp_path, name="a.yaml"))
     b = load_run_config(make_config(tmp_path, name="b.yaml", monitoring={"interval_seconds": 5, "dashboard": "off",

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainfit.config.run_config import load_run_config, parse_run_config
 from trainfit.export.bundle import LAUNCH_FILE, render_files, run_dir_name
 from trainfit.export.publish import write_tree
-from trainfit.train.run_config import load_run_config, parse_run_config
 from trainfit.train.runner import run_training
 
 from .conftest import loss_trajectory, make_config

@@ -101,7 +101,7 @@ def test_a_state_with_nonfinite_parameters_is_never_checkpointed(tmp_path, capfd
     NaN loss (not 0.0, not the previous average), and none of their states is written."""
     config = make_config(tmp_path, "pretrain", checkpointing={"every_steps": 2, "keep_last": 20},
                          schedule={"max_steps": 8})
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import run_training
 
     with pytest.MonkeyPatch.context() as mp:

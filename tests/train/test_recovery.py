@@ -16,11 +16,11 @@ import torch
 from transformers import TrainerCallback
 
 from trainfit.cli.main import main
+from trainfit.config.run_config import load_run_config
 from trainfit.errors import BadInputError
 from trainfit.train import faults, recovery
 from trainfit.train.oom import classify
 from trainfit.train.recovery import PrecisionPolicy, Split, next_precision, shrink, split_for_world
-from trainfit.train.run_config import load_run_config
 from trainfit.train.runner import legacy_config_hash, run_training
 
 from .conftest import loss_trajectory, make_config, run_torchrun

@@ -19,8 +19,8 @@ import pytest
 
 from trainfit import files
 from trainfit.cli.main import main
+from trainfit.config.run_config import load_run_config
 from trainfit.train import checkpoints as ck
-from trainfit.train.run_config import load_run_config
 from trainfit.train.runner import run_training
 
 from .conftest import REPO, loss_trajectory, make_config, tree_digest
@@ -195,7 +195,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     from trainfit import files
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import run_training
 
     real_rmtree = files.shutil.rmtree

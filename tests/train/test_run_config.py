@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from trainfit.config.run_config import load_run_config, parse_count, parse_run_config
 from trainfit.errors import BadInputError
-from trainfit.train.run_config import load_run_config, parse_count, parse_run_config
 
 from .conftest import REPO, make_config
 
@@ -89,8 +89,8 @@ def test_bad_yaml_is_bad_input(tmp_path):
 
 
 def test_params_shape_uses_the_run_vocabulary():
-    from trainfit.train.model_build import shape_spec
-    from trainfit.train.run_config import ShapeConfig
+    from trainfit.config.run_config import shape_spec
+    from trainfit.config.run_config import ShapeConfig
 
     spec = shape_spec(ShapeConfig(params="3m"), vocab_size=512)
     assert spec.vocab_size == 512 and spec.id == "shape:3m" and spec.num_layers >= 1

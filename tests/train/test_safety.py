@@ -415,7 +415,7 @@ ENTRY = textwrap.dedent("""
 @pytest.mark.slow
 def test_sigint_and_sigterm_checkpoint_exit_cleanly_and_resume_exactly(tmp_path):
     from trainfit.cli.main import main
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
     from trainfit.train.runner import run_training
 
     config = make_config(tmp_path, "pretrain")  # 12 steps, checkpoints every 4
@@ -494,7 +494,7 @@ def test_thermal_policy_assess_is_pure_on_the_reading():
 
 def test_safety_mode_in_the_run_config(tmp_path):
     from trainfit.errors import BadInputError
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     plain = load_run_config(make_config(tmp_path, "pretrain"))
     extreme = load_run_config(make_config(tmp_path, "pretrain", name="x.yaml", safety={"mode": "extreme"}))

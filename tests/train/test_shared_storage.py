@@ -1,4 +1,4 @@
-"""A multi-node run's run directory must be shared storage (trainfit.train.shared_storage): the
+"""A multi-node run's run directory must be shared storage (trainfit.config.shared_storage): the
 rule on paths and mount tables, and `trainfit train` refusing a node-local one with exit 2."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from trainfit.cli.main import main
-from trainfit.train.shared_storage import mount_of, node_local_reason
+from trainfit.config.shared_storage import mount_of, node_local_reason
 
 from .conftest import make_config
 
@@ -67,7 +67,7 @@ def test_train_refuses_a_node_local_run_directory_for_several_nodes(tmp_path, ca
 
 
 def test_allow_node_local_is_a_run_config_key_that_does_not_change_the_hash(tmp_path):
-    from trainfit.train.run_config import load_run_config, shared_storage_errors
+    from trainfit.config.run_config import load_run_config, shared_storage_errors
 
     plain = load_run_config(_two_node_config(tmp_path))
     allowed_path = tmp_path / "allowed.yaml"

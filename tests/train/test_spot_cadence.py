@@ -8,10 +8,10 @@ import math
 
 import pytest
 
+from trainfit.config.run_config import load_run_config
 from trainfit.core.checkpoint_cadence import cadence_interval
 from trainfit.core.plan.modes import safety_thresholds
 from trainfit.errors import BadInputError
-from trainfit.train.run_config import load_run_config
 from trainfit.train.safety import CadencePolicy
 
 from .conftest import make_config

@@ -8,9 +8,9 @@ import pytest
 from transformers import TrainerCallback
 
 from trainfit.cli.main import main
+from trainfit.config.run_config import load_run_config
 from trainfit.errors import BadInputError
 from trainfit.export.training_args import trainer_config
-from trainfit.train.run_config import load_run_config
 from trainfit.train.runner import run_training
 
 from .conftest import loss_trajectory, make_config, tree_digest

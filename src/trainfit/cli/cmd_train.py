@@ -36,7 +36,7 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
     """Python twin of the command: returns the summary (plus the verify report when asked)."""
     from trainfit.core.serde import to_jsonable
     from trainfit.errors import BadInputError
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     if max_steps is not None and max_steps < 1:
         raise BadInputError(f"--max-steps: must be >= 1, got {max_steps}")
@@ -55,7 +55,7 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
     cfg = load_run_config(config)  # a bad config is named first: it is the first thing to fix
     _refuse_foreign_framework(cfg, "trainfit train")
     check_out()
-    from trainfit.train.run_config import shared_storage_errors
+    from trainfit.config.run_config import shared_storage_errors
 
     for problem in shared_storage_errors(cfg, out or default_run_dir(config)):  # several nodes: shared storage
         raise BadInputError(problem)
@@ -84,7 +84,7 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
 
 def _refuse_foreign_framework(cfg, command: str) -> None:
     from trainfit.errors import BadInputError
-    from trainfit.train.run_config import own_run_problem
+    from trainfit.config.run_config import own_run_problem
 
     problem = own_run_problem(cfg, command)
     if problem is not None:

@@ -54,13 +54,13 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
            log=None, framework: str | None = None):
     """Python twin: returns the VerifyReport."""
     from trainfit.errors import BadInputError
-    from trainfit.train.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config
 
     if steps < 1 or warmup < 0:
         raise BadInputError("--steps must be >= 1 and --warmup >= 0")
     cfg = load_run_config(config)  # a bad config fails before torch is imported
     from trainfit.cli.cmd_train import _refuse_foreign_framework
-    from trainfit.train.run_config import own_run_problem
+    from trainfit.config.run_config import own_run_problem
 
     if framework is not None:  # verify measures trainfit's own run: only it can be compared and calibrated
         problem = own_run_problem(dataclasses.replace(cfg, framework=framework), "trainfit verify")

@@ -34,7 +34,7 @@ from trainfit.export.engine import engine
 from trainfit.export.fsdp import accelerate_fsdp_block
 
 if TYPE_CHECKING:
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 DEVICES = ("cpu", "cuda", "mps")
 

@@ -40,7 +40,7 @@ from trainfit.export.training_args import CONFIG_MODULES, trainer_config
 from trainfit.export.versions import transformers_major as installed_transformers_major
 
 if TYPE_CHECKING:
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 RUN_FILE = "run.yaml"
 TRAINING_ARGS_FILE = "training_args.yaml"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 HEADER_KEY = "_comment"
 AUTO = "auto"

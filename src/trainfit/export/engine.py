@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 Engine = Literal["single", "ddp", "fsdp", "deepspeed"]
 ENGINES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed")

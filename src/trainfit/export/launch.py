@@ -15,7 +15,7 @@ address from the environment and refuses to start without them (NODE_PREAMBLE):
     TRAINFIT_CHECKPOINT_DIR  a directory every node mounts (shared storage, required): the run
                   directory - checkpoints, metrics - is $TRAINFIT_CHECKPOINT_DIR/runs/<name>, so a
                   relaunch with --resume finds the same checkpoint on every node (trainfit train
-                  refuses a node-local one, trainfit.train.shared_storage)
+                  refuses a node-local one, trainfit.config.shared_storage)
 and sets the network's variables (trainfit.core.cluster_env) where the node has not set them:
 NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME to the default route's interface, the fabric's NCCL / EFA settings;
 and starts `torchrun --nnodes N --node-rank $NODE_RANK --nproc-per-node G --rdzv-backend static

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainfit.core.setup import LoraSettings
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 
 def uses_lora(cfg: RunConfig) -> bool:

@@ -157,7 +157,7 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     from pathlib import Path
 
     from trainfit.export.bundle import render_files
-    from trainfit.train.run_config import parse_run_config
+    from trainfit.config.run_config import parse_run_config
 
     raw = run_config_dict(mp, req, data_paths)
     cfg = parse_run_config(raw, base_dir=Path(base_dir or "."), source=f"plan {mp.mode}")

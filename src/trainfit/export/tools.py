@@ -29,7 +29,7 @@ from trainfit.errors import BadInputError
 
 if TYPE_CHECKING:
     from trainfit.core.model_spec import ModelSpec
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 TOOLS = ("trl", "axolotl", "llama-factory", "torchtune", "litgpt")
 DEFAULT_TOOL = "trl"

@@ -15,7 +15,7 @@ from trainfit.export.engine import sharding_engine
 from trainfit.export.fsdp import fsdp_arguments
 
 if TYPE_CHECKING:
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 # trainfit optimizer -> TrainingArguments `optim`. sgd-momentum adds optim_args momentum=0.9.
 OPTIM_NAMES = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",

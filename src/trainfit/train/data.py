@@ -22,9 +22,9 @@ Where the data lives while it trains (data.* keys, docs/run-config.md):
 from __future__ import annotations
 
 from pathlib import Path
+from trainfit.config.run_config import BUILTIN_DATA, RunConfig
 from trainfit.errors import BadInputError
 from trainfit.files import FolderAdditions
-from trainfit.train.run_config import BUILTIN_DATA, RunConfig
 
 _BY_SUFFIX = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",
               ".parquet": "parquet", ".csv": "csv"}

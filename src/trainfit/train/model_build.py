@@ -5,13 +5,12 @@ speed predictions in summary.json describe exactly the model that runs.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.config.run_config import RunConfig, shape_spec
 from trainfit.core.model_spec import ModelSpec
 from trainfit.errors import BadInputError, UnavailableError
-from trainfit.train.run_config import RunConfig, ShapeConfig, parse_count
 
 
 @dataclass(frozen=True)
@@ -21,35 +20,6 @@ class BuiltModel:
     spec_note: str  # why spec is None, or where it came from
     weights: str  # "random (initialised here, not pretrained)" or "local: <path>"
     hf_config: Any
-
-
-def _swiglu_intermediate(hidden: int) -> int:
-    # Llama's SwiGLU width: 2/3 of 4*hidden, rounded up to a multiple of 64 (Touvron et al. 2023).
-    return ((int(8 * hidden / 3) + 63) // 64) * 64
-
-
-def shape_spec(shape: ShapeConfig, vocab_size: int) -> ModelSpec:
-    """ModelSpec of a pretraining shape (a Llama-style decoder unless `architecture` says otherwise)."""
-    if shape.params is not None:
-        try:
-            from trainfit.core.model_shapes import shape_for_params
-        except ImportError:
-            raise UnavailableError("model.shape.params needs trainfit.core.model_shapes, not in this build",
-                                   hint="give model.shape layers/hidden/heads instead") from None
-        # The budget includes this run's vocabulary (the tokenizer's size), not a default one.
-        spec = shape_for_params(parse_count(shape.params), vocab_size=vocab_size,
-                                max_positions=shape.max_position_embeddings, tie_embeddings=shape.tie_embeddings)
-        return dataclasses.replace(spec, id=f"shape:{shape.params}")
-    hidden, heads = shape.hidden, shape.heads
-    assert hidden and heads and shape.layers
-    return ModelSpec(
-        id=f"shape:{shape.layers}x{hidden}", architecture=shape.architecture, vocab_size=vocab_size,
-        hidden_size=hidden, num_layers=shape.layers, num_heads=heads, num_kv_heads=shape.kv_heads or heads,
-        head_dim=hidden // heads, intermediate_size=shape.intermediate or _swiglu_intermediate(hidden),
-        activation="silu", gated_mlp=True, tie_embeddings=shape.tie_embeddings, position="rope",
-        max_position_embeddings=shape.max_position_embeddings, norm="rmsnorm", qkv_bias=False,
-        o_bias=False, mlp_bias=False, lm_head_bias=False, stored_dtype="float32", source="shape",
-    )
 
 
 def shape_vocab_size(cfg: RunConfig, tokenizer_tokens: int) -> int:

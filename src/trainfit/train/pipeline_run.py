@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trainfit.config.run_config import ModelConfig, RunConfig, parse_run_config
 from trainfit.errors import BadInputError, TrainfitError, short_repr, unknown_keys
-from trainfit.train.run_config import ModelConfig, RunConfig, parse_run_config
 
 PIPELINE_CONFIG_VERSION = 1
 STATE_VERSION = 1

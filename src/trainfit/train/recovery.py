@@ -90,7 +90,7 @@ from trainfit.train.events import append_record, event
 from trainfit.train.oom import Failure, classify, free_device_memory
 
 if TYPE_CHECKING:
-    from trainfit.train.run_config import RunConfig
+    from trainfit.config.run_config import RunConfig
 
 ADJUSTMENTS = "adjustments.json"
 REQUEST_DIR = ".recovery"

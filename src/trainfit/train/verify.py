@@ -19,9 +19,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from trainfit.config.run_config import RunConfig
 from trainfit.train.calibration import DEFAULT_TIMED_STEPS, DEFAULT_WARMUP_STEPS
 from trainfit.train.calibration import device_key as cal_device_key
-from trainfit.train.run_config import RunConfig
 
 
 @dataclass(frozen=True)
