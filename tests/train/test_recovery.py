@@ -20,6 +20,7 @@ from trainfit.config.run_config import load_run_config
 from trainfit.errors import BadInputError
 from trainfit.train import faults, recovery
 from trainfit.train.oom import classify
+from trainfit.train.predictions import hardware_profile
 from trainfit.train.recovery import PrecisionPolicy, Split, next_precision, shrink, split_for_world
 from trainfit.train.runner import legacy_config_hash, run_training
 
@@ -344,7 +345,7 @@ def test_legacy_hash_still_resumes(clean, tmp_path):
     cfg = load_run_config(clean[0])
     run_dir = tmp_path / "run"
     run_training(cfg, run_dir, quiet=True, stop_after=4)
-    (run_dir / "config.sha256").write_text(legacy_config_hash(cfg.for_device("cpu")) + "\n")
+    (run_dir / "config.sha256").write_text(legacy_config_hash(cfg.for_device("cpu", hardware_profile())) + "\n")
     result = run_training(cfg, run_dir, resume=True, quiet=True, stop_after=5)
     assert result.global_step == 5
     assert (run_dir / "config.sha256").read_text().strip() == cfg.config_hash(1)  # rewritten

@@ -132,3 +132,26 @@ def test_legacy_hash_of_older_run_directories_is_unchanged(raw, stored):
     from trainfit.train.runner import legacy_config_hash
 
     assert legacy_config_hash(parse_run_config(raw, source="x"))[:16] == stored
+
+
+
+def test_precision_auto_is_made_concrete_with_the_hardware_given(monkeypatch, tmp_path):
+    """for_device takes the machine as an argument: the schema never probes it (the runner does)."""
+    from trainfit.hardware import profiler
+    from trainfit.hardware.fakes import load_fixture
+
+    h100 = profiler.build_profile(sources=load_fixture(REPO / "tests/hardware/fixtures/8x-h100-sxm.yaml"),
+                                  timeouts={"gpus.nvidia": 0.5})
+
+    def no_probe(**_):
+        raise AssertionError("the run-config schema probed the machine")
+
+    monkeypatch.setattr(profiler, "build_profile", no_probe)
+    raw = {"version": 1, "method": "pretrain", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
+           "data": {"paths": ["builtin:tiny-corpus"]}, "schedule": {"max_steps": 5}}
+    cfg = parse_run_config(raw, base_dir=tmp_path)
+    assert cfg.training.precision == "auto"
+    assert cfg.for_device("cuda", h100).training.precision == "bf16-mixed"  # the H100's 16-bit type
+    assert cfg.for_device("cpu", None).training.precision == "fp32"  # no profile: the rule's CPU default
+    fixed = parse_run_config({**raw, "training": {"precision": "fp32"}}, base_dir=tmp_path)
+    assert fixed.for_device("cuda", h100) is fixed  # an explicit precision stays as written

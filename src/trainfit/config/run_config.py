@@ -20,13 +20,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainfit.core.model_shapes import MAX_SHAPE_PARAMS, MIN_SHAPE_PARAMS
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.core.setup import TRAIN_METHODS, Method, PrecisionMode, TrainingSetup, parse_method
 from trainfit.errors import BadInputError, TrainfitError, UnavailableError, short_repr, unknown_keys
+
+if TYPE_CHECKING:
+    from trainfit.core.profile import HardwareProfile
 
 CONFIG_VERSION = 1
 BUILTIN_DATA = {
@@ -267,17 +270,14 @@ class RunConfig:
             data["training"].pop(key, None)
         return data
 
-    def for_device(self, device: str, hardware=None) -> "RunConfig":
-        """This config with `precision: auto` made concrete for the device the run lands on
-        (the hardware's 16-bit type; the live profile's when `hardware` is None)."""
+    def for_device(self, device: str, hardware: HardwareProfile | None) -> "RunConfig":
+        """This config with `precision: auto` made concrete for the device the run lands on, with
+        `hardware`'s 16-bit type: the HardwareProfile of that machine, which the caller probes (the
+        schema never does); None: no profile, the core rule's default for the device."""
         if self.training.precision != "auto":
             return self
         from trainfit.core.plan.intent import precision_for, uses_lora
 
-        if hardware is None:
-            from trainfit.hardware.profiler import build_profile
-
-            hardware = build_profile(quick=True)
         precision = precision_for(hardware, device, method=self.method,
                                   has_lora=uses_lora(self.method, self.training.lora))
         return dataclasses.replace(self, training=dataclasses.replace(self.training, precision=precision))

@@ -537,7 +537,9 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     replan = bool(adj.replan) or any(r.get("kind") == "device_lost" for r in requests)
     # after a device failure the run lands wherever it can: an explicit device: cuda may be gone
     device = resolve_device(_with_device(user_cfg, "auto") if replan else user_cfg)
-    resolved = user_cfg.for_device(device)
+    from trainfit.train.predictions import hardware_profile
+
+    resolved = user_cfg.for_device(device, hardware_profile() if user_cfg.training.precision == "auto" else None)
     cfg = recovery.apply_adjustments(resolved, adj, world_size)
     precision_note = None
     if replan:
