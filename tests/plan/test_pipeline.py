@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from trainfit.cli.main import main
+from trainfit.config.pipeline import load_pipeline
 from trainfit.core.hardware_spec import resolve_hardware
 from trainfit.core.model_catalog import resolve_model
 from trainfit.core.plan.pipeline import PipelineRequest, plan_pipeline
 from trainfit.core.plan.planner import PlanRequest
-from trainfit.train.pipeline_run import load_pipeline
 
 # (hardware, model, pairs, DPO on a 4-bit base): 14B on one 40 GB GPU fits DPO only on a 4-bit base
 # in some mode (the planner's DPO + QLoRA: method dpo with training.lora and quant); on 4 or 8 GPUs

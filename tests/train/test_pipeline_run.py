@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from trainfit.cli.main import main
+from trainfit.config.pipeline import load_pipeline
 from trainfit.train import pipeline_run
-from trainfit.train.pipeline_run import load_pipeline, run_pipeline
+from trainfit.train.pipeline_run import run_pipeline
 
 from .conftest import BASE, loss_trajectory, tree_digest
 

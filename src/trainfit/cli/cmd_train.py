@@ -35,12 +35,13 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
           verify: bool = False, quiet: bool = False, log=None) -> dict:
     """Python twin of the command: returns the summary (plus the verify report when asked)."""
     from trainfit.core.serde import to_jsonable
-    from trainfit.errors import BadInputError
     from trainfit.config.run_config import load_run_config
+    from trainfit.errors import BadInputError
 
     if max_steps is not None and max_steps < 1:
         raise BadInputError(f"--max-steps: must be >= 1, got {max_steps}")
-    from trainfit.train.pipeline_run import is_pipeline_file, train_pipeline_file
+    from trainfit.config.pipeline import is_pipeline_file
+    from trainfit.train.pipeline_run import train_pipeline_file
     from trainfit.validate import output_dir
 
     def check_out() -> None:

@@ -15,11 +15,11 @@ from typing import Any
 import yaml
 
 from trainfit import __version__
+from trainfit.config.pipeline import PIPELINE_CONFIG_VERSION
 from trainfit.core.plan.pipeline import PhasePlan, PipelineMode, PipelinePlan
 from trainfit.core.serde import to_jsonable
 
 META_FILE = "pipeline.yaml"
-PIPELINE_CONFIG_VERSION = 1
 GIB = 1 << 30
 
 
@@ -103,7 +103,7 @@ def meta_config_text(pm: PipelineMode, plan: PipelinePlan, command: str,
     through parse_run_config) before it is returned."""
     from pathlib import Path
 
-    from trainfit.train.pipeline_run import parse_pipeline
+    from trainfit.config.pipeline import parse_pipeline
 
     raw = meta_config_dict(pm, plan.pipeline, data)
     parse_pipeline(raw, base_dir=Path(base_dir or "."), source=f"plan {pm.mode} pipeline")
