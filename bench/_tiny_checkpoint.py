@@ -25,7 +25,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 
 def corpus_lines() -> list[str]:
-    from trainfit.train.data import corpora_dir
+    from trainfit.config.run_config import corpora_dir
 
     rows = [json.loads(x) for x in (corpora_dir() / "tiny-chat.jsonl").read_text().splitlines() if x.strip()]
     return [m["content"] for r in rows for m in r["messages"]] + ["user", "assistant", "system"]

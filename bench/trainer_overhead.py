@@ -97,7 +97,7 @@ def run_plain(cfg, tokenizer_dir: Path, work: Path, tag: str) -> list[float]:
 
 
 def _corpus() -> str:
-    from trainfit.train.data import corpora_dir
+    from trainfit.config.run_config import corpora_dir
 
     return str(corpora_dir() / "tiny-corpus.txt")
 

@@ -137,8 +137,7 @@ def local_dataset_info(paths: list[str]) -> DatasetInfo:
 
 
 def _local_info(paths: list[str]) -> DatasetInfo:
-    from trainfit.train.data import resolve_data_path
-    from trainfit.config.run_config import BUILTIN_DATA
+    from trainfit.config.run_config import BUILTIN_DATA, resolve_data_path
 
     unknown = [p for p in paths if p.startswith("builtin:") and p[8:] not in BUILTIN_DATA]
     if unknown:

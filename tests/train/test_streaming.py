@@ -138,7 +138,7 @@ def test_cache_dir_receives_every_cache_file(tmp_path):
     and the user's dataset directory is left as it was."""
     import datasets
 
-    from trainfit.train.data import resolve_data_path
+    from trainfit.config.run_config import resolve_data_path
 
     saved = tmp_path / "chat-saved"
     rows = datasets.load_dataset("json", data_files=[resolve_data_path("builtin:tiny-chat")], split="train",

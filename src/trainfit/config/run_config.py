@@ -39,6 +39,17 @@ BUILTIN_DATA = {
 }
 
 
+def corpora_dir() -> Path:
+    """Where the shipped corpora behind `builtin:` data paths live (trainfit/data/corpora)."""
+    return Path(__file__).resolve().parent.parent / "data" / "corpora"
+
+
+def resolve_data_path(p: str) -> str:
+    """A data path as a file name: `builtin:NAME` becomes the shipped corpus; others pass unchanged."""
+    if p.startswith("builtin:"):
+        return str(corpora_dir() / BUILTIN_DATA[p[8:]][0])
+    return p
+
 @dataclass(frozen=True)
 class ShapeConfig:
     """A pretraining shape: either layers/hidden/heads, or a parameter budget (params: 8m)."""

@@ -127,7 +127,7 @@ def model_path(cfg: RunConfig) -> str:
 
 def data_files(cfg: RunConfig) -> list[str]:
     """The plan's data as absolute paths (a shipped sample set as the file inside the package)."""
-    from trainfit.train.data import resolve_data_path
+    from trainfit.config.run_config import resolve_data_path
 
     return [str(Path(resolve_data_path(p)).expanduser().resolve()) for p in cfg.data.paths]
 

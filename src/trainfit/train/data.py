@@ -22,22 +22,12 @@ Where the data lives while it trains (data.* keys, docs/run-config.md):
 from __future__ import annotations
 
 from pathlib import Path
-from trainfit.config.run_config import BUILTIN_DATA, RunConfig
+from trainfit.config.run_config import RunConfig, resolve_data_path
 from trainfit.errors import BadInputError
 from trainfit.files import FolderAdditions
 
 _BY_SUFFIX = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",
               ".parquet": "parquet", ".csv": "csv"}
-
-
-def corpora_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "data" / "corpora"
-
-
-def resolve_data_path(p: str) -> str:
-    if p.startswith("builtin:"):
-        return str(corpora_dir() / BUILTIN_DATA[p[8:]][0])
-    return p
 
 
 def _is_saved_dataset(path: Path) -> bool:
