@@ -10,7 +10,7 @@ import yaml
 from trainfit.export.training_args import (
     CONFIG_MODULES, NEEDS_BITSANDBYTES, OPTIM_NAMES, config_class_name, trainer_config, training_arguments,
 )
-from trainfit.export.versions import transformers_major
+from trainfit.versions import transformers_major
 
 from .conftest import load_args, make_cfg
 

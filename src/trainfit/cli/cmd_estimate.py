@@ -99,7 +99,7 @@ def with_installed_versions(values: dict, named_hardware: str | None) -> dict:
     """Without --hardware a run on this machine uses the installed bitsandbytes and transformers, so
     their versions are the defaults there (trainfit.core.memory.framework_effects)."""
     from trainfit.core.memory.framework_effects import BNB_QUANTS
-    from trainfit.export.versions import installed_version
+    from trainfit.versions import installed_version
 
     if named_hardware is not None:
         return values

@@ -37,7 +37,7 @@ from trainfit.export.engine import engine
 from trainfit.export.launch import launch_command, node_preamble
 from trainfit.export.peft_config import lora_config_kwargs, uses_lora
 from trainfit.export.training_args import CONFIG_MODULES, trainer_config
-from trainfit.export.versions import transformers_major as installed_transformers_major
+from trainfit.versions import transformers_major as installed_transformers_major
 
 if TYPE_CHECKING:
     from trainfit.config.run_config import RunConfig
@@ -91,7 +91,7 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
 
     device: the resolved device (cpu, cuda, mps). transformers_major: the Transformers major
     version the files are for (FSDP and checkpointing argument forms); default: the installed
-    one, or trainfit.export.versions.TRANSFORMERS_MAJOR_DEFAULT without Transformers.
+    one, or trainfit.versions.TRANSFORMERS_MAJOR_DEFAULT without Transformers.
     network: several nodes: the NetworkSpec between them, whose NCCL / EFA variables launch.sh sets
     (trainfit.core.cluster_env; None: plain Ethernet).
     """

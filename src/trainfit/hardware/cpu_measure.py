@@ -70,7 +70,7 @@ def identity(src: Sources, cpu: CpuInfo) -> str:
 
 
 def _version(dist: str) -> str:
-    from trainfit.export.versions import installed_version
+    from trainfit.versions import installed_version
 
     return installed_version(dist) or "none"
 
