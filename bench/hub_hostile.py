@@ -36,7 +36,7 @@ from _results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_DEADLINE_S = 60.0  # hub_models.LIMITS.deadline_seconds
+DEFAULT_DEADLINE_S = 60.0  # trainfit.hub.models.LIMITS.deadline_seconds
 PEAK_RSS_TARGET_MB = 300.0
 # A process's start and the estimate after the lookup: what the command may take beyond the deadline.
 STARTUP_ALLOWANCE_S = 5.0

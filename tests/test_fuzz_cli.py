@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from trainfit.cli.main import main
-from trainfit.core import hub_models
+from trainfit.hub import models as hub_models
 
 SEED = 20261123
 CASES = 1200

@@ -1,4 +1,4 @@
-"""Hub models (core/hub_models) against a fake Hugging Face Hub served on 127.0.0.1.
+"""Hub models (trainfit.hub.models) against a fake Hugging Face Hub served on 127.0.0.1.
 
 The fake (bench/_fake_hub.py) answers the routes the Hub client calls
 (`/api/models/{repo}/revision/{rev}` and `/{repo}/resolve/{rev}/{file}` with HEAD, GET and Range),
@@ -24,10 +24,10 @@ from _fake_hub import (CONFIG, EXTRA, GRANTED, REPO, drip, drip_headers, encoded
                        slow_ranges, unused_port)
 
 from trainfit.cli.main import main
-from trainfit.core import hub_models
-from trainfit.core.model_catalog import resolve_model
 from trainfit.core.params import count_params
 from trainfit.errors import BadInputError, UnavailableError
+from trainfit.hub import models as hub_models
+from trainfit.hub import resolve_model
 
 _unused_port = unused_port
 
@@ -172,7 +172,7 @@ def test_cli_in_a_fresh_process_and_huggingface_hub_not_imported_on_a_cache_hit(
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["params_total"] == n_params(mistral_tensors())
-    code = (f"import sys; from trainfit.core.model_catalog import resolve_model; resolve_model({REPO!r}); "
+    code = (f"import sys; from trainfit.hub import resolve_model; resolve_model({REPO!r}); "
             "print('huggingface_hub' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**env, "HF_HUB_OFFLINE": "1"})
@@ -554,3 +554,16 @@ def test_a_refused_shard_is_reported_at_once_while_another_still_drips(hub, caps
     rc, err, seconds = _timed_estimate(capsys)
     assert rc == 2 and "unknown dtype" in err and first in err
     assert seconds < 5
+
+
+def test_the_core_makes_no_request_for_a_hub_id():
+    """core.model_catalog.resolve_model hands Hub ids to the loader it is given (trainfit.hub's);
+    without one it refuses them in one line, before any request."""
+    from trainfit.core.model_catalog import resolve_model as core_resolve
+
+    with pytest.raises(UnavailableError, match="Hugging Face Hub id"):
+        core_resolve(REPO)
+    asked = []
+    spec = core_resolve(f"{REPO}@v2", hub_loader=lambda repo, rev, suggestions: asked.append((repo, rev)) or "spec")
+    assert spec == "spec" and asked == [(REPO, "v2")]
+    assert core_resolve("Qwen/Qwen2.5-7B").family  # catalog ids need no loader

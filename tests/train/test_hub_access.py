@@ -1,5 +1,5 @@
 """`trainfit train` with weights from the Hub reads the environment as the rest of trainfit does
-(trainfit.core.hub_models): TRANSFORMERS_OFFLINE is honoured like HF_HUB_OFFLINE, and an HF_ENDPOINT
+(trainfit.hub.models): TRANSFORMERS_OFFLINE is honoured like HF_HUB_OFFLINE, and an HF_ENDPOINT
 that is no http(s) URL is exit 2 naming it. Nothing here reaches the network."""
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ def _cloud(model: str, *, method: str, dataset_tokens: int | None, examples: int
     """(ranking, request, catalog)."""
     from trainfit.core.cloud_catalog import load_cloud_catalog
     from trainfit.core.cloud_rank import rank_flavors
-    from trainfit.core.model_catalog import resolve_model
     from trainfit.core.speed import Workload
+    from trainfit.hub import resolve_model
 
     method = parse_method("full" if method == "auto" else method, allowed=TRAIN_METHODS)  # auto: plan's name
     if dataset_tokens is not None and examples is not None:

@@ -73,7 +73,7 @@ class SchemaAction(argparse.Action):
 
 def _model(args: argparse.Namespace):
     from trainfit.core import model_shapes
-    from trainfit.core.model_catalog import resolve_model
+    from trainfit.hub import resolve_model
 
     dims = (args.layers, args.hidden, args.heads)
     if args.model:

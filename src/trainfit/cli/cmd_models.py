@@ -30,9 +30,9 @@ def list_models(family: str | None = None):
 
 def show_model(ref: str) -> dict[str, Any]:
     """Everything `models show` prints: the spec, its parameter breakdown and linear layers."""
-    from trainfit.core.model_catalog import resolve_model
     from trainfit.core.params import count_params, linear_layers, module_names
     from trainfit.core.serde import to_jsonable
+    from trainfit.hub import resolve_model
 
     spec = resolve_model(ref)
     breakdown = count_params(spec)

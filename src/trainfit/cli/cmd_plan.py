@@ -117,10 +117,10 @@ def _hardware(spec: str | None):
 
 
 def build_request(args: argparse.Namespace, hardware=None):
-    from trainfit.core.model_catalog import resolve_model
     from trainfit.core.plan.modes import MODES
     from trainfit.core.plan.planner import PLAN_METHODS, PlanRequest
     from trainfit.core.setup import METHOD_ALIASES
+    from trainfit.hub import resolve_model
 
     method = METHOD_ALIASES.get(args.method, args.method)
     if method not in PLAN_METHODS:

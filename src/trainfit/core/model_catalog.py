@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,11 @@ from typing import Any
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
 from trainfit.core.serde import SerdeError, from_jsonable
-from trainfit.errors import BadInputError, close_matches, short_repr
+from trainfit.errors import BadInputError, UnavailableError, close_matches, short_repr
 
 CATALOG_FILE = "models.yaml"
+# Loads ("owner/name", revision or None, suggestions=...) from the Hub: trainfit.hub.models.load_hub_model.
+HubLoader = Callable[..., ModelSpec]
 _ENTRY_ONLY_KEYS = {"variants"}
 
 
@@ -152,16 +156,31 @@ def _similar(name: str) -> list[str]:
     return close_matches(name, [s.id for s in all_models()] + [a for s in all_models() for a in s.aliases], n=5)
 
 
+# A Hub repo id: "owner/name", each part letters, digits, "_", "-", "." (not first or last), at
+# most 96 characters; then an optional "@revision" (branch, tag, commit, "refs/pr/1").
+_PART = r"\w(?:[\w.-]{0,94}\w)?"
+_HUB_REF = re.compile(rf"({_PART}/{_PART})(?:@([\w][\w./+-]{{0,254}}))?", re.ASCII)
+
+
+def parse_hub_ref(ref: str) -> tuple[str, str | None] | None:
+    """("owner/name", revision or None) when `ref` reads as a Hub model id, else None."""
+    m = _HUB_REF.fullmatch(ref)
+    if m is None or ".." in ref or "--" in m.group(1) or m.group(1).endswith((".git", ".json")):
+        return None
+    return m.group(1), m.group(2)
+
+
 def _looks_like_path(ref: str) -> bool:
     # Hub ids have exactly one "/" ("owner/name"); paths start with . / ~ or have more parts.
     return ref.startswith((".", "/", "~")) or ref.endswith(".json") or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
 
 
-def resolve_model(ref: str) -> ModelSpec:
+def resolve_model(ref: str, *, hub_loader: HubLoader | None = None) -> ModelSpec:
     """A ModelSpec from a catalog id/alias, a local model directory, a config.json path, a shape
     ("shape:125m", "125m", "shape:layers=12,hidden=768,heads=12,vocab=50257") or any model on the
     Hugging Face Hub ("owner/name", "owner/name@revision": config.json and safetensors headers,
-    fetched once and cached; see core/hub_models)."""
+    fetched once and cached). The core makes no request: a Hub id goes to `hub_loader`, the Hub
+    client trainfit.hub.resolve_model passes (trainfit.hub.models.load_hub_model)."""
     from trainfit.core import model_loader, model_shapes
 
     ref = ref.strip()
@@ -178,11 +197,12 @@ def resolve_model(ref: str) -> ModelSpec:
         return _index()[ref.lower()]
     if model_shapes.looks_like_size(ref):
         return model_shapes.parse_shape(ref)
-    from trainfit.core import hub_models
-
-    hub_ref = hub_models.parse_ref(ref)
+    hub_ref = parse_hub_ref(ref)
     if hub_ref is not None:  # not in the catalog, or a revision asked for
-        return hub_models.load_hub_model(*hub_ref, suggestions=lambda: _similar(hub_ref[0]))
+        if hub_loader is None:
+            raise UnavailableError(f"model: {short_repr(ref)} is a Hugging Face Hub id, and this caller reads "
+                                   "no Hub (trainfit.hub.resolve_model does)")
+        return hub_loader(*hub_ref, suggestions=lambda: _similar(hub_ref[0]))
     if _looks_like_path(ref):
         raise BadInputError(f"model: {short_repr(ref)} does not exist (no such file or directory)")
     return get_model(ref)

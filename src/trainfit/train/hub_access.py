@@ -4,9 +4,9 @@ huggingface_hub retries a failed request with back-off (five tries per file, and
 the tokenizer and then the weights): offline, a run waited about a minute before failing. Here:
 
 * HF_HUB_OFFLINE (else TRANSFORMERS_OFFLINE) set: the cache only, never the network (read as
-  huggingface_hub reads them: trainfit.core.hub_models.offline_variable);
+  huggingface_hub reads them: trainfit.hub.models.offline_variable);
 * otherwise one TCP connection to the Hub's host (HF_ENDPOINT, default huggingface.co; one that is
-  no http(s) URL with a host is exit 2, as for every command: hub_models.check_endpoint), at most
+  no http(s) URL with a host is exit 2, as for every command: trainfit.hub.models.check_endpoint), at most
   CONNECT_SECONDS: when it fails the files come from the cache only, and a model missing there is
   an UnavailableError at once, saying what was tried and what to do.
 
@@ -19,7 +19,7 @@ import functools
 import os
 import socket
 
-from trainfit.core.hub_models import check_endpoint, hub_endpoint, offline_variable
+from trainfit.hub.models import check_endpoint, hub_endpoint, offline_variable
 
 CONNECT_SECONDS = 5.0
 

@@ -45,7 +45,7 @@ def short_vocabulary_note(cfg: RunConfig, tokenizer_tokens: int) -> str | None:
 
 def _spec_from_dir(path: str) -> tuple[ModelSpec | None, str]:
     try:
-        from trainfit.core.model_catalog import resolve_model
+        from trainfit.hub import resolve_model
     except ImportError:
         return None, "trainfit.core.model_catalog is not in this build"
     try:
@@ -72,7 +72,7 @@ def build_model(cfg: RunConfig, tokenizer, *, quantization_config: Any = None) -
         hf_cfg = build_hf_config(spec)
     elif m.id is not None:
         try:
-            from trainfit.core.model_catalog import resolve_model
+            from trainfit.hub import resolve_model
         except ImportError:
             raise UnavailableError("model.id needs the model catalog (trainfit.core.model_catalog), "
                                    "not in this build", hint="use model.shape or model.path") from None

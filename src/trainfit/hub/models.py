@@ -12,7 +12,7 @@ makes no request and works offline. Only what passed every check is cached.
 
 The server is not trusted: one lookup has one deadline (TRAINFIT_HUB_DEADLINE, default 60 s) and
 every answer is read as a counted stream with a cap per kind of file and for the whole lookup
-(core/hub_http), so a slow, endless or hostile server ends in a one-line error naming the limit.
+(trainfit.hub.bounded_http), so a slow, endless or hostile server ends in a one-line error naming the limit.
 
 Environment: HF_ENDPOINT (a mirror, or the tests' fake hub), HF_TOKEN (gated and private
 repositories), HF_HUB_OFFLINE=1 (cache only), HF_HUB_DOWNLOAD_TIMEOUT (seconds one read may wait,
@@ -36,9 +36,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainfit.core import hub_http, model_loader
+from trainfit.core import model_loader
+from trainfit.core.model_catalog import parse_hub_ref as parse_ref
 from trainfit.core.model_spec import ModelSpec
 from trainfit.errors import BadInputError, TrainfitError, UnavailableError
+from trainfit.hub import bounded_http as hub_http
 from trainfit.validate import Bound
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -58,20 +60,6 @@ _DEADLINE_BOUND = Bound(0.5, 3600, integer=False)
 _FIRST_RANGE_BYTES = 100_001  # huggingface_hub's first read of a safetensors file (bytes=0-100000)
 _MAX_CACHE_FILE_BYTES = 64 << 20
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's reading of boolean environment variables
-# A Hub repo id: "owner/name", each part letters, digits, "_", "-", "." (not first or last), at
-# most 96 characters; then an optional "@revision" (branch, tag, commit, "refs/pr/1").
-_PART = r"\w(?:[\w.-]{0,94}\w)?"
-_HUB_REF = re.compile(rf"({_PART}/{_PART})(?:@([\w][\w./+-]{{0,254}}))?", re.ASCII)
-
-
-def parse_ref(ref: str) -> tuple[str, str | None] | None:
-    """("owner/name", revision or None) when `ref` reads as a Hub model id, else None."""
-    m = _HUB_REF.fullmatch(ref)
-    if m is None or ".." in ref or "--" in m.group(1) or m.group(1).endswith((".git", ".json")):
-        return None
-    return m.group(1), m.group(2)
-
-
 def cache_dir() -> Path:
     """trainfit's cache directory (trainfit.user_cache); Hub entries live in its "hub" folder."""
     from trainfit.user_cache import user_cache_dir
