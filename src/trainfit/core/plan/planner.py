@@ -246,7 +246,7 @@ def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, g
     if rules.max_zero_stage and not inference:
         zeros = [0, 1, 2, 3] if base.lora is None else [0, 2]
     if offload:
-        zeros, offloads = ([2, 3] if base.num_gpus == 1 else [2, 3]), ["optimizer", "optimizer+params"]
+        zeros, offloads = [2, 3], ["optimizer", "optimizer+params"]
     # Eager attention only ever loses on GPUs (more memory, no faster); CPUs get both kernels.
     attention = rules.attention if rules.device == "cpu" else tuple(a for a in rules.attention if a != "eager")
     bases = space.product(base, precision=precisions, optimizer=optimizers,
