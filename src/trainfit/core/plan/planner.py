@@ -418,8 +418,10 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                             "GPU (trainfit cloud), more GPUs, or a smaller model")
         if req.method != "inference":
             warnings += _shorter_seq_advice(req, t, rules, model)
-        return ModePlan(t.mode, False, model.id, None, None, None, budget.limit(cap), None, None, None, None,
-                        reasons, warnings, t, model, pretrain, result.evaluated)
+        return ModePlan(mode=t.mode, fits=False, model_id=model.id, params_total=None, setup=None, memory=None,
+                        memory_budget_bytes=budget.limit(cap), memory_used_bytes=None, speed=None, power=None,
+                        run=None, reasons=reasons, warnings=warnings, targets=t, model=model, pretrain=pretrain,
+                        candidates_evaluated=result.evaluated)
     best = result.best
     s = best.setup
     workload = _workload(req, s, pretrain_tokens)
@@ -454,9 +456,11 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     warnings += data_plan.warnings if data_plan is not None else []
     from trainfit.core.plan.host_ram import host_ram_need_bytes
 
-    return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan, sized,
-                    host_ram_need_bytes(best.memory, s, req.hardware))
+    return ModePlan(mode=t.mode, fits=True, model_id=model.id, params_total=best.memory.params_total, setup=s,
+                    memory=best.memory, memory_budget_bytes=budget.limit(cap), memory_used_bytes=used,
+                    speed=speed, power=power, run=run, reasons=reasons, warnings=warnings, targets=t, model=model,
+                    pretrain=pretrain, candidates_evaluated=result.evaluated, data_io=data_plan,
+                    data_lengths=sized, host_ram_bytes=host_ram_need_bytes(best.memory, s, req.hardware))
 
 
 def _what_runs(speed: SpeedEstimate, power: PowerEstimate, data_plan: DataPlan | None
