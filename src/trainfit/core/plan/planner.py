@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainfit.core.memory.overheads import under_pressure_text
 from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_dense
@@ -32,6 +33,10 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 from trainfit.errors import BadInputError, UnavailableError
+
+if TYPE_CHECKING:  # names only: the spot model and the cloud catalog load with `plan --flavor ID --spot` alone
+    from trainfit.core.cloud_catalog import SpotTerms
+    from trainfit.core.spot import SpotEstimate
 
 GIB = 1 << 30
 # Pretraining sizes the planner tries (parameters), smallest first.
@@ -60,7 +65,7 @@ class PlanRequest:
     budget_usd: float | None = None
     # `plan --flavor ID --spot`: the flavor's spot price and interruption figure (cloud_catalog.SpotTerms);
     # usd_per_hour is then the spot price, and each mode gets the expected cost with re-done work.
-    spot: object | None = None
+    spot: SpotTerms | None = None
     price_per_kwh: float = DEFAULT_PRICE_PER_KWH
     vocab_size: int = 32000  # pretraining shapes
     lora: LoraSettings | None = None  # default: rank 16 on every linear layer of the blocks
@@ -98,7 +103,7 @@ class RunFigures:
     energy_kwh: float | None
     electricity_cost: float | None
     rental_usd: float | None
-    spot: object | None = None  # core.spot.SpotEstimate with PlanRequest.spot
+    spot: SpotEstimate | None = None  # with PlanRequest.spot
     rental_expected_usd: float | None = None  # spot: the rental including re-done work and restarts
 
 
