@@ -54,6 +54,12 @@ def parse_method(value: object, *, key: str = "--method", allowed: tuple[str, ..
     return name  # type: ignore[return-value]
 
 
+def method_trains_adapters(method: str, *, lora_given: bool) -> bool:
+    """LoRA adapters train on a frozen base: lora, qlora, or DPO given LoRA settings. The one test
+    of it (TrainingSetup.trains_adapters, the run config, the knobs and the exporters ask here)."""
+    return method in ("lora", "qlora") or (method == "dpo" and lora_given)
+
+
 def default_precision(*, frozen_base: bool, half: Literal["bf16", "fp16"] | None, on_cpu: bool) -> PrecisionMode:
     """What practitioners run. `half` is the 16-bit type the device computes fast (None: none).
 
@@ -214,7 +220,7 @@ class TrainingSetup:
     @property
     def trains_adapters(self) -> bool:
         """LoRA adapters train on a frozen base: lora, qlora, or DPO with a LoRA config."""
-        return self.method in ("lora", "qlora") or (self.method == "dpo" and self.lora is not None)
+        return method_trains_adapters(self.method, lora_given=self.lora is not None)
 
     @property
     def uses_deepspeed(self) -> bool:
