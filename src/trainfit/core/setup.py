@@ -13,6 +13,8 @@ from typing import Literal, get_args
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "inference"]
 METHODS: tuple[str, ...] = get_args(Method)
 TRAIN_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m != "inference")
+# Supervised fine-tuning on instruction rows: every weight, LoRA adapters, or adapters on a 4-bit base.
+SFT_METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 # Names people use for the same thing: supervised fine-tuning of every weight is "full".
 METHOD_ALIASES = {"sft": "full"}
 # The one default method of estimate, plan and cloud: full fine-tuning. plan and cloud fall back to
