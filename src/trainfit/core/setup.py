@@ -77,6 +77,29 @@ def default_precision(*, frozen_base: bool, half: Literal["bf16", "fp16"] | None
 
 
 @dataclass(frozen=True)
+class MethodVariant:
+    """A method plus how its weights are held, as the planner's fallback chains name it
+    (core.plan.variants): "dpo+lora" is DPO with LoRA adapters, "dpo+qlora" the same on a 4-bit
+    NF4 base, "inference+int8" / "inference+nf4" serve 8- / 4-bit weights; a bare method ("qlora")
+    holds its weights as that method does."""
+
+    method: Method
+    adapters: bool  # LoRA adapters train on a frozen base
+    quant: Quant  # how the base weights are held
+
+
+def parse_variant(variant: str) -> MethodVariant:
+    """The one reading of a variant name ("dpo+qlora" -> dpo, adapters, nf4-dq)."""
+    method, _, held = variant.partition("+")
+    if method == "inference":
+        return MethodVariant("inference", adapters=False, quant={"int8": "int8", "nf4": "nf4-dq"}.get(held, "none"))
+    if method == "dpo" and held:
+        return MethodVariant("dpo", adapters=True, quant="nf4-dq" if held == "qlora" else "none")
+    return MethodVariant(method, adapters=method in ("lora", "qlora"),  # type: ignore[arg-type]
+                         quant="nf4-dq" if method == "qlora" else "none")
+
+
+@dataclass(frozen=True)
 class LoraSettings:
     rank: int = 16
     alpha: int = 32
