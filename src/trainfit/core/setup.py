@@ -91,12 +91,12 @@ class MethodVariant:
 def parse_variant(variant: str) -> MethodVariant:
     """The one reading of a variant name ("dpo+qlora" -> dpo, adapters, nf4-dq)."""
     method, _, held = variant.partition("+")
-    if method == "inference":
-        return MethodVariant("inference", adapters=False, quant={"int8": "int8", "nf4": "nf4-dq"}.get(held, "none"))
-    if method == "dpo" and held:
-        return MethodVariant("dpo", adapters=True, quant="nf4-dq" if held == "qlora" else "none")
-    return MethodVariant(method, adapters=method in ("lora", "qlora"),  # type: ignore[arg-type]
-                         quant="nf4-dq" if method == "qlora" else "none")
+    if method == "inference":  # served weights: "inference+int8", "inference+nf4"
+        quant = {"int8": "int8", "nf4": "nf4-dq"}.get(held, "none")
+    else:  # QLoRA: NF4 with double quantisation (Dettmers et al. 2023), SFT or DPO
+        quant = "nf4-dq" if "qlora" in (method, held) else "none"
+    adapters = method_trains_adapters(method, lora_given=bool(held))
+    return MethodVariant(method, adapters=adapters, quant=quant)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
