@@ -68,6 +68,8 @@ def test_trainfit_train_records_each_change_of_its_config_with_its_reason(tmp_pa
     assert oom["step"] == 2  # it trains with the new split from the checkpoint of step 2 on
     assert oom["changes"] == {"training.micro_batch": {"from": 4, "to": 2}, "training.grad_accum": {"from": 1, "to": 2}}
     assert summary["training"]["micro_batch"] == 2 and summary["training"]["grad_accum"] == 2
+    assert [c["source"] for c in summary["config_changes"]] == ["device", "oom_recovered"]
+    assert summary["config_changes"][1]["changes"] == oom["changes"]
 
     # what `trainfit report` reads and counts (its plots left out: they add seconds, not checks)
     run = load_run(run_dir)

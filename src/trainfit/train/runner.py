@@ -825,7 +825,7 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
                 trainer.save_model(str(final))
                 tokenizer.save_pretrained(str(final))
             summary = build_summary(in_force.cfg, built, trainer, timer, writer, device, world_size, wall,
-                                    resume_from, tok_note, device_memory(), session)
+                                    resume_from, tok_note, device_memory(), session, in_force.changes)
             if asked.write_summary:
                 from trainfit.files import write_atomic
 
@@ -957,7 +957,7 @@ def _plan_details(built, cfg: RunConfig, device: str, world_size: int, stop_afte
 
 
 def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, resume_from, tok_note,
-                  memory, session=None) -> dict[str, Any]:
+                  memory, session=None, config_changes=()) -> dict[str, Any]:
     from trainfit.train.predictions import predict
 
     model = trainer.model
@@ -977,6 +977,9 @@ def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, 
         "training": {"micro_batch": cfg.training.micro_batch, "grad_accum": cfg.training.grad_accum,
                      "grad_checkpointing": cfg.training.grad_checkpointing, "precision": cfg.training.precision},
         "recoveries": list(session.adj.history) if session is not None else [],
+        # how this invocation's config in force came from config.yaml (train/in_force.py)
+        "config_changes": [{k: v for k, v in c.as_event().items() if k not in ("event", "time")}
+                           for c in config_changes],
         "global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
         "resumed_from": resume_from.path.name if resume_from else None,
         "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,
