@@ -695,8 +695,7 @@ class FailedStartCleanup:
 def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
     from trainfit.files import atomic_dir
     from trainfit.train import faults, recovery
-    from trainfit.train.callbacks import (BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt,
-                                          device_memory)
+    from trainfit.train.callbacks import device_memory
 
     run_dir, device, resume_from, stop_after = start.run_dir, start.device, start.resume_from, asked.stop_after
     say, log, recover = asked.say, asked.log, asked.recover
@@ -729,52 +728,8 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
             say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
         tokenizer, tok_note = get_tokenizer(in_force.cfg, run_dir, probe_args, say)
         dataset = build_dataset(in_force, tokenizer, probe_args, say)
-        timer = StepTimer()
-        metrics = run_dir / "metrics.jsonl" if rank == 0 else None
-        writer = MetricsWriter(metrics, lambda: trainer.tokens_seen(), timer, world_size, stop_step=stop_after)
-        shown = in_force.cfg.logging.progress
-        interactive = not asked.quiet and shown != "lines" and (shown == "bar" or os.isatty(2))
-        progress = Progress("bar" if interactive else "lines",
-                            f"{in_force.cfg.method} {in_force.cfg.name or ''}".strip(), writer, stop_step=stop_after)
-        if not interactive:
-            # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        from trainfit.train.monitor import build_monitor
-
-        # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
-        # process only; the predicted peak is filled in once the model is built).
-        monitor = build_monitor(run_dir, settings=in_force.cfg.monitoring, total_steps=stop_after,
-                                interactive=interactive, tokens_fn=lambda: trainer.tokens_seen(), progress=progress,
-                                shape=(in_force.cfg.training.micro_batch, in_force.cfg.training.seq_len), say=say,
-                                **_fake_monitor_arguments(fake_machine))
-        # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded; the
-        # config changes made so far are written then too (a start that fails earlier writes nothing)
-        trim = BeforeFirstStep((lambda: (trim_metrics(run_dir, resume_step), in_force.record_to(metrics)))
-                               if rank == 0 else None)
-        fault_plan = faults.from_env()
-        injected = [faults.FaultInjector(fault_plan, rank, log)] if fault_plan is not None else []
-        # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
-        # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
-        from trainfit.train.safety import safety_callbacks
-
-        # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
-        # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
-        # the monitor's latest sample each time they look (a function, not the sample of now).
-        if monitor.enabled:
-            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since
-        else:
-            sample_fn = leak_events = None
-            say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
-                "protection are off for this run")
-        safety = safety_callbacks(in_force.cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
-                                  interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
-                                  interruption_hours=in_force.cfg.safety.interruption_hours,
-                                  **(fake_machine.safety_overrides if fake_machine is not None else {}))
-        plan = RunPlan(metrics)
-        callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + \
-            list(asked.extra_callbacks or []) + injected + safety + [session.callback]
+        watch = _watch(in_force, start, asked, session, fake_machine, tokens_fn=lambda: trainer.tokens_seen())
+        timer, writer, plan, monitor, fault_plan = watch.timer, watch.writer, watch.plan, watch.monitor, watch.fault_plan
         checkpoint = str(resume_from.path) if resume_from else None
         started = time.perf_counter()
 
@@ -784,8 +739,8 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
                 in_force.change(cfg, reason, source="device_replan", step=resume_step)
 
         while True:
-            model, ref, built = _build(in_force, tokenizer, dataset, run_dir, say, probe_args, callbacks, ckpt_dir,
-                                       arg_inputs, recover, replan)
+            model, ref, built = _build(in_force, tokenizer, dataset, run_dir, say, probe_args, watch.callbacks,
+                                       ckpt_dir, arg_inputs, recover, replan)
             trainer = built.trainer
             plan.details = _plan_details(built, in_force.cfg, device, world_size, stop_after)
             if monitor.monitor.predicted_peak_bytes is None:
@@ -835,6 +790,76 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
                          str(resume_from.path) if resume_from else None, list(timer.step_seconds))
     finally:
         session.close()
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """The callbacks every attempt gets, and those of them the runner reads back."""
+
+    callbacks: list
+    timer: Any  # callbacks.StepTimer
+    writer: Any  # callbacks.MetricsWriter
+    plan: Any  # callbacks.RunPlan
+    monitor: Any  # monitor.MonitorCallback
+    fault_plan: Any  # faults.FaultPlan or None
+
+
+def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machine, tokens_fn) -> _Watch:
+    """Step timing, metrics.jsonl, progress, the live monitor, the safety policies, injected faults
+    and the recovery callback (last: it stops an attempt at a boundary)."""
+    from trainfit.train import faults
+    from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt
+
+    rank, world_size = world()
+    run_dir, device, stop_after, resume_step = start.run_dir, start.device, asked.stop_after, start.resume_step
+    say, log = asked.say, asked.log
+    timer = StepTimer()
+    metrics = run_dir / "metrics.jsonl" if rank == 0 else None
+    writer = MetricsWriter(metrics, tokens_fn, timer, world_size, stop_step=stop_after)
+    shown = in_force.cfg.logging.progress
+    interactive = not asked.quiet and shown != "lines" and (shown == "bar" or os.isatty(2))
+    progress = Progress("bar" if interactive else "lines",
+                        f"{in_force.cfg.method} {in_force.cfg.name or ''}".strip(), writer, stop_step=stop_after)
+    if not interactive:
+        # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    from trainfit.train.monitor import build_monitor
+
+    # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
+    # process only; the predicted peak is filled in once the model is built).
+    monitor = build_monitor(run_dir, settings=in_force.cfg.monitoring, total_steps=stop_after,
+                            interactive=interactive, tokens_fn=tokens_fn, progress=progress,
+                            shape=(in_force.cfg.training.micro_batch, in_force.cfg.training.seq_len), say=say,
+                            **_fake_monitor_arguments(fake_machine))
+    # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded; the
+    # config changes made so far are written then too (a start that fails earlier writes nothing)
+    trim = BeforeFirstStep((lambda: (trim_metrics(run_dir, resume_step), in_force.record_to(metrics)))
+                           if rank == 0 else None)
+    fault_plan = faults.from_env()
+    injected = [faults.FaultInjector(fault_plan, rank, log)] if fault_plan is not None else []
+    # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
+    # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
+    from trainfit.train.safety import safety_callbacks
+
+    # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
+    # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
+    # the monitor's latest sample each time they look (a function, not the sample of now).
+    if monitor.enabled:
+        sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since
+    else:
+        sample_fn = leak_events = None
+        say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
+            "protection are off for this run")
+    safety = safety_callbacks(in_force.cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
+                              interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
+                              interruption_hours=in_force.cfg.safety.interruption_hours,
+                              **(fake_machine.safety_overrides if fake_machine is not None else {}))
+    plan = RunPlan(metrics)
+    callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + \
+        list(asked.extra_callbacks or []) + injected + safety + [session.callback]
+    return _Watch(callbacks, timer, writer, plan, monitor, fault_plan)
 
 
 def _restart_reason(requests: list[dict[str, Any]]) -> str:
