@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from trainfit.cli.main import main
+from trainfit.report.html_page import summary_rows
 from trainfit.report.run_data import load_run
 from trainfit.report.summary import summarize
 from trainfit.train import faults
@@ -74,4 +75,9 @@ def test_trainfit_train_records_each_change_of_its_config_with_its_reason(tmp_pa
     # what `trainfit report` reads and counts (its plots left out: they add seconds, not checks)
     run = load_run(run_dir)
     assert [e.details["source"] for e in run.events if e.kind == "config_change"] == ["device", "oom_recovered"]
-    assert summarize(run)["events"]["config_change"] == 2
+    shown = summarize(run)
+    assert shown["events"]["config_change"] == 2
+    assert shown["config_changes"][1]["fields"] == ["training.micro_batch: 4 -> 2", "training.grad_accum: 1 -> 2"]
+    rows = [value for label, value in summary_rows(shown) if label == "config changed"]
+    assert len(rows) == 2 and rows[1].startswith("training.micro_batch: 4 -> 2, training.grad_accum: 1 -> 2 from "
+                                                  "step 2 (out of memory in step 3")
