@@ -62,6 +62,7 @@ def test_a_hub_model_offline_is_not_asked_for_again_and_again(capsys, tmp_path, 
     import transformers
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)  # read as huggingface_hub reads it
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port: never the real Hub
     asked: list[bool] = []
 

@@ -373,6 +373,10 @@ def test_two_gloo_ranks_shrink_together_after_an_oom_on_rank_1(tmp_path):
         assert f"recovery: rank {rank} trains with micro-batch 1 x accumulation 2" in stderr
     (event,) = _events(run_dir, "oom_recovered")
     assert event["rank"] == 1 and event["step"] == 2
+    # the restarted ranks' config in force changed with the request, recorded with its reason
+    (change,) = [c for c in _events(run_dir, "config_change") if c["source"] == "restart_requests"]
+    assert event["reason"] in change["reason"]
+    assert change["changes"] == {"training.micro_batch": {"from": 2, "to": 1}, "training.grad_accum": {"from": 1, "to": 2}}
     assert not (run_dir / ".recovery").exists()  # the request was folded into adjustments.json
     single = run_training(load_run_config(one), tmp_path / "single", quiet=True)
     got = loss_trajectory(run_dir)

@@ -4,6 +4,8 @@ them, SFT packing reaches TRL, and the combinations that cannot work are refused
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import TrainerCallback
 
@@ -82,6 +84,11 @@ def test_streamed_sft_reads_in_process_where_workers_spawn(tmp_path, monkeypatch
     assert run_training(cfg, tmp_path / "run", quiet=True, extra_callbacks=[probe], log=messages.append).global_step == 2
     assert [dl.num_workers for dl in probe.loaders] == [0]
     assert any("data.num_workers 1 -> 0: DataLoader workers start with spawn" in m for m in messages)
+    # the config in force changed: a config_change event says which key, from what, to what, and why
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (change,) = [r for r in recs if r.get("event") == "config_change"]
+    assert change["source"] == "data" and "start with spawn" in change["reason"]
+    assert change["changes"] == {"data.num_workers": {"from": 1, "to": 0}}
 
 
 def test_map_style_losses_do_not_depend_on_workers(tmp_path):

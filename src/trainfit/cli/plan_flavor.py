@@ -11,16 +11,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainfit.errors import BadInputError
+
+if TYPE_CHECKING:  # names only: the catalog loads with --flavor alone
+    from trainfit.core.cloud_catalog import SpotTerms
+    from trainfit.core.profile import HardwareProfile
 
 
 @dataclass(frozen=True)
 class FlavorChoice:
     flavor_id: str
-    hardware: object  # HardwareProfile
+    hardware: HardwareProfile
     usd_per_hour: float
-    spot: object | None  # cloud_catalog.SpotTerms with --spot
+    spot: SpotTerms | None  # with --spot
 
 
 def resolve(args: argparse.Namespace) -> FlavorChoice | None:

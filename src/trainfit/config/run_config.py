@@ -287,10 +287,12 @@ class RunConfig:
         schema never does); None: no profile, the core rule's default for the device."""
         if self.training.precision != "auto":
             return self
-        from trainfit.core.plan.intent import precision_for, uses_lora
+        from trainfit.core.plan.intent import precision_for
+        from trainfit.core.setup import method_trains_adapters
 
         precision = precision_for(hardware, device, method=self.method,
-                                  has_lora=uses_lora(self.method, self.training.lora))
+                                  has_lora=method_trains_adapters(self.method,
+                                                                  lora_given=self.training.lora is not None))
         return dataclasses.replace(self, training=dataclasses.replace(self.training, precision=precision))
 
     def config_hash(self, processes: int | None = None) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainfit.core.knobs import BY_NAME, KNOBS, flag_of
-from trainfit.core.setup import LoraSettings, TrainingSetup, parse_method
+from trainfit.core.setup import LoraSettings, TrainingSetup, method_trains_adapters, parse_method
 from trainfit.errors import BadInputError
 
 _LORA_KNOBS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
@@ -39,7 +39,7 @@ def setup_from_knobs(values: dict[str, Any], hardware, spec=None, *, word: Calla
     elif wants_lora and method in ("full", "pretrain", "inference"):
         raise BadInputError(f"{'/'.join(word(n) for n in _LORA_KNOBS)} apply to LoRA training, "
                             f"not {word('method')} {v['method']}", hint="use --method lora, qlora or dpo, or drop them")
-    lora = _lora(v, spec, word) if (method in ("lora", "qlora") or (method == "dpo" and wants_lora)) else None
+    lora = _lora(v, spec, word) if method_trains_adapters(method, lora_given=wants_lora) else None
     gpus, device = v["num_gpus"], v["device"]
     on_gpus = hardware is not None and hardware.gpu_count > 0 and device != "cpu"
     if gpus is not None and on_gpus and gpus > hardware.gpu_count:

@@ -13,6 +13,8 @@ from typing import Literal, get_args
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "inference"]
 METHODS: tuple[str, ...] = get_args(Method)
 TRAIN_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m != "inference")
+# Supervised fine-tuning on instruction rows: every weight, LoRA adapters, or adapters on a 4-bit base.
+SFT_METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 # Names people use for the same thing: supervised fine-tuning of every weight is "full".
 METHOD_ALIASES = {"sft": "full"}
 # The one default method of estimate, plan and cloud: full fine-tuning. plan and cloud fall back to
@@ -54,6 +56,12 @@ def parse_method(value: object, *, key: str = "--method", allowed: tuple[str, ..
     return name  # type: ignore[return-value]
 
 
+def method_trains_adapters(method: str, *, lora_given: bool) -> bool:
+    """LoRA adapters train on a frozen base: lora, qlora, or DPO given LoRA settings. The one test
+    of it (TrainingSetup.trains_adapters, the run config, the knobs and the exporters ask here)."""
+    return method in ("lora", "qlora") or (method == "dpo" and lora_given)
+
+
 def default_precision(*, frozen_base: bool, half: Literal["bf16", "fp16"] | None, on_cpu: bool) -> PrecisionMode:
     """What practitioners run. `half` is the 16-bit type the device computes fast (None: none).
 
@@ -66,6 +74,29 @@ def default_precision(*, frozen_base: bool, half: Literal["bf16", "fp16"] | None
     if frozen_base and not on_cpu:
         return half
     return "bf16-mixed" if half == "bf16" else "fp16-mixed"
+
+
+@dataclass(frozen=True)
+class MethodVariant:
+    """A method plus how its weights are held, as the planner's fallback chains name it
+    (core.plan.variants): "dpo+lora" is DPO with LoRA adapters, "dpo+qlora" the same on a 4-bit
+    NF4 base, "inference+int8" / "inference+nf4" serve 8- / 4-bit weights; a bare method ("qlora")
+    holds its weights as that method does."""
+
+    method: Method
+    adapters: bool  # LoRA adapters train on a frozen base
+    quant: Quant  # how the base weights are held
+
+
+def parse_variant(variant: str) -> MethodVariant:
+    """The one reading of a variant name ("dpo+qlora" -> dpo, adapters, nf4-dq)."""
+    method, _, held = variant.partition("+")
+    if method == "inference":  # served weights: "inference+int8", "inference+nf4"
+        quant = {"int8": "int8", "nf4": "nf4-dq"}.get(held, "none")
+    else:  # QLoRA: NF4 with double quantisation (Dettmers et al. 2023), SFT or DPO
+        quant = "nf4-dq" if "qlora" in (method, held) else "none"
+    adapters = method_trains_adapters(method, lora_given=bool(held))
+    return MethodVariant(method, adapters=adapters, quant=quant)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -214,7 +245,7 @@ class TrainingSetup:
     @property
     def trains_adapters(self) -> bool:
         """LoRA adapters train on a frozen base: lora, qlora, or DPO with a LoRA config."""
-        return self.method in ("lora", "qlora") or (self.method == "dpo" and self.lora is not None)
+        return method_trains_adapters(self.method, lora_given=self.lora is not None)
 
     @property
     def uses_deepspeed(self) -> bool:

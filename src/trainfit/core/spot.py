@@ -41,10 +41,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainfit.core.checkpoint_cadence import (ASSUMED_WRITE_BYTES_PER_SECOND, cadence_interval,
                                               checkpoint_seconds, combined_interruption_seconds)
 from trainfit.core.plan.modes import SafetyThresholds
+
+if TYPE_CHECKING:  # names only: both modules import this one
+    from trainfit.core.cloud_catalog import SpotTerms
+    from trainfit.core.plan.planner import RunFigures
 
 # A checkpoint is read back at the speed it is assumed to be written (core.checkpoint_cadence:
 # a 7200-rpm disk's sequential speed; cloud NVMe is faster, so restarts err long).
@@ -195,12 +200,12 @@ def checkpoint_bytes_for(setup, memory) -> int:
 RESTART_SETUP_SECONDS = 600.0
 
 
-def plan_figures(terms, mode: str, setup, memory, run, budget_usd: float | None = None
-                 ) -> tuple[object, list[str], list[str]]:
+def plan_figures(terms: SpotTerms, mode: str, setup, memory, run: RunFigures, budget_usd: float | None = None
+                 ) -> tuple[RunFigures, list[str], list[str]]:
     """A planned mode's RunFigures with the spot estimate and the expected rental including
     re-done work (`trainfit plan --flavor ID --spot`), plus its reason and warning lines.
-    terms: cloud_catalog.SpotTerms; mode: the plan mode, whose safety thresholds the exported run
-    config names; run: planner.RunFigures (replaced, not imported: the planner imports this)."""
+    mode: the plan mode, whose safety thresholds the exported run config names; run: replaced with
+    the spot figures."""
     import dataclasses
 
     from trainfit.core.plan.modes import safety_thresholds

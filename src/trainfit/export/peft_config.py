@@ -11,7 +11,9 @@ if TYPE_CHECKING:
 
 def uses_lora(cfg: RunConfig) -> bool:
     """lora and qlora train adapters; dpo does when training.lora is set."""
-    return cfg.method in ("lora", "qlora") or (cfg.method == "dpo" and cfg.training.lora is not None)
+    from trainfit.core.setup import method_trains_adapters
+
+    return method_trains_adapters(cfg.method, lora_given=cfg.training.lora is not None)
 
 
 def lora_config_kwargs(cfg: RunConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import yaml
 
 from trainfit import __version__
 from trainfit.core.plan.planner import ModePlan, PlanRequest
+from trainfit.core.setup import SFT_METHODS
 
 LEARNING_RATES = {"pretrain": 6e-4, "full": 2e-5, "lora": 2e-4, "qlora": 2e-4, "dpo": 1e-6, "dpo+lora": 5e-6}
 SAMPLE_DATA = {"pretrain": "builtin:tiny-corpus", "full": "builtin:tiny-chat", "lora": "builtin:tiny-chat",
@@ -95,7 +96,7 @@ def _data_format(method: str, mp: ModePlan) -> dict[str, str]:
     """data.format for fine-tuning on the user's JSON rows: chat when they hold `messages` (the run
     config's default for SFT is text). Pretraining reads text and DPO preference pairs by default."""
     cols = mp.data_io.columns if mp.data_io is not None else ()
-    if method in ("full", "lora", "qlora") and "messages" in cols:
+    if method in SFT_METHODS and "messages" in cols:
         return {"format": "chat"}
     return {}
 

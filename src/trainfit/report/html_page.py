@@ -128,6 +128,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("machine samples", str(summary["samples"]) if summary["samples"] else
                  f"none ({na.get('thermal', 'none recorded')})"))
     rows.append(("events", ", ".join(f"{k} ×{v}" for k, v in summary["events"].items()) or "none"))
+    for change in summary.get("config_changes") or []:  # how the config in force differed from config.yaml
+        at = "at start" if change["step"] is None else f"from step {change['step']}"
+        rows.append(("config changed", f"{', '.join(change['fields'])} {at} ({change['reason']})"))
     return [(label, value or "unavailable") for label, value in rows]
 
 

@@ -180,10 +180,25 @@ def summarize(run: RunData) -> dict[str, Any]:
         "thermal": thermal,
         "samples": len(run.samples),
         "events": dict(sorted(kinds.items())),
+        "config_changes": config_changes(run),
         "unavailable": unavailable,
         "notes": [*run.notes, *notes],
     }
     return summary
+
+
+def config_changes(run: RunData) -> list[dict[str, Any]]:
+    """The run's config_change events (train/in_force.py) in order: step, why, what made it, and
+    each changed field as "path: old -> new"."""
+    out = []
+    for e in run.events:
+        if e.kind != "config_change":
+            continue
+        changes = e.details.get("changes")
+        fields = [f"{path}: {c.get('from')} -> {c.get('to')}" for path, c in changes.items() if isinstance(c, dict)] \
+            if isinstance(changes, dict) else []
+        out.append({"step": e.step, "reason": e.reason, "source": e.details.get("source"), "fields": fields})
+    return out
 
 
 def gpu_series(run: RunData) -> dict[int, list]:

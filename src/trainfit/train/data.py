@@ -169,8 +169,8 @@ def build_train_dataset(cfg: RunConfig, tokenizer):
 
 def for_this_machine(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
     """The config with the data keys this run cannot honour as written adjusted, and one note each
-    (logged at start). Only speed keys change (none is in the config hash), so the run's batches,
-    and its resume, stay the same."""
+    (logged at start; the runner records the change, train/in_force.py). Only speed keys change
+    (none is in the config hash), so the run's batches, and its resume, stay the same."""
     import dataclasses
 
     from trainfit.export.training_args import dataloader_workers
@@ -180,6 +180,8 @@ def for_this_machine(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
     if workers != d.num_workers:
         notes.append(f"data.num_workers {d.num_workers} -> {workers}: a stream is read in order by one DataLoader "
                      "worker (more would interleave its shards and change the data order an exact resume needs)")
+        # (dataloader_workers gives the same count either way; set here so the config says it)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(d, num_workers=workers))
     start = _worker_start_method()
     if workers and d.streaming and cfg.method != "pretrain" and start != "fork":
         # TRL tokenises a stream lazily with functions local to its trainer, which pickle cannot send

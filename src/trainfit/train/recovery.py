@@ -440,10 +440,13 @@ def request_precision_fallback(reason: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Attempt:
-    """Train again: with `cfg`, from `checkpoint` (None: from the start)."""
+    """Train again: with `cfg`, from `checkpoint` (None: from the start); `kind` and `reason`
+    say why (the recovery's event kind and its sentence)."""
 
     cfg: "RunConfig"
     checkpoint: str | None
+    kind: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -537,12 +540,14 @@ class RecoverySession:
         split, precision = min(views, key=lambda v: (v[0]["micro_batch"], -v[0]["grad_accum"]))
         return _with_training(_with_split(cfg, Split(**split)), precision=precision)
 
-    def replan_for_device(self, cfg: "RunConfig", spec, device: str, precision_note: str | None = None) -> "RunConfig":
+    def replan_for_device(self, cfg: "RunConfig", spec, device: str,
+                          precision_note: str | None = None) -> tuple["RunConfig", str]:
         """After a device failure, in the fresh process: the micro-batch the memory model says fits
-        the device the run landed on (global batch kept), and the record of it (rank 0). The
-        precision was made one the device trains in before (runner._precision_for_device)."""
+        the device the run landed on (global batch kept), and the record of it (rank 0); (that
+        config, why). The precision was made one the device trains in before
+        (runner._precision_for_device)."""
         if not self.adj.replan:
-            return cfg
+            return cfg, ""
         notes = [precision_note] if precision_note else []
         if precision_note:
             self.precision_override = cfg.training.precision
@@ -565,7 +570,7 @@ class RecoverySession:
                         to={**Split.of(cfg).as_dict(), "precision": cfg.training.precision})
         self.say(f"recovery: {reason}")
         self.cfg = cfg
-        return cfg
+        return cfg, reason
 
     def _store(self, adj: Adjustments, cfg: "RunConfig") -> None:
         t = cfg.training
@@ -638,7 +643,7 @@ class RecoverySession:
             return None
         checkpoint = self._checkpoint_now(trainer)
         self._record(kind, step, reason, self.cfg, cfg, trainer)
-        return Attempt(cfg, checkpoint)
+        return Attempt(cfg, checkpoint, kind, reason)
 
     def amp_step_down(self) -> str | None:
         """The 16-bit precision an out-of-memory run steps down to, where the device has one; None
@@ -691,7 +696,7 @@ class RecoverySession:
                          message=failure.message, continued_from=Path(checkpoint).name if checkpoint else "start",
                          replayed=not trusted)
             self.say(f"recovery: {reason}; continuing from {Path(checkpoint).name if checkpoint else 'the start'}")
-            return Attempt(cfg, checkpoint)
+            return Attempt(cfg, checkpoint, "amp_fallback", reason)
         if new is None:
             where = f"; the last complete checkpoint is {Path(checkpoint).name}" if checkpoint else ""
             raise DoesNotFitError(
@@ -706,7 +711,7 @@ class RecoverySession:
                      message=failure.message, continued_from=Path(checkpoint).name if checkpoint else "start",
                      replayed=not trusted)
         self.say(f"recovery: {reason}; continuing from {Path(checkpoint).name if checkpoint else 'the start'}")
-        return Attempt(cfg, checkpoint)
+        return Attempt(cfg, checkpoint, "oom_recovered", reason)
 
     def _ask_for_restart(self, failure: Failure, step: int, current: Split, new: Split | None) -> None:
         """Several processes: record what this rank needs and stop; torchrun restarts every rank."""
@@ -769,7 +774,7 @@ class RecoverySession:
                      continued_from=Path(checkpoint).name if checkpoint else "start",
                      abandoned_checkpoints=[p.name for p in dropped])
         self.say(f"recovery: {full}")
-        return Attempt(cfg, checkpoint)
+        return Attempt(cfg, checkpoint, kind, full)
 
     # -- device failure ----------------------------------------------------------------------------
     def _after_device_failure(self, trainer, failure: Failure) -> Relaunch:

@@ -23,6 +23,11 @@ losses or a failed device do not end the run; it goes on with the same global ba
 step count and schedule (a smaller micro-batch with more accumulation, another precision, a fresh
 process on the remaining devices). Each train() call of the loop in `_train` is one attempt; the
 callbacks see on_train_begin .. on_train_end once per attempt (also when an attempt failed).
+
+The config in force (trainfit.train.in_force.InForce) starts as the user's and changes only
+through InForce.change: precision auto for the device, the recorded adjustments, a re-plan after a
+device failure, data keys this machine cannot honour, each recovery; every change is a
+`config_change` event in metrics.jsonl (the fields old -> new, and why).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from trainfit.export.training_args import CONFIG_MODULES, NEEDS_BITSANDBYTES, tr
 from trainfit.export.versions import transformers_major
 from trainfit.files import FolderAdditions
 from trainfit.train import checkpoints as ck
+from trainfit.train.in_force import InForce
 from trainfit.train.run_config import RunConfig, dump_run_config
 
 Log = Callable[[str], None]
@@ -343,16 +349,18 @@ def _load_saved_tokenizer(saved: Path):
         raise BadInputError(f"the tokenizer this run trained on its corpus ({saved}) is damaged: {detail}",
                             hint=f"restore {saved} from a backup, or start the run again with another --out") from None
 
-def build_dataset(cfg: RunConfig, tokenizer, args, log: Log = lambda m: None) -> tuple[RunConfig, Any]:
-    """(the config with the data keys this machine cannot honour adjusted, the training dataset):
-    trainfit.train.data.for_this_machine and build_train_dataset (caches, streaming, packing)."""
+def build_dataset(in_force: InForce, tokenizer, args, log: Log = lambda m: None):
+    """The training dataset, once the data keys this machine cannot honour are adjusted in the
+    config in force (a recorded change): trainfit.train.data.for_this_machine and
+    build_train_dataset (caches, streaming, packing)."""
     from trainfit.train.data import build_train_dataset, for_this_machine
 
-    cfg, notes = for_this_machine(cfg)
+    cfg, notes = for_this_machine(in_force.cfg)
     for note in notes:
         log(note)
+    in_force.change(cfg, "; ".join(notes), source="data")
     with args.main_process_first(local=False, desc="dataset"):
-        return cfg, build_train_dataset(cfg, tokenizer)
+        return build_train_dataset(in_force.cfg, tokenizer)
 
 
 def quantized_base(cfg: RunConfig) -> bool:
@@ -539,30 +547,66 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     device = resolve_device(_with_device(user_cfg, "auto") if replan else user_cfg)
     from trainfit.train.predictions import hardware_profile
 
-    resolved = user_cfg.for_device(device, hardware_profile() if user_cfg.training.precision == "auto" else None)
-    cfg = recovery.apply_adjustments(resolved, adj, world_size)
+    in_force = InForce(user_cfg)
+    hardware = hardware_profile() if user_cfg.training.precision == "auto" else None
+    resolved = in_force.change(user_cfg.for_device(device, hardware), f"precision auto made concrete for {device}",
+                               source="device")
+    in_force.change(recovery.apply_adjustments(resolved, adj, world_size),
+                    f"the split and precision earlier recoveries chose (RUN_DIR/{recovery.ADJUSTMENTS}), the "
+                    f"global batch kept over {world_size} process(es)", source="adjustments")
     precision_note = None
     if replan:
-        cfg, precision_note = _precision_for_device(cfg, device)
-    check_method_available(cfg, device)
+        fitted, precision_note = _precision_for_device(in_force.cfg, device)
+        in_force.change(fitted, f"after a device failure: {precision_note}", source="device_failure")
+    check_method_available(in_force.cfg, device)
     from trainfit.train.data import cache_additions, check_cache_dir
 
-    check_cache_dir(cfg)  # before anything is written or read
+    check_cache_dir(in_force.cfg)  # before anything is written or read
     resume_from = prepare_run_dir(user_cfg, run_dir, resume, say, processes=processes, legacy=resolved)
     finished = finished_summary(run_dir, resume_from)
     if finished is not None:
         say(f"{run_dir.name} already finished: step {finished['global_step']} of {finished['max_steps']}; "
             "nothing to train")
         return RunResult(run_dir, finished["global_step"], [], finished, resumed_from=resume_from.path.name)
-    undo = FailedStartCleanup(run_dir, cache_additions(cfg.data.cache_dir, run_dir)) if rank == 0 else None
+    undo = FailedStartCleanup(run_dir, cache_additions(in_force.cfg.data.cache_dir, run_dir)) if rank == 0 else None
+    start = _Start(run_dir, device, resume_from, adj, requests, processes, precision_note)
+    asked = _Asked(stop_after, quiet, say, log, extra_callbacks, write_summary, recover)
     try:
-        return _train(user_cfg, cfg, run_dir, device, resume_from, adj=adj, requests=requests, processes=processes,
-                      precision_note=precision_note, stop_after=stop_after, quiet=quiet, say=say, log=log,
-                      extra_callbacks=extra_callbacks, write_summary=write_summary, recover=recover)
+        return _train(in_force, start, asked)
     except BaseException:
         if undo is not None:
             undo(say)
         raise
+
+
+@dataclass(frozen=True)
+class _Start:
+    """What run_training found out about this start: where the run lands and what it continues."""
+
+    run_dir: Path
+    device: str
+    resume_from: ck.CheckpointInfo | None
+    adj: Any  # recovery.Adjustments read from RUN_DIR/adjustments.json
+    requests: list  # what failed ranks recorded for this restart (recovery.read_requests)
+    processes: int  # processes the global batch was planned for
+    precision_note: str | None  # after a device failure: the precision changed for the new device
+
+    @property
+    def resume_step(self) -> int | None:
+        return self.resume_from.step if self.resume_from else None
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the caller of run_training asked for (its keyword arguments)."""
+
+    stop_after: int | None
+    quiet: bool
+    say: Log  # messages for the user (rank 0 only)
+    log: Log  # every rank's messages
+    extra_callbacks: list | None
+    write_summary: bool
+    recover: bool
 
 
 def _with_device(cfg: RunConfig, device: str) -> RunConfig:
@@ -651,14 +695,13 @@ class FailedStartCleanup:
             say(f"could not clean up {self.run_dir}: {exc}")
 
 
-def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resume_from: ck.CheckpointInfo | None, *,
-           adj, requests: list, processes: int, precision_note: str | None, stop_after: int | None, quiet: bool,
-           say: Log, log: Log, extra_callbacks: list | None, write_summary: bool, recover: bool) -> RunResult:
+def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
     from trainfit.files import atomic_dir
     from trainfit.train import faults, recovery
-    from trainfit.train.callbacks import (BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt,
-                                          device_memory)
+    from trainfit.train.callbacks import device_memory
 
+    run_dir, device, resume_from, stop_after = start.run_dir, start.device, start.resume_from, asked.stop_after
+    say, log, recover = asked.say, asked.log, asked.recover
     rank, world_size = world()
     # TRAINFIT_FAKE_MACHINE: a scripted machine for the monitor instead of this one (tests, demos);
     # read first, so a bad script is refused before any work
@@ -668,82 +711,46 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                       transformers_major=transformers_major())
     from transformers import TrainingArguments
 
-    if world_size > 1 and sharding_engine(cfg) is None and device in ("cuda", "cpu"):
-        backend = cfg.distributed.backend if cfg.distributed.backend != "auto" else (
+    if world_size > 1 and sharding_engine(in_force.cfg) is None and device in ("cuda", "cpu"):
+        backend = in_force.cfg.distributed.backend if in_force.cfg.distributed.backend != "auto" else (
             "nccl" if device == "cuda" else "gloo")
         recovery.init_restarted_process_group(backend)  # after a torchrun restart only
     # initialises the process group under a launcher
-    probe_args = TrainingArguments(**training_arguments(cfg, **arg_inputs))
-    resume_step = resume_from.step if resume_from else None
+    probe_args = TrainingArguments(**training_arguments(in_force.cfg, **arg_inputs))
+    resume_step = start.resume_step
     if rank == 0:
-        write_run_files(user_cfg, run_dir, resume_step, processes=processes)
+        write_run_files(in_force.user, run_dir, resume_step, processes=start.processes)
     probe_args.distributed_state.wait_for_everyone()
-    session = recovery.RecoverySession(run_dir, user_cfg, device=device, rank=rank, world_size=world_size, say=say,
-                                       log=log, config_hash=user_cfg.config_hash(processes), stop_after=stop_after,
-                                       enabled=recover)
+    session = recovery.RecoverySession(run_dir, in_force.user, device=device, rank=rank, world_size=world_size,
+                                       say=say, log=log, config_hash=in_force.user.config_hash(start.processes),
+                                       stop_after=stop_after, enabled=recover)
     try:
-        cfg = session.start(cfg, adj, requests, probe_args.distributed_state)
+        in_force.change(session.start(in_force.cfg, start.adj, start.requests, probe_args.distributed_state),
+                        _restart_reason(start.requests), source="restart_requests")
         if resume_from:
             say(f"resuming from {resume_from.path.name} (step {resume_from.step})")
-        tokenizer, tok_note = get_tokenizer(cfg, run_dir, probe_args, say)
-        cfg, dataset = build_dataset(cfg, tokenizer, probe_args, say)
-        timer = StepTimer()
-        writer = MetricsWriter(run_dir / "metrics.jsonl" if rank == 0 else None, lambda: trainer.tokens_seen(),
-                               timer, world_size, stop_step=stop_after)
-        interactive = not quiet and cfg.logging.progress != "lines" and (
-            cfg.logging.progress == "bar" or os.isatty(2))
-        progress = Progress("bar" if interactive else "lines", f"{cfg.method} {cfg.name or ''}".strip(), writer,
-                            stop_step=stop_after)
-        if not interactive:
-            # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        from trainfit.train.monitor import build_monitor
-
-        # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
-        # process only; the predicted peak is filled in once the model is built).
-        monitor = build_monitor(run_dir, settings=cfg.monitoring, total_steps=stop_after, interactive=interactive,
-                                tokens_fn=lambda: trainer.tokens_seen(), progress=progress,
-                                shape=(cfg.training.micro_batch, cfg.training.seq_len), say=say,
-                                **_fake_monitor_arguments(fake_machine))
-        # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded
-        trim = BeforeFirstStep((lambda: trim_metrics(run_dir, resume_step)) if rank == 0 else None)
-        fault_plan = faults.from_env()
-        injected = [faults.FaultInjector(fault_plan, rank, log)] if fault_plan is not None else []
-        # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
-        # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
-        from trainfit.train.safety import safety_callbacks
-
-        # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
-        # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
-        # the monitor's latest sample each time they look (a function, not the sample of now).
-        if monitor.enabled:
-            sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since
-        else:
-            sample_fn = leak_events = None
-            say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
-                "protection are off for this run")
-        safety = safety_callbacks(cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
-                                  interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
-                                  interruption_hours=cfg.safety.interruption_hours,
-                                  **(fake_machine.safety_overrides if fake_machine is not None else {}))
-        plan = RunPlan(run_dir / "metrics.jsonl" if rank == 0 else None)
-        callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + list(extra_callbacks or []) + \
-            injected + safety + [session.callback]
+        tokenizer, tok_note = get_tokenizer(in_force.cfg, run_dir, probe_args, say)
+        dataset = build_dataset(in_force, tokenizer, probe_args, say)
+        watch = _watch(in_force, start, asked, session, fake_machine, tokens_fn=lambda: trainer.tokens_seen())
+        timer, writer, plan, monitor, fault_plan = watch.timer, watch.writer, watch.plan, watch.monitor, watch.fault_plan
         checkpoint = str(resume_from.path) if resume_from else None
         started = time.perf_counter()
+
+        def replan(spec) -> None:  # after a device failure: the split for the device the run landed on
+            if session.adj.replan:
+                cfg, reason = session.replan_for_device(in_force.cfg, spec, device, start.precision_note)
+                in_force.change(cfg, reason, source="device_replan", step=resume_step)
+
         while True:
-            model, ref, built = _build(cfg, tokenizer, dataset, run_dir, say, probe_args, callbacks, ckpt_dir,
-                                       arg_inputs, recover, replan=lambda c, spec: session.replan_for_device(
-                                           c, spec, device, precision_note) if session.adj.replan else c)
-            cfg, trainer = built.cfg, built.trainer
-            plan.details = _plan_details(built, cfg, device, world_size, stop_after)
+            model, ref, built = _build(in_force, tokenizer, dataset, run_dir, say, probe_args, watch.callbacks,
+                                       ckpt_dir, arg_inputs, recover, replan)
+            trainer = built.trainer
+            plan.details = _plan_details(built, in_force.cfg, device, world_size, stop_after)
             if monitor.monitor.predicted_peak_bytes is None:
                 monitor.monitor.predicted_peak_bytes = plan.details["predicted"].get("total_bytes")
             if built.weights.startswith("random") and session.attempts == 0:
                 say("weights: RANDOM initialisation (not a pretrained model)")
-            session.attach(trainer, cfg)
+            session.attach(trainer, in_force.cfg)
             failure = None
             try:
                 trainer.train(resume_from_checkpoint=checkpoint)
@@ -763,10 +770,11 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
             del trainer, model, ref, built
             recovery.free_device_memory()
             if isinstance(nxt, recovery.Relaunch):
-                summary = session.relaunch(nxt, stop_after=stop_after, quiet=quiet, faults_plan=fault_plan)
+                summary = session.relaunch(nxt, stop_after=stop_after, quiet=asked.quiet, faults_plan=fault_plan)
                 return RunResult(run_dir, summary["global_step"], _logged_losses(run_dir), summary,
                                  str(resume_from.path) if resume_from else None, list(timer.step_seconds))
-            cfg, checkpoint = nxt.cfg, nxt.checkpoint
+            in_force.change(nxt.cfg, nxt.reason, source=nxt.kind, step=_checkpoint_step(nxt.checkpoint))
+            checkpoint = nxt.checkpoint
         wall = time.perf_counter() - started
         losses = sorted({r["step"]: r["loss"] for r in writer.records}.items())  # steps trained again: the last
         summary: dict[str, Any] = {}
@@ -774,9 +782,9 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
             with atomic_dir(run_dir / "final", replace=True) as final:
                 trainer.save_model(str(final))
                 tokenizer.save_pretrained(str(final))
-            summary = build_summary(cfg, built, trainer, timer, writer, device, world_size, wall,
-                                    resume_from, tok_note, device_memory(), session)
-            if write_summary:
+            summary = build_summary(in_force.cfg, built, trainer, timer, writer, device, world_size, wall,
+                                    resume_from, tok_note, device_memory(), session, in_force.changes)
+            if asked.write_summary:
                 from trainfit.files import write_atomic
 
                 write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -785,6 +793,90 @@ def _train(user_cfg: RunConfig, cfg: RunConfig, run_dir: Path, device: str, resu
                          str(resume_from.path) if resume_from else None, list(timer.step_seconds))
     finally:
         session.close()
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """The callbacks every attempt gets, and those of them the runner reads back."""
+
+    callbacks: list
+    timer: Any  # callbacks.StepTimer
+    writer: Any  # callbacks.MetricsWriter
+    plan: Any  # callbacks.RunPlan
+    monitor: Any  # monitor.MonitorCallback
+    fault_plan: Any  # faults.FaultPlan or None
+
+
+def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machine, tokens_fn) -> _Watch:
+    """Step timing, metrics.jsonl, progress, the live monitor, the safety policies, injected faults
+    and the recovery callback (last: it stops an attempt at a boundary)."""
+    from trainfit.train import faults
+    from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt
+
+    rank, world_size = world()
+    run_dir, device, stop_after, resume_step = start.run_dir, start.device, asked.stop_after, start.resume_step
+    say, log = asked.say, asked.log
+    timer = StepTimer()
+    metrics = run_dir / "metrics.jsonl" if rank == 0 else None
+    writer = MetricsWriter(metrics, tokens_fn, timer, world_size, stop_step=stop_after)
+    shown = in_force.cfg.logging.progress
+    interactive = not asked.quiet and shown != "lines" and (shown == "bar" or os.isatty(2))
+    progress = Progress("bar" if interactive else "lines",
+                        f"{in_force.cfg.method} {in_force.cfg.name or ''}".strip(), writer, stop_step=stop_after)
+    if not interactive:
+        # Log-line mode: the libraries' own tqdm bars (e.g. "Writing model shards") would only add noise.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    from trainfit.train.monitor import build_monitor
+
+    # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
+    # process only; the predicted peak is filled in once the model is built).
+    monitor = build_monitor(run_dir, settings=in_force.cfg.monitoring, total_steps=stop_after,
+                            interactive=interactive, tokens_fn=tokens_fn, progress=progress,
+                            shape=(in_force.cfg.training.micro_batch, in_force.cfg.training.seq_len), say=say,
+                            **_fake_monitor_arguments(fake_machine))
+    # metrics.jsonl is trimmed to the resumed trajectory only once the checkpoint has loaded; the
+    # config changes made so far are written then too (a start that fails earlier writes nothing)
+    trim = BeforeFirstStep((lambda: (trim_metrics(run_dir, resume_step), in_force.record_to(metrics)))
+                           if rank == 0 else None)
+    fault_plan = faults.from_env()
+    injected = [faults.FaultInjector(fault_plan, rank, log)] if fault_plan is not None else []
+    # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
+    # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
+    from trainfit.train.safety import safety_callbacks
+
+    # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
+    # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
+    # the monitor's latest sample each time they look (a function, not the sample of now).
+    if monitor.enabled:
+        sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since
+    else:
+        sample_fn = leak_events = None
+        say("monitoring.enabled is false: no machine readings, so thermal, battery and memory-pressure "
+            "protection are off for this run")
+    safety = safety_callbacks(in_force.cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
+                              interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
+                              interruption_hours=in_force.cfg.safety.interruption_hours,
+                              **(fake_machine.safety_overrides if fake_machine is not None else {}))
+    plan = RunPlan(metrics)
+    callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + \
+        list(asked.extra_callbacks or []) + injected + safety + [session.callback]
+    return _Watch(callbacks, timer, writer, plan, monitor, fault_plan)
+
+
+def _restart_reason(requests: list[dict[str, Any]]) -> str:
+    """Why RecoverySession.start changed the config: the failed ranks' requests, or (several
+    processes) the ranks agreeing on one split."""
+    asked = [r.get("reason") for r in requests if r.get("reason")]
+    if asked:
+        return "what failed ranks asked for before this restart: " + "; ".join(asked)
+    return "every rank trains with the smallest split any rank computed"
+
+
+def _checkpoint_step(checkpoint: str | None) -> int:
+    """The step a checkpoint-<step> folder holds (0: no checkpoint, the start)."""
+    return int(Path(checkpoint).name.split("-")[-1]) if checkpoint else 0
 
 
 def _fake_monitor_arguments(machine) -> dict[str, Any]:
@@ -809,25 +901,25 @@ def _fake_monitor_arguments(machine) -> dict[str, Any]:
 
 @dataclass
 class _Built:
-    """One attempt's config in force, Trainer and model description."""
+    """One attempt's Trainer and model description."""
 
-    cfg: RunConfig
     trainer: Any
     spec: Any
     spec_note: str
     weights: str
 
 
-def _build(cfg: RunConfig, tokenizer, dataset, run_dir: Path, say: Log, probe_args, callbacks: list, ckpt_dir: Path,
-           arg_inputs: dict, recover: bool, replan: Callable[[RunConfig, Any], RunConfig] = lambda c, spec: c):
-    """The model (and DPO reference) and the Trainer of one attempt; `replan` may change the split
-    once the model's description is known (after a device failure). Out of memory here (before a
-    step ran) is not something a smaller micro-batch fixes: DoesNotFitError."""
+def _build(in_force: InForce, tokenizer, dataset, run_dir: Path, say: Log, probe_args, callbacks: list,
+           ckpt_dir: Path, arg_inputs: dict, recover: bool, replan: Callable[[Any], None] = lambda spec: None):
+    """The model (and DPO reference) and the Trainer of one attempt; `replan` may change the
+    config in force once the model's description is known (after a device failure). Out of
+    memory here (before a step ran) is not something a smaller micro-batch fixes: DoesNotFitError."""
     from trainfit.train.oom import classify
 
     try:
-        model, ref, built = make_model(cfg, tokenizer, run_dir, say, probe_args)
-        cfg = replan(cfg, built.spec)
+        model, ref, built = make_model(in_force.cfg, tokenizer, run_dir, say, probe_args)
+        replan(built.spec)
+        cfg = in_force.cfg
         trainer = make_trainer(cfg, model, ref, tokenizer, dataset, trainer_config(cfg, **arg_inputs), callbacks,
                                say, ckpt_dir)
     except BaseException as exc:
@@ -840,7 +932,7 @@ def _build(cfg: RunConfig, tokenizer, dataset, run_dir: Path, say: Log, probe_ar
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints log dicts on stdout; ours go to stderr
-    return model, ref, _Built(cfg, trainer, built.spec, built.spec_note, built.weights)
+    return model, ref, _Built(trainer, built.spec, built.spec_note, built.weights)
 
 
 def _release(trainer) -> None:
@@ -893,7 +985,7 @@ def _plan_details(built, cfg: RunConfig, device: str, world_size: int, stop_afte
 
 
 def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, resume_from, tok_note,
-                  memory, session=None) -> dict[str, Any]:
+                  memory, session=None, config_changes=()) -> dict[str, Any]:
     from trainfit.train.predictions import predict
 
     model = trainer.model
@@ -913,6 +1005,9 @@ def build_summary(cfg, built, trainer, timer, writer, device, world_size, wall, 
         "training": {"micro_batch": cfg.training.micro_batch, "grad_accum": cfg.training.grad_accum,
                      "grad_checkpointing": cfg.training.grad_checkpointing, "precision": cfg.training.precision},
         "recoveries": list(session.adj.history) if session is not None else [],
+        # how this invocation's config in force came from config.yaml (train/in_force.py)
+        "config_changes": [{k: v for k, v in c.as_event().items() if k not in ("event", "time")}
+                           for c in config_changes],
         "global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
         "resumed_from": resume_from.path.name if resume_from else None,
         "first_loss": records[0]["loss"] if records else None, "final_loss": records[-1]["loss"] if records else None,

@@ -20,7 +20,7 @@ from typing import Literal
 
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.profile import HardwareProfile, StorageInfo
-from trainfit.core.setup import TrainingSetup
+from trainfit.core.setup import SFT_METHODS, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 
 GIB = 1 << 30
@@ -65,7 +65,6 @@ SLOW_SOURCE_PREFETCH = 4
 STALL_SHARE_SHOWN = 0.05
 
 _KIND_RANK = {"nvme": 0, "ssd": 1, "unknown": 2, "hdd": 3, "network": 4}
-SFT_METHODS = ("full", "lora", "qlora")
 MEASURE_DISK = "measure it with `trainfit profile --benchmark`"
 MEASURE_NETWORK = "measure it with `trainfit profile --bandwidth-url URL` (a large file near the data)"
 

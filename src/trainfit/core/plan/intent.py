@@ -12,11 +12,8 @@ from typing import Any
 
 from trainfit.core.plan.hardware_rules import half_type
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.setup import LoraSettings, TrainingSetup, default_precision, parse_method
-
-
-def uses_lora(method: str, lora: LoraSettings | None) -> bool:
-    return method in ("lora", "qlora") or (method == "dpo" and lora is not None)
+from trainfit.core.setup import (LoraSettings, TrainingSetup, default_precision, method_trains_adapters,
+                                 parse_method)
 
 
 def precision_for(hardware: HardwareProfile | None, device: str, *, method: str, has_lora: bool) -> str:
@@ -43,9 +40,9 @@ def resolve_setup(hardware: HardwareProfile | None, method: str = "full", *, lor
     if "num_nodes" not in knobs and hardware is not None and device != "cpu" and hardware.node_count > 1:
         # the fewest of the hardware's nodes that hold num_gpus (core/multinode_spec.py)
         knobs["num_nodes"] = min(hardware.node_count, -(-num_gpus // max(1, hardware.gpus_per_node)))
-    if uses_lora(method, lora) and lora is None:
+    if lora is None and method_trains_adapters(method, lora_given=False):
         lora = LoraSettings()
-    if not uses_lora(method, lora):
+    if not method_trains_adapters(method, lora_given=lora is not None):
         lora = None
     if quant is None:
         quant = "nf4-dq" if method == "qlora" else "none"

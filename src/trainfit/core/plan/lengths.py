@@ -19,7 +19,7 @@ from statistics import NormalDist
 
 from trainfit import yaml_io
 from trainfit.core.plan.data_io import CHARS_PER_TOKEN, DatasetInfo
-from trainfit.core.setup import TrainingSetup
+from trainfit.core.setup import SFT_METHODS, TrainingSetup
 
 # Points of the synthetic sample drawn from a log-normal (quantile midpoints, so deterministic);
 # shuffled with a fixed seed so that micro-batches of it mix short and long rows as a shuffled
@@ -89,7 +89,7 @@ def typical_lengths() -> dict[str, TypicalLength]:
 
 def task_for(method: str) -> str | None:
     """The task whose typical lengths a method's rows have (None: inference has no dataset)."""
-    if method in ("auto", "full", "sft", "lora", "qlora"):
+    if method in ("auto", "sft", *SFT_METHODS):
         return "sft"
     return method if method in ("dpo", "pretrain") else None
 

@@ -18,7 +18,7 @@ from trainfit.core.plan import space, variants
 from trainfit.core.plan.engine import Candidate, MemoryFn, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.setup import LoraSettings, TrainingSetup
+from trainfit.core.setup import LoraSettings, TrainingSetup, parse_variant
 
 _OFFLOAD_COST = {"none": 0.0, "optimizer": 5.0, "optimizer+params": 6.0}
 
@@ -83,14 +83,14 @@ def _variant_of(s: TrainingSetup) -> str:
 
 def _as_variant(base: TrainingSetup, variant: str, lora: LoraSettings, half: str) -> TrainingSetup:
     """`base` (the user's knobs) moved to a fallback variant."""
-    method, _, held = variant.partition("+")
-    if method == "inference":
-        return dataclasses.replace(base, quant={"int8": "int8", "nf4": "nf4-dq"}[held])
-    quantised = variant.endswith("qlora")
+    v = parse_variant(variant)
+    if v.method == "inference":
+        return dataclasses.replace(base, quant=v.quant)
+    quantised = v.quant != "none"
     # A quantised base computes in the 16-bit type (pure, the adapters stay fp32 in PEFT).
     precision = (half if base.precision == "fp32" else base.precision.replace("-mixed", "")) if quantised else None
-    moved = space.lora_variant(base, method, lora, precision=precision)
-    return dataclasses.replace(moved, quant="nf4-dq") if quantised else moved
+    moved = space.lora_variant(base, v.method, lora, precision=precision)
+    return dataclasses.replace(moved, quant=v.quant) if quantised else moved
 
 
 def nearest_tiers(setup: TrainingSetup, rules: DeviceRules, lora: LoraSettings | None = None) -> list[Tier]:

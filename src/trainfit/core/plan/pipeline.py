@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from trainfit.core.plan.planner import ModePlan, PlanRequest, RunFigures, plan
 from trainfit.core.durations import hours_text
+from trainfit.core.setup import SFT_METHODS
 from trainfit.errors import BadInputError
 
 # name -> phases in order. A phase's name is also its method family: pretrain, sft, dpo.
@@ -39,14 +40,15 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 # (Rafailov et al. 2023, https://arxiv.org/abs/2305.18290 §4: pi_ref = pi_SFT). A stacked
 # adapter would leave the reference at the bare base: disabling adapters disables phase A's too.
 HAND_OFF_ADAPTERS = "merge"
-SFT_METHODS = ("auto", "full", "lora", "qlora")
+# --method of the SFT phase: "auto" falls back full -> LoRA -> QLoRA as the planner does.
+SFT_PHASE_METHODS = ("auto", *SFT_METHODS)
 # Settings the planner may choose that the run config cannot express yet: DPO on a 4-bit base
 # (the planner's "dpo+qlora" variant; a run config's training.quant is for method qlora only).
 @dataclass(frozen=True)
 class PipelineRequest:
     pipeline: str  # a key of PIPELINES
     base: PlanRequest  # hardware, model, seq_len, target batch, epochs, budgets, modes, calibration
-    sft_method: str = "auto"  # SFT_METHODS (the planner falls back full -> LoRA -> QLoRA as usual)
+    sft_method: str = "auto"  # SFT_PHASE_METHODS (the planner falls back full -> LoRA -> QLoRA as usual)
     examples: int | None = None  # SFT examples (default: the DPO pairs' chosen answers)
     pairs: int | None = None  # DPO preference pairs (default: the SFT examples)
     pretrain_tokens: int | None = None  # pretraining tokens (default: the mode's tokens per parameter)
@@ -111,9 +113,9 @@ def check_pipeline_request(req: PipelineRequest) -> None:
     elif req.base.model is None:
         problems.append(f"MODEL missing: --pipeline {req.pipeline} fine-tunes a given model (catalog id, local "
                         "config.json)")
-    if req.sft_method not in SFT_METHODS:
+    if req.sft_method not in SFT_PHASE_METHODS:
         problems.append(f"--method: {req.sft_method!r} is not a method for the SFT phase of a pipeline "
-                        f"(valid: {', '.join(SFT_METHODS)})")
+                        f"(valid: {', '.join(SFT_PHASE_METHODS)})")
     if req.pipeline in PIPELINES and "dpo" not in PIPELINES[req.pipeline] and req.pairs is not None:
         problems.append(f"--pairs: pipeline {req.pipeline} has no DPO phase (valid: sft+dpo, pretrain+sft+dpo)")
     if req.base.dataset_tokens is not None and req.pipeline in PIPELINES and "pretrain" not in PIPELINES[req.pipeline]:

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainfit.core.memory.overheads import under_pressure_text
 from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_dense
@@ -32,6 +33,10 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 from trainfit.errors import BadInputError, UnavailableError
+
+if TYPE_CHECKING:  # names only: the spot model and the cloud catalog load with `plan --flavor ID --spot` alone
+    from trainfit.core.cloud_catalog import SpotTerms
+    from trainfit.core.spot import SpotEstimate
 
 GIB = 1 << 30
 # Pretraining sizes the planner tries (parameters), smallest first.
@@ -60,7 +65,7 @@ class PlanRequest:
     budget_usd: float | None = None
     # `plan --flavor ID --spot`: the flavor's spot price and interruption figure (cloud_catalog.SpotTerms);
     # usd_per_hour is then the spot price, and each mode gets the expected cost with re-done work.
-    spot: object | None = None
+    spot: SpotTerms | None = None
     price_per_kwh: float = DEFAULT_PRICE_PER_KWH
     vocab_size: int = 32000  # pretraining shapes
     lora: LoraSettings | None = None  # default: rank 16 on every linear layer of the blocks
@@ -98,7 +103,7 @@ class RunFigures:
     energy_kwh: float | None
     electricity_cost: float | None
     rental_usd: float | None
-    spot: object | None = None  # core.spot.SpotEstimate with PlanRequest.spot
+    spot: SpotEstimate | None = None  # with PlanRequest.spot
     rental_expected_usd: float | None = None  # spot: the rental including re-done work and restarts
 
 
@@ -246,7 +251,7 @@ def _tier(label: str, base: TrainingSetup, rules: DeviceRules, t: ModeTargets, g
     if rules.max_zero_stage and not inference:
         zeros = [0, 1, 2, 3] if base.lora is None else [0, 2]
     if offload:
-        zeros, offloads = ([2, 3] if base.num_gpus == 1 else [2, 3]), ["optimizer", "optimizer+params"]
+        zeros, offloads = [2, 3], ["optimizer", "optimizer+params"]
     # Eager attention only ever loses on GPUs (more memory, no faster); CPUs get both kernels.
     attention = rules.attention if rules.device == "cpu" else tuple(a for a in rules.attention if a != "eager")
     bases = space.product(base, precision=precisions, optimizer=optimizers,
@@ -418,8 +423,10 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
                             "GPU (trainfit cloud), more GPUs, or a smaller model")
         if req.method != "inference":
             warnings += _shorter_seq_advice(req, t, rules, model)
-        return ModePlan(t.mode, False, model.id, None, None, None, budget.limit(cap), None, None, None, None,
-                        reasons, warnings, t, model, pretrain, result.evaluated)
+        return ModePlan(mode=t.mode, fits=False, model_id=model.id, params_total=None, setup=None, memory=None,
+                        memory_budget_bytes=budget.limit(cap), memory_used_bytes=None, speed=None, power=None,
+                        run=None, reasons=reasons, warnings=warnings, targets=t, model=model, pretrain=pretrain,
+                        candidates_evaluated=result.evaluated)
     best = result.best
     s = best.setup
     workload = _workload(req, s, pretrain_tokens)
@@ -454,9 +461,11 @@ def _plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mod
     warnings += data_plan.warnings if data_plan is not None else []
     from trainfit.core.plan.host_ram import host_ram_need_bytes
 
-    return ModePlan(t.mode, True, model.id, best.memory.params_total, s, best.memory, budget.limit(cap), used,
-                    speed, power, run, reasons, warnings, t, model, pretrain, result.evaluated, data_plan, sized,
-                    host_ram_need_bytes(best.memory, s, req.hardware))
+    return ModePlan(mode=t.mode, fits=True, model_id=model.id, params_total=best.memory.params_total, setup=s,
+                    memory=best.memory, memory_budget_bytes=budget.limit(cap), memory_used_bytes=used,
+                    speed=speed, power=power, run=run, reasons=reasons, warnings=warnings, targets=t, model=model,
+                    pretrain=pretrain, candidates_evaluated=result.evaluated, data_io=data_plan,
+                    data_lengths=sized, host_ram_bytes=host_ram_need_bytes(best.memory, s, req.hardware))
 
 
 def _what_runs(speed: SpeedEstimate, power: PowerEstimate, data_plan: DataPlan | None

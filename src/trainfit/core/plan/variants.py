@@ -1,6 +1,7 @@
 """Method variants and their fallback order: the one rule for "which method if the asked one
 does not fit". A variant is a method plus how the weights are held: "dpo+lora" is DPO with LoRA
-adapters (the reference model is the base with adapters off), "inference+nf4" serves 4-bit weights.
+adapters (the reference model is the base with adapters off), "inference+nf4" serves 4-bit weights
+(core.setup.parse_variant reads the names).
 
 Fallback keeps the user's method first, then gives up the least: full weights -> LoRA on a 16-bit
 base -> QLoRA (4-bit NF4 base with double quantisation, Dettmers et al. 2023). Pretraining has
@@ -12,7 +13,7 @@ from __future__ import annotations
 from trainfit.core.plan.hardware_rules import DeviceRules
 from trainfit.core.plan.intent import resolve_setup
 from trainfit.core.profile import HardwareProfile
-from trainfit.core.setup import LoraSettings, TrainingSetup
+from trainfit.core.setup import LoraSettings, TrainingSetup, parse_variant
 
 FALLBACK = {
     "full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",),
@@ -33,23 +34,18 @@ def chain(method: str, *, fallback: bool = True) -> tuple[str, ...]:
 
 def uses_adapters(variant: str) -> bool:
     """LoRA / QLoRA, SFT or DPO: the variants whose adapters' targets can change."""
-    return "lora" in variant
+    return parse_variant(variant).adapters
 
 
 def needs_bitsandbytes(variant: str) -> bool:
-    return "qlora" in variant or variant.startswith("inference+")
+    """QLoRA and 8- / 4-bit inference: every quantised variant's weights are bitsandbytes'."""
+    return parse_variant(variant).quant != "none"
 
 
 def base_setup(variant: str, hw: HardwareProfile, rules: DeviceRules, *, seq_len: int, lora: LoraSettings,
                num_gpus: int | None = None) -> TrainingSetup:
     """The variant on this hardware with everything else at its default (the search varies the rest)."""
-    method, _, held = variant.partition("+")
-    if method == "inference":
-        has_lora, quant = False, {"int8": "int8", "nf4": "nf4-dq"}.get(held, "none")
-    elif method == "dpo" and held:
-        has_lora, quant = True, "nf4-dq" if held == "qlora" else "none"
-    else:
-        has_lora, quant = method in ("lora", "qlora"), "nf4-dq" if method == "qlora" else "none"
+    v = parse_variant(variant)
     n = num_gpus if num_gpus is not None else (rules.gpus if rules.device != "cpu" else 1)
-    return resolve_setup(hw, method, lora=lora if has_lora else None, device=rules.device, num_gpus=max(1, n),
-                         quant=quant, seq_len=seq_len)
+    return resolve_setup(hw, v.method, lora=lora if v.adapters else None, device=rules.device, num_gpus=max(1, n),
+                         quant=v.quant, seq_len=seq_len)

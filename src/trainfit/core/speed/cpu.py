@@ -175,7 +175,7 @@ def trainable_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[tuple[float
     """(elements, count) of every trainable parameter tensor: what the optimizer walks over."""
     from trainfit.core.params import canonical_targets, linear_layers, lora_targets
 
-    lora = setup.lora if setup.method in ("lora", "qlora", "dpo") else None
+    lora = setup.lora if setup.trains_adapters else None
     if lora is not None:
         adapted = lora_targets(spec, canonical_targets(lora.target_modules))
         return [(float(lora.rank * x.in_features), x.count) for x in adapted] + [

@@ -65,7 +65,7 @@ def _bytes_per_weight(setup: TrainingSetup) -> float:
 
 
 def _trainable_params(spec: ModelSpec, setup: TrainingSetup) -> float:
-    if setup.lora is not None and setup.method in ("lora", "qlora", "dpo"):
+    if setup.trains_adapters and setup.lora is not None:
         return F.lora_params_per_token(spec, setup.lora.target_modules, setup.lora.rank)
     if setup.method == "inference":
         return 0.0
