@@ -47,11 +47,11 @@ from typing import Any, Callable
 from trainfit.errors import BadInputError, DoesNotFitError, TrainfitError, UnavailableError, require_extra
 from trainfit.export.engine import sharding_engine
 from trainfit.export.training_args import CONFIG_MODULES, NEEDS_BITSANDBYTES, trainer_config, training_arguments
-from trainfit.export.versions import transformers_major
+from trainfit.versions import transformers_major
 from trainfit.files import FolderAdditions
 from trainfit.train import checkpoints as ck
 from trainfit.train.in_force import InForce
-from trainfit.train.run_config import RunConfig, dump_run_config
+from trainfit.config.run_config import RunConfig, dump_run_config
 
 Log = Callable[[str], None]
 
@@ -224,7 +224,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     (every training key, precision resolved): such a run directory still resumes."""
     import hashlib
 
-    from trainfit.train.run_config import DataConfig, TrainingConfig
+    from trainfit.config.run_config import DataConfig, TrainingConfig
 
     data = cfg.to_dict()
     for key in ("logging", "safety", "monitoring"):
@@ -527,7 +527,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     rank, world_size = world()
     log = log or (lambda m: None)
     say = log if rank == 0 else (lambda m: None)
-    from trainfit.train.run_config import shared_storage_errors
+    from trainfit.config.run_config import shared_storage_errors
 
     for problem in shared_storage_errors(cfg, str(run_dir)):  # before anything is read or written
         raise BadInputError(problem)
