@@ -87,6 +87,15 @@ def short_run(tool: str, case: str, path: Path, python: Path) -> dict:
     return {"started": False, "seconds": seconds, "why": last_error(done.stderr + done.stdout)}
 
 
+def portable(rows: list[dict], names: dict[str, str]) -> list[dict]:
+    """The rows with this machine's folders (environments, the throwaway plans, the checkout) named
+    as anyone's checkout would name them."""
+    text = json.dumps(rows)
+    for path, name in names.items():
+        text = text.replace(path, name)
+    return json.loads(text)
+
+
 def markdown(doc: dict) -> str:
     lines = ["# plan --for TOOL: each tool's own parser and a short CPU run", "",
              f"{doc['command']}; {doc['model']}. Versions: "
@@ -145,6 +154,7 @@ def main() -> None:
                     row["run"] = short_run(tool, case, path, python)
                 rows.append(row)
                 print(json.dumps(row)[:400], file=sys.stderr)
+        rows = portable(rows, {str(venvs): ".venv-tools", tmp: "<temporary folder>", str(ROOT): "."})
     doc = {"command": "python bench/tool_exports.py" + (" --no-runs" if args.no_runs else ""),
            "model": "tiny random Qwen2 (bench/_tiny_checkpoint.py: 2 layers, hidden 128, 384-token BPE)",
            "versions": versions(venvs), "rows": rows}
