@@ -347,6 +347,22 @@ class _Timeout(Exception):
     pass
 
 
+def _run_checked(argv: list[str], failures: list[str]) -> tuple[int, str, float] | None:
+    """_run, with what may never happen (a hang, an exception out of main(), an exit code outside
+    0/2/3/4) added to failures; None when there is no exit code to look at."""
+    try:
+        code, stderr, seconds = _run(argv)
+    except _Timeout:
+        failures.append(f"{argv}: still running after {CASE_SECONDS} s")
+        return None
+    except Exception as exc:  # noqa: BLE001 - the point: nothing may escape main()
+        failures.append(f"{argv}: {type(exc).__name__}: {exc}")
+        return None
+    if code not in (0, 2, 3, 4):
+        failures.append(f"{argv}: exit {code}: {stderr[-300:]}")
+    return code, stderr, seconds
+
+
 def _run(argv: list[str]) -> tuple[int, str, float]:
     def on_alarm(signum, frame):
         raise _Timeout()
@@ -386,16 +402,10 @@ def test_every_command_refuses_malformed_input_cleanly(bad_files, tmp_path, monk
     before_inputs = _listing(inputs)
     failures = []
     for argv in cases:
-        try:
-            code, stderr, seconds = _run(argv)
-        except _Timeout:
-            failures.append(f"{argv}: still running after {CASE_SECONDS} s")
+        ran = _run_checked(argv, failures)
+        if ran is None:
             continue
-        except Exception as exc:  # noqa: BLE001 - the point: nothing may escape main()
-            failures.append(f"{argv}: {type(exc).__name__}: {exc}")
-            continue
-        if code not in (0, 2, 3, 4):
-            failures.append(f"{argv}: exit {code}: {stderr[-300:]}")
+        code, stderr, seconds = ran
         if "Traceback" in stderr:
             failures.append(f"{argv}: traceback in stderr: {stderr[-300:]}")
         left = _listing(work) | (_listing(inputs) - before_inputs)
@@ -579,16 +589,10 @@ def test_hub_commands_survive_hostile_servers(tmp_path, monkeypatch):
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         for name, info, files, argv in _hub_cases(rng):
             hub.add(name, files, info=info)
-            try:
-                code, stderr, seconds = _run(argv)
-            except _Timeout:
-                failures.append(f"{argv}: still running after {CASE_SECONDS} s")
+            ran = _run_checked(argv, failures)
+            if ran is None:
                 continue
-            except Exception as exc:  # noqa: BLE001 - the point: nothing may escape main()
-                failures.append(f"{argv}: {type(exc).__name__}: {exc}")
-                continue
-            if code not in (0, 2, 3, 4):
-                failures.append(f"{argv}: exit {code}: {stderr[-300:]}")
+            code, stderr, seconds = ran
             if "Traceback" in stderr or (code and len(stderr.strip().splitlines()) != 1):
                 failures.append(f"{argv}: not one line on stderr: {stderr[-300:]}")
             if seconds > HUB_DEADLINE_SECONDS + 3:

@@ -15,11 +15,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata
 from typing import Any
 
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError, TrainfitError, short_repr
+from trainfit.versions import installed_version
 
 OWN = "trainfit"
 # Conditions a behaviour applies under (frameworks.yaml `when`), on the setup it is applied to.
@@ -402,30 +402,18 @@ def change_effects(framed: TrainingSetup, changes: list[Change], measure: Callab
 # ---------------------------------------------------------------------------------------------
 # trainfit's own run on this machine
 def installed_versions(packages: tuple[str, ...] = RUNTIME_PACKAGES) -> dict[str, str]:
-    """Versions of the installed runtime packages (importlib.metadata; nothing imported); absent
+    """Versions of the installed runtime packages (package metadata; nothing imported); absent
     packages are left out."""
-    out = {}
-    for name in packages:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    found = {name: installed_version(name) for name in packages}
+    return {name: version for name, version in found.items() if version is not None}
 
 
 def own_run(*, this_machine: bool) -> Framework:
     """trainfit's own run: on this machine with the installed versions, else its defaults."""
     versions = installed_versions() if this_machine else {}
-    release = _own_version()
+    release = installed_version("trainfit") or "dev"
     return Framework(OWN, catalog()[OWN]["title"], release, OWN, versions, (),
                      source=str(catalog()[OWN]["source"]).strip())
-
-
-def _own_version() -> str:
-    try:
-        return metadata.version("trainfit")
-    except metadata.PackageNotFoundError:
-        return "dev"
 
 
 def describe(framework: Framework) -> str:

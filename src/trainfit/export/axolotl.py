@@ -50,7 +50,7 @@ def _sharding(plan: ToolPlan) -> dict[str, Any]:
 
 
 def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
-    from trainfit.export.tools import dump
+    from trainfit.export.bundle import yaml_text
 
     cfg, t, s = plan.cfg, plan.cfg.training, plan.cfg.schedule
     bf16, fp16 = precision_flags(cfg)
@@ -110,4 +110,4 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
                        "16 bits (trainfit's mixed precision keeps fp32 master weights)")
     if cfg.training.precision == "fp32":
         differs.append("bf16 auto is Axolotl's usual choice on a GPU that has it; the plan runs fp32")
-    return {"axolotl.yaml": dump(doc)}, differs
+    return {"axolotl.yaml": yaml_text(doc)}, differs

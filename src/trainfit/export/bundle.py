@@ -65,7 +65,8 @@ def _comments(lines: list[str]) -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in lines)
 
 
-def _yaml(data: dict) -> str:
+def yaml_text(data: dict) -> str:
+    """A config file's YAML: keys in the order given, block style (every exported YAML file)."""
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
@@ -121,16 +122,16 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
     files[TRAINING_ARGS_FILE] = _comments(_header_lines(header_lines, [
         f"Keyword arguments of {qualified}, as trainfit train builds them (not of another config class):",
         f"  from {CONFIG_MODULES[class_name]} import {class_name}; "
-        f"{class_name}(**yaml.safe_load(open(\"{TRAINING_ARGS_FILE}\")))", *precision, here])) + _yaml(args)
+        f"{class_name}(**yaml.safe_load(open(\"{TRAINING_ARGS_FILE}\")))", *precision, here])) + yaml_text(args)
     if uses_lora(cfg):
         files[LORA_FILE] = _comments(_header_lines(header_lines, [
             "Keyword arguments of peft.LoraConfig, as trainfit train builds them:",
-            f"  LoraConfig(**yaml.safe_load(open(\"{LORA_FILE}\")))"])) + _yaml(lora_config_kwargs(cfg))
+            f"  LoraConfig(**yaml.safe_load(open(\"{LORA_FILE}\")))"])) + yaml_text(lora_config_kwargs(cfg))
     machines = (f" on {nodes} machines; launch.sh gives each its --machine_rank and node 0's address"
                 if nodes > 1 else "")
     files[ACCELERATE_FILE] = _comments(_header_lines(header_lines, [
         f"Accelerate config ({accel['distributed_type']}, {num_processes} process(es){machines}): "
-        f"accelerate launch --config_file {ACCELERATE_FILE} ...", *precision, here])) + _yaml(accel)
+        f"accelerate launch --config_file {ACCELERATE_FILE} ...", *precision, here])) + yaml_text(accel)
     if eng == "deepspeed":
         files[DEEPSPEED_FILE] = deepspeed_json(cfg, _header_lines(header_lines, [
             f"DeepSpeed config; \"auto\" values are filled in by Transformers from {TRAINING_ARGS_FILE}."]))

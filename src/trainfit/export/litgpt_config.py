@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import BadInputError
-from trainfit.export.tools import ToolPlan, data_files, data_format, dump, lora_targets, model_path, run_dir
+from trainfit.export.bundle import yaml_text
+from trainfit.export.tools import ToolPlan, data_files, data_format, lora_targets, model_path, run_dir
 
 DATA_FILE = "litgpt_data.json"
 PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "bf16-mixed": "bf16-mixed", "fp16": "16-true",
@@ -143,4 +144,4 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
         differs.append(f"checkpoint: `litgpt download {cfg.model.id}` first (it writes {checkpoint_dir(plan)})")
     else:
         differs.append("checkpoint: a Hugging Face folder needs `litgpt convert_to_litgpt` first (lit_model.pth)")
-    return {"litgpt.yaml": dump(doc), DATA_FILE: converted_data(plan)}, differs
+    return {"litgpt.yaml": yaml_text(doc), DATA_FILE: converted_data(plan)}, differs

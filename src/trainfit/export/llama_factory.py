@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainfit.export.tools import (HF_OPTIM, ToolPlan, data_files, data_format, dump, lora_targets, model_path,
+from trainfit.export.bundle import yaml_text
+from trainfit.export.tools import (HF_OPTIM, ToolPlan, data_files, data_format, lora_targets, model_path,
                                    precision_flags, run_dir, steps_or_epochs, uses_fsdp)
 
 DATASET_NAME = "trainfit_plan_data"
@@ -113,5 +114,5 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
     if t.precision == "bf16-mixed":
         differs.append("bf16 true: LLaMA-Factory loads the weights in bf16 (trainfit's bf16-mixed keeps fp32 master "
                        "weights)")
-    files = {"llamafactory.yaml": dump(doc), DATASET_INFO: json.dumps(dataset_info(plan), indent=2) + "\n"}
+    files = {"llamafactory.yaml": yaml_text(doc), DATASET_INFO: json.dumps(dataset_info(plan), indent=2) + "\n"}
     return files, differs

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import yaml
 
 from trainfit.errors import BadInputError
 
@@ -108,9 +107,6 @@ def header(plan: ToolPlan, tool: str, differs: list[str]) -> str:
         lines += [f"  - {d}" for d in differs]
     return "".join(f"# {line}\n" if line else "#\n" for part in lines for line in str(part).splitlines() or [""])
 
-
-def dump(data: dict[str, Any]) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
 # ---- what every writer reads from the run config -------------------------------------------------

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.errors import BadInputError
-from trainfit.export.tools import ToolPlan, data_files, data_format, dump, lora_targets, model_path, run_dir
+from trainfit.export.bundle import yaml_text
+from trainfit.export.tools import ToolPlan, data_files, data_format, lora_targets, model_path, run_dir
 
 # HF module name -> torchtune's LORA_ATTN_MODULES key (torchtune.modules.peft).
 ATTN_KEYS = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
@@ -193,4 +194,4 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
     if hub:
         differs.append(f"checkpoint: `tune download {cfg.model.id} --output-dir {ckpt}` first; check checkpoint_files "
                        "against the .safetensors files it fetched")
-    return {"torchtune.yaml": dump(doc)}, differs
+    return {"torchtune.yaml": yaml_text(doc)}, differs
