@@ -132,7 +132,7 @@ def build_request(args: argparse.Namespace, hardware=None):
     from trainfit.export.tools import check_method, check_tool
 
     args.for_tool = check_tool(getattr(args, "for_tool", None))
-    if method != "auto" and args.for_tool != "trl":  # trl: trainfit's own files, for every method it plans
+    if method != "auto":
         check_method(args.for_tool, method)  # a method the tool lacks: refused before planning
     _framework_for_tool(args)
     _launchers(args)

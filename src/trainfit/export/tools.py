@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 TOOLS = ("trl", "axolotl", "llama-factory", "torchtune", "litgpt")
 DEFAULT_TOOL = "trl"
 # The methods each tool's writer maps (pretraining plans stay trainfit's own: a shape with random
-# weights is not a checkpoint these tools load).
+# weights is not a checkpoint these tools load). trl, the default, writes trainfit's own files, for
+# every method the planner plans.
 TOOL_METHODS = {
-    "trl": ("pretrain", "full", "lora", "qlora", "dpo"),
     "axolotl": ("full", "lora", "qlora", "dpo"),
     "llama-factory": ("full", "lora", "qlora", "dpo"),
     "torchtune": ("full", "lora", "qlora"),
@@ -75,7 +75,7 @@ def check_tool(tool: str | None, flag: str = "--for") -> str:
 
 def check_method(tool: str, method: str, flag: str = "--for") -> None:
     """Exit 2 when the tool has no recipe for the plan's method (said before anything is written)."""
-    if method in TOOL_METHODS[tool]:
+    if tool == DEFAULT_TOOL or method in TOOL_METHODS[tool]:
         return
     why = WHY_NOT.get((tool, method)) or (
         f"{tool} configs are written for fine-tuning a checkpoint; a pretraining plan (a shape with random "
