@@ -19,7 +19,7 @@ from typing import Any
 
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError, TrainfitError, short_repr
-from trainfit.versions import installed_version
+from trainfit.versions import installed_version, release_tuple
 
 OWN = "trainfit"
 # Conditions a behaviour applies under (frameworks.yaml `when`), on the setup it is applied to.
@@ -102,16 +102,7 @@ class Change:
 
 # ---------------------------------------------------------------------------------------------
 # versions
-_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
 _CONSTRAINT = re.compile(r"^\s*(==|!=|<=|>=|<|>|~=)?\s*([0-9][0-9A-Za-z.+-]*)\s*$")
-
-
-def release_tuple(version: str) -> tuple[int, int, int]:
-    """(major, minor, patch) of a release string ('4.39.0.dev0' -> (4, 39, 0)); ValueError otherwise."""
-    m = _VERSION.match(str(version))
-    if not m:
-        raise ValueError(f"{version!r} is not a version number")
-    return int(m[1]), int(m[2] or 0), int(m[3] or 0)
 
 
 def _satisfies(version: tuple[int, int, int], op: str, bound: tuple[int, int, int]) -> bool:

@@ -128,13 +128,13 @@ made for the run a user will actually launch (and published measurements can be 
 
 from __future__ import annotations
 
-import re
 
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, compute_bytes, root_params
 from trainfit.core.memory.quant_formats import BITSANDBYTES
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
+from trainfit.versions import release_tuple
 
 BNB_INPUT_FIX_VERSION = (0, 43, 2)
 TRANSFORMERS_PADDED_LABELS_VERSION = (4, 49, 0)
@@ -233,10 +233,7 @@ def bnb_keeps_input_for(version: str) -> bool:
 
 
 def _release(version: str) -> tuple[int, int, int]:
-    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
-    if not m:
-        raise ValueError(f"{version!r} is not a version number (major.minor[.patch])")
-    return int(m[1]), int(m[2]), int(m[3] or 0)
+    return release_tuple(version, minor_required=True)
 
 
 def logits_shift_copy_for(version: str) -> bool:
