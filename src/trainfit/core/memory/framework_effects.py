@@ -128,7 +128,6 @@ made for the run a user will actually launch (and published measurements can be 
 
 from __future__ import annotations
 
-
 from trainfit.core.memory.fsdp import SHARDED_STRATEGIES, compute_bytes, root_params
 from trainfit.core.memory.quant_formats import BITSANDBYTES
 from trainfit.core.memory.stats import ModelStats
