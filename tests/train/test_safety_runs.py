@@ -163,8 +163,10 @@ def test_ram_pressure_splits_the_micro_batch_before_an_oom(clean, tmp_path, monk
     """99.5 % of RAM in use at steps 4-6: the micro-batch is split (4 -> 2, accumulation 1 -> 2) at
     the next step boundary; the same global batch, data order and losses."""
     full = int(15.92 * GIB)
+    # checked at every step: a run this small takes ~10 ms a step, inside FAST's 50 ms check interval
     machine = {"host": {"ram_total_bytes": 16 * GIB, "swap_used_bytes": 0,
-                        "ram_used_bytes": {"by_step": [[3, 8 * GIB], [4, full], [6, full], [7, 8 * GIB]]}}}
+                        "ram_used_bytes": {"by_step": [[3, 8 * GIB], [4, full], [6, full], [7, 8 * GIB]]}},
+               "safety": {**FAST["safety"], "check_seconds": 0.0}}
     code, samples, _ = train(clean[0], tmp_path / "run", monkeypatch, machine)
     assert code == 0
     shrinks = events(tmp_path / "run", "memory_pressure")
