@@ -132,7 +132,9 @@ def test_on_battery_fewer_threads_then_ac_again(clean, tmp_path, monkeypatch):
     import torch
 
     threads = torch.get_num_threads()
-    machine = {"host": {"on_ac": {"by_step": [[0, True], [4, False], [10, True]]}, "battery_percent": 60}}
+    # checked at every step: steps 4-9 take ~60 ms here, about one of FAST's 50 ms check intervals
+    machine = {"host": {"on_ac": {"by_step": [[0, True], [4, False], [10, True]]}, "battery_percent": 60},
+               "safety": {**FAST["safety"], "check_seconds": 0.0}}
     code, samples, _ = train(clean[0], tmp_path / "run", monkeypatch, machine)
     assert code == 0
     (battery,), (back,) = events(tmp_path / "run", "power_battery"), events(tmp_path / "run", "power_resume")
