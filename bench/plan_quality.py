@@ -11,7 +11,7 @@ seq_len 256, global batch 16):
 (b) the balanced plan's measured tokens/s is at least 95 % of the best configuration that an
     exhaustive measured sweep of the same knobs finds within the same (balanced) budget. The
     knobs are exactly those the planner searches for this tier on this CPU (its own
-    `_tiers(...)` enumeration, filtered by the device rules): precision fp32 / bf16-mixed,
+    `mode_tiers(...)` enumeration, filtered by the device rules): precision fp32 / bf16-mixed,
     gradient checkpointing none / full, attention sdpa / eager, micro-batch 1..16 with the
     accumulation that keeps global batch 16, optimizer adamw.
 
@@ -436,7 +436,8 @@ def main() -> int:
     from trainfit.core.model_shapes import parse_shape
     from trainfit.core.plan.hardware_rules import rules_for, unsupported
     from trainfit.core.plan.modes import targets
-    from trainfit.core.plan.planner import PlanRequest, _tiers, plan
+    from trainfit.core.plan.planner import PlanRequest, plan
+    from trainfit.core.plan.search_space import mode_tiers
     from trainfit.core.speed import predict_step
     from trainfit.export.plan_files import run_config_dict
     from trainfit.hardware.profiler import build_profile
@@ -486,7 +487,7 @@ def main() -> int:
     # The balanced tier's search space, exactly as the planner enumerates it.
     t_bal = targets("balanced")
     space = []
-    for tier in _tiers(req, t_bal, rules, spec, TARGET_BATCH):
+    for tier in mode_tiers(req, t_bal, rules, spec, TARGET_BATCH):
         for chain in tier.chains:
             for s in chain:
                 if unsupported(rules, s) is None and s not in space:

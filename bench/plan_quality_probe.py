@@ -157,7 +157,8 @@ def probe_bench(args) -> int:
     from trainfit.core.plan.engine import Budget, need_ratio
     from trainfit.core.plan.hardware_rules import rules_for, unsupported
     from trainfit.core.plan.modes import targets
-    from trainfit.core.plan.planner import PlanRequest, _tiers, plan
+    from trainfit.core.plan.planner import PlanRequest, plan
+    from trainfit.core.plan.search_space import mode_tiers
     from trainfit.core.speed import predict_step
     from trainfit.export.plan_files import run_config_dict
     from trainfit.hardware.profiler import build_profile
@@ -192,7 +193,7 @@ def probe_bench(args) -> int:
     t_bal = targets("balanced")
     budget = Budget(share=t_bal.memory_share, bytes_override=pq.BUDGET)
     space = []
-    for tier in _tiers(req, t_bal, rules, spec, pq.TARGET_BATCH):
+    for tier in mode_tiers(req, t_bal, rules, spec, pq.TARGET_BATCH):
         for chain in tier.chains:
             for s in chain:
                 if unsupported(rules, s) is None and s not in space:

@@ -333,13 +333,13 @@ def _candidate(mb: int, ckpt: str, step_s: float):
 
 
 def test_the_checkpointing_reason_never_claims_a_batch_it_does_not_gain():
-    from trainfit.core.plan.planner import _checkpointing_reason
+    from trainfit.core.plan.plan_reasons import checkpointing_reason
 
-    same = _checkpointing_reason(_candidate(1, "full", 2.0), _candidate(1, "none", 2.5))
+    same = checkpointing_reason(_candidate(1, "full", 2.0), _candidate(1, "none", 2.5))
     assert "allows micro-batch" not in same and "(micro-batch 1" in same and "2 s per step against 2.5 s" in same
-    larger = _checkpointing_reason(_candidate(4, "full", 2.0), _candidate(1, "none", 2.5))
+    larger = checkpointing_reason(_candidate(4, "full", 2.0), _candidate(1, "none", 2.5))
     assert larger.startswith("gradient checkpointing: it allows micro-batch 4 where at most 1 fits")
-    slower = _checkpointing_reason(_candidate(4, "full", 3.0), _candidate(2, "none", 2.5))
+    slower = checkpointing_reason(_candidate(4, "full", 3.0), _candidate(2, "none", 2.5))
     assert "predicted faster" not in slower and "kept by this mode's ranking" in slower
 
 

@@ -251,11 +251,11 @@ def test_a_step_figure_from_fewer_than_two_timed_micro_batches_counts_as_noisy()
 # ---------------------------------------------------------------------------------------------
 # no work done twice
 def test_plan_searched_searches_each_mode_once_and_gives_the_searches_plan_used(req, monkeypatch):
-    from trainfit.core.plan import planner
+    from trainfit.core.plan import mode_plan
 
     calls = []
-    real = planner._search_model
-    monkeypatch.setattr(planner, "_search_model", lambda *a, **k: calls.append(a[1].mode) or real(*a, **k))
+    real = mode_plan.search_model
+    monkeypatch.setattr(mode_plan, "search_model", lambda *a, **k: calls.append(a[1].mode) or real(*a, **k))
     result, searches = mm.plan_searched(req)
     assert sorted(calls) == sorted(mp.mode for mp in result.modes)
     from trainfit.core.plan.hardware_rules import rules_for

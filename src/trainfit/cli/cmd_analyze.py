@@ -79,10 +79,12 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {"profile": profile, "analysis": to_jsonable(analysis)}
     if not args.profile_only:
         from trainfit.cli import cmd_plan
+        from trainfit.cli.plan_document import plan_document
+        from trainfit.cli.plan_request import build_request, command_line, data_paths
         from trainfit.core.plan.planner import MemoryUnknownError, plan
 
         plan_args = _plan_args(args)
-        req = cmd_plan.build_request(plan_args, hardware=profile)
+        req = build_request(plan_args, hardware=profile)
         try:
             result = plan(req)
         except MemoryUnknownError as exc:  # the analysis still stands; its warnings say why
@@ -90,11 +92,11 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
             return doc
         files: dict[str, list[str]] = {}
         if plan_args.out:
-            command = cmd_plan.command_line(_reproduce(plan_args))
+            command = command_line(_reproduce(plan_args))
             files = cmd_plan.write_exports(result, req, Path(plan_args.out), force=plan_args.force,
-                                           data=cmd_plan._data(plan_args.data), command=command,
+                                           data=data_paths(plan_args.data), command=command,
                                            flag="--generate-configs")
-        doc["plan"] = cmd_plan.plan_document(result, files)
+        doc["plan"] = plan_document(result, files)
         doc["_plan"], doc["_files"] = result, files
     return doc
 

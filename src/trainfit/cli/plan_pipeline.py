@@ -13,7 +13,7 @@ GIB = 1 << 30
 
 
 def build_pipeline_request(args: argparse.Namespace):
-    from trainfit.cli.cmd_plan import build_request
+    from trainfit.cli.plan_request import build_request
     from trainfit.core.plan.pipeline import PIPELINES, PipelineRequest
     from trainfit.core.setup import METHOD_ALIASES
 
@@ -38,7 +38,7 @@ def build_pipeline_request(args: argparse.Namespace):
 
 def phase_data(values: list[str] | None, phases: tuple[str, ...]) -> dict[str, list[str]] | None:
     """--data PHASE=PATH (repeatable) -> phase -> paths; each path checked like plan's --data."""
-    from trainfit.cli.cmd_plan import _data
+    from trainfit.cli.plan_request import data_paths
 
     if not values:
         return None
@@ -48,7 +48,7 @@ def phase_data(values: list[str] | None, phases: tuple[str, ...]) -> dict[str, l
         if not sep or phase not in phases:
             raise BadInputError(f"--data: {v!r}: a pipeline takes --data PHASE=PATH, PHASE one of "
                                 f"{', '.join(phases)} (e.g. --data sft=chat.jsonl --data dpo=pairs.jsonl)")
-        out.setdefault(phase, []).extend(_data([path]) or [])
+        out.setdefault(phase, []).extend(data_paths([path]) or [])
     return out
 
 
@@ -71,7 +71,7 @@ def write_pipeline_exports(pp, out_dir: Path, *, force: bool, data, command: str
 def pipeline_document(pp, files: dict[str, list[str]] | None = None) -> dict:
     """The pipeline plan as JSON: per mode the phases (each the Plan JSON of its mode, with the
     hand-off, reference and token budget) and the totals."""
-    from trainfit.cli.cmd_plan import plan_document
+    from trainfit.cli.plan_document import plan_document
     from trainfit.core.plan.planner import Plan
     from trainfit.core.serde import to_jsonable
 
@@ -124,7 +124,7 @@ def render_pipeline(pp, out, files: dict[str, list[str]] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfit.cli.cmd_plan import invoked
+    from trainfit.cli.plan_request import invoked
     from trainfit.core.plan.pipeline import plan_pipeline
 
     req, data = build_pipeline_request(args)

@@ -166,7 +166,7 @@ def _gpu_rules(p: HardwareProfile, device: str) -> DeviceRules:
         linked = all(x.nvlink_peers for x in p.gpus)
         backend = "NCCL" if device == "cuda" else "RCCL" if device == "rocm" else "oneCCL"
         # The interconnect only: which sharding a plan chose, and why, is the plan's reason
-        # (planner._sharding_reason), so this never argues for a stage the plan did not pick.
+        # (plan_reasons._sharding_reason), so this never argues for a stage the plan did not pick.
         reasons["sharding"] = (f"{n} GPUs, {backend}, " + ("NVLink all-to-all (fast parameter gathers)" if linked
                                else "PCIe only (gathers and reductions share the PCIe bus)"))
         if p.node_count > 1:

@@ -292,7 +292,7 @@ def with_measurements(req, steps) -> object:
     return dataclasses.replace(req, measured_steps=tuple(keep.values()))
 
 
-# The searches behind a plan's picks, recorded while `plan_searched` plans (planner._plan_model
+# The searches behind a plan's picks, recorded while `plan_searched` plans (mode_plan.plan_model
 # notes each mode's search), so the probe does not search every mode a second time.
 _SEARCHES: ContextVar[dict | None] = ContextVar("trainfit_plan_searches", default=None)
 
