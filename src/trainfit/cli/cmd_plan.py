@@ -85,6 +85,8 @@ def plan_for(model: str | None = None, **flags):
     Keyword flags are the command's long options with underscores (method="lora", flavor="t4-small")."""
     from trainfit.core.plan.planner import plan
 
+    # The command's own parser gives every flag not named here its default, so the twin cannot drift
+    # from the command line; build_request then checks them all, as for `trainfit plan`.
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([] if model is None else [model])

@@ -114,16 +114,64 @@ def _positive(value: object) -> bool:
 
 
 def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None:
+    """One catalog entry as a GpuSpec, or None with every problem it has added to `problems`."""
     if not isinstance(raw, dict):
         problems.append("expected a mapping")
         return None
+    if not _check_keys(raw, problems):
+        return None
+    _check_identity(raw, problems)
+    tflops = _checked_figures(raw, problems)
+    unified, link, link_gbps, pcie = _checked_links(raw, problems)
+    aliases = raw["aliases"]
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        problems.append("aliases: expected a list of non-empty strings")
+        aliases = []
+    driver_mib, reserved_mib = _checked_driver_mib(raw, problems)
+    host = raw.get("host")
+    if host is not None:
+        try:
+            HostHint(**host)
+        except TypeError:
+            problems.append("host: expected cpu_model, performance_cores, efficiency_cores")
+    sources = _resolve_sources(raw, refs, tflops, problems)
+    if problems:
+        return None
+    return GpuSpec(
+        id=raw["id"],
+        name=raw["name"],
+        vendor=raw["vendor"],
+        gpu_class=raw["gpu_class"],
+        architecture=raw["architecture"],
+        compute_capability=raw.get("compute_capability"),
+        matrix_unit=raw["matrix_unit"],
+        vram_bytes=int(round(float(raw["vram_gib"]) * GIB)),
+        unified_memory=unified,
+        memory_bandwidth_gbps=float(raw["memory_bandwidth_gbps"]),
+        peak_tflops={p: float(v) for p, v in tflops.items()},
+        tdp_watts=float(raw["tdp_watts"]),
+        interconnect=link,
+        interconnect_gbps=None if link_gbps is None else float(link_gbps),
+        pcie_gen=pcie,
+        aliases=list(aliases),
+        sources=sources,
+        driver_total_bytes=None if driver_mib is None else int(driver_mib) << 20,
+        driver_reserved_bytes=None if reserved_mib is None else int(reserved_mib) << 20,
+    )
+
+
+def _check_keys(raw: dict, problems: list[str]) -> bool:
+    """Missing and unknown keys; False when a required key is missing (nothing else is checked)."""
     keys = set(raw)
     for key in sorted(_REQUIRED_KEYS - keys):
         problems.append(f"missing key '{key}'")
     for key in sorted(keys - _REQUIRED_KEYS - _OPTIONAL_KEYS):
         problems.append(f"unknown key '{key}'")
-    if _REQUIRED_KEYS - keys:
-        return None
+    return not _REQUIRED_KEYS - keys
+
+
+def _check_identity(raw: dict, problems: list[str]) -> None:
+    """What the entry is: id, vendor, class, name, architecture, matrix unit, compute capability."""
     gid = raw["id"]
     if not isinstance(gid, str) or not _ID_RE.match(gid):
         problems.append(f"id: {gid!r} must be lower-case letters, digits, dots and dashes")
@@ -142,6 +190,10 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
             problems.append(f"compute_capability: NVIDIA entries need a quoted 'X.Y', got {cc!r}")
     elif cc is not None:
         problems.append("compute_capability: only NVIDIA entries have one")
+
+
+def _checked_figures(raw: dict, problems: list[str]) -> dict:
+    """Memory, bandwidth, power and the peak TFLOPS per precision; returns peak_tflops ({} when malformed)."""
     for key in ("vram_gib", "memory_bandwidth_gbps", "tdp_watts"):
         if not _positive(raw[key]):
             problems.append(f"{key}: expected a positive number, got {raw[key]!r}")
@@ -154,6 +206,11 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
             problems.append(f"peak_tflops.{prec}: not one of {', '.join(_PRECISIONS)}")
         elif not _positive(value):
             problems.append(f"peak_tflops.{prec}: expected a positive number, got {value!r}")
+    return tflops
+
+
+def _checked_links(raw: dict, problems: list[str]) -> tuple[object, object, object, object]:
+    """(unified_memory, interconnect, interconnect_gbps, pcie_gen) as given, each checked."""
     unified = raw.get("unified_memory", False)
     if not isinstance(unified, bool):
         problems.append("unified_memory: expected true/false")
@@ -167,10 +224,11 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
     pcie = raw["pcie_gen"]
     if pcie is not None and (not isinstance(pcie, int) or isinstance(pcie, bool) or not 1 <= pcie <= 6):
         problems.append(f"pcie_gen: expected 1..6 or null, got {pcie!r}")
-    aliases = raw["aliases"]
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-        problems.append("aliases: expected a list of non-empty strings")
-        aliases = []
+    return unified, link, link_gbps, pcie
+
+
+def _checked_driver_mib(raw: dict, problems: list[str]) -> tuple[object, object]:
+    """(driver_total_mib, driver_reserved_mib) as given, each checked against the other and vram_gib."""
     driver_mib = raw.get("driver_total_mib")
     if driver_mib is not None:
         if not isinstance(driver_mib, int) or isinstance(driver_mib, bool) or driver_mib <= 0:
@@ -184,36 +242,7 @@ def _build_entry(raw: object, refs: dict, problems: list[str]) -> GpuSpec | None
             problems.append(f"driver_reserved_mib: expected a positive whole number of MiB, got {reserved_mib!r}")
         elif total_mib is not None and reserved_mib >= 0.1 * total_mib:
             problems.append(f"driver_reserved_mib: {reserved_mib} MiB is 10 % or more of the {total_mib} MiB total")
-    host = raw.get("host")
-    if host is not None:
-        try:
-            HostHint(**host)
-        except TypeError:
-            problems.append("host: expected cpu_model, performance_cores, efficiency_cores")
-    sources = _resolve_sources(raw, refs, tflops, problems)
-    if problems:
-        return None
-    return GpuSpec(
-        id=gid,
-        name=raw["name"],
-        vendor=raw["vendor"],
-        gpu_class=raw["gpu_class"],
-        architecture=raw["architecture"],
-        compute_capability=cc,
-        matrix_unit=raw["matrix_unit"],
-        vram_bytes=int(round(float(raw["vram_gib"]) * GIB)),
-        unified_memory=unified,
-        memory_bandwidth_gbps=float(raw["memory_bandwidth_gbps"]),
-        peak_tflops={p: float(v) for p, v in tflops.items()},
-        tdp_watts=float(raw["tdp_watts"]),
-        interconnect=link,
-        interconnect_gbps=None if link_gbps is None else float(link_gbps),
-        pcie_gen=pcie,
-        aliases=list(aliases),
-        sources=sources,
-        driver_total_bytes=None if driver_mib is None else int(driver_mib) << 20,
-        driver_reserved_bytes=None if reserved_mib is None else int(reserved_mib) << 20,
-    )
+    return driver_mib, reserved_mib
 
 
 def _resolve_sources(raw: dict, refs: dict, tflops: dict, problems: list[str]) -> dict[str, str]:

@@ -7,7 +7,8 @@ bandwidth, cores, RAM), a DatasetInfo that trainfit.dataset_size measured, and o
 setup / speed / memory estimate. Every decision carries its reason, like the planner's.
 
 Assumptions, each a named constant below: bytes per token of raw text and of each tokenised
-form, the disk margin, the stream-vs-download threshold, the packing threshold, the worker caps.
+form, the disk margin (core.plan.data_storage), the stream-vs-download threshold, the packing
+threshold, the worker caps.
 Disk reads are costed at the profile's measured *sequential* read speed: a shuffled read of a
 memory-mapped file on a spinning disk also seeks, so on an HDD the stall given is a lower bound.
 """
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from trainfit.core.memory_types import MemoryEstimate
-from trainfit.core.profile import HardwareProfile, StorageInfo
+from trainfit.core.plan.data_storage import cache_path, disk_of, owned_machine, pick_disk
+from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import SFT_METHODS, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 
@@ -37,9 +39,6 @@ CHARS_PER_TOKEN = 4.0
 #   DPO (TRL): prompt/chosen/rejected_input_ids, not optimised -> int64    =  8 B/token
 TOKENISED_BYTES_PER_TOKEN = {"pretrain": 12.0, "dpo": 8.0}
 SFT_TOKENISED_BYTES_PER_TOKEN = 5.0
-# A cache or a download goes on a disk only when the disk keeps 20 % more than it needs free:
-# checkpoints, logs and the OS's own writes share that disk during the run.
-DISK_MARGIN = 1.2
 # Streaming must save at least this share of the run's wall time to be chosen over downloading
 # first: a downloaded dataset resumes exactly and does not depend on the network mid-run.
 STREAM_MIN_SAVING = 0.10
@@ -64,7 +63,6 @@ SLOW_SOURCE_PREFETCH = 4
 # compute step (smaller stalls are inside the speed model's own error).
 STALL_SHARE_SHOWN = 0.05
 
-_KIND_RANK = {"nvme": 0, "ssd": 1, "unknown": 2, "hdd": 3, "network": 4}
 MEASURE_DISK = "measure it with `trainfit profile --benchmark`"
 MEASURE_NETWORK = "measure it with `trainfit profile --bandwidth-url URL` (a large file near the data)"
 
@@ -201,61 +199,7 @@ def dataset_workload(info: DatasetInfo | None, setup: TrainingSetup, epochs: flo
 
 
 # ---------------------------------------------------------------------------------------------
-# the machine
-def _owned(hw: HardwareProfile) -> bool:
-    """Suggest measuring only on a machine we profile, not a catalog machine we plan for."""
-    return not hw.source.startswith("catalog:")
-
-
-def _disks(hw: HardwareProfile) -> list[StorageInfo]:
-    """Local disk candidates for a cache, fastest first (tmpfs is RAM, counted as RAM)."""
-    seen, out = set(), []
-    for s in hw.storage:
-        if s.kind == "ram" or s.path in seen:
-            continue
-        seen.add(s.path)
-        out.append(s)
-    return sorted(out, key=lambda s: (_KIND_RANK.get(s.kind, 2), -(s.read_mbps or 0.0)))
-
-
-def _disk_of(hw: HardwareProfile, path: str | None) -> StorageInfo | None:
-    """The profiled storage whose path holds `path` (longest prefix), else the work dir's."""
-    best = None
-    if path:
-        for s in hw.storage:
-            root = s.path.rstrip("/") + "/"
-            if (path == s.path or path.startswith(root)) and (best is None or len(s.path) > len(best.path)):
-                best = s
-    return best or next((s for s in hw.storage if s.role == "work"), None)
-
-
-def _cache_path(s: StorageInfo) -> str:
-    # The HF cache role keeps datasets' own layout ($HF_HOME/datasets); the work dir gets a folder.
-    return s.path.rstrip("/") + ("/datasets" if s.role == "cache" else "/.trainfit-data-cache")
-
-
-def _room(s: StorageInfo, need_bytes: int | None) -> bool | None:
-    if need_bytes is None or s.free_bytes is None:
-        return None
-    return s.free_bytes >= need_bytes * DISK_MARGIN
-
-
-def _pick_disk(hw: HardwareProfile, need_bytes: int | None) -> tuple[StorageInfo | None, str]:
-    """The fastest disk with room for need_bytes (x DISK_MARGIN)."""
-    disks = _disks(hw)
-    if not disks:
-        return None, "storage not profiled" + ("" if _owned(hw) else " (a catalog machine)")
-    for s in disks:
-        room = _room(s, need_bytes)
-        if room is None or room:
-            why = (f"{s.kind} at {s.path}" + (f", {s.free_bytes / GIB:,.0f} GiB free" if s.free_bytes else "")
-                   + ("" if room else ": room not checked (" + ("size unknown" if need_bytes is None
-                                                                   else "free space not read") + ")"))
-            return s, why
-    return None, (f"no disk has {need_bytes * DISK_MARGIN / GIB:,.1f} GiB free "  # type: ignore[operator]
-                  f"({', '.join(f'{s.kind} {s.path}: {(s.free_bytes or 0) / GIB:,.0f} GiB' for s in disks)})")
-
-
+# the machine: RAM and workers (the disks: core.plan.data_storage)
 def _host_ram_need(ctx: ModeContext, hw: HardwareProfile) -> int:
     """RAM the training process itself holds next to a RAM cache (core.plan.host_ram)."""
     from trainfit.core.plan.host_ram import host_ram_need_bytes
@@ -286,8 +230,10 @@ def _workers(ctx: ModeContext, hw: HardwareProfile, streamed: bool, slow: bool) 
 
 
 # ---------------------------------------------------------------------------------------------
-# the plan
 def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -> DataPlan:
+    """One mode's data plan, decided in order: the source (stream or download), the cache (RAM, a
+    disk, or none), the workers, the bottleneck, packing and the token budget. `reasons` keeps that
+    order, and the warnings are the bottleneck's then the budget's."""
     s, sp = ctx.setup, ctx.speed
     reasons: dict[str, str] = {}
     warnings: list[str] = []
@@ -308,7 +254,35 @@ def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -
     if info is not None and info.unavailable:
         reasons["size"] = "; ".join(f"{k}: {v}" for k, v in info.unavailable.items())
 
-    # -- RAM: the tokenised cache next to the training process, within the mode's share ------
+    in_ram, ram_why = _ram_cache(hw, info, ctx, tok_bytes)
+    streaming, download_first, download_s, reasons["source"] = _source(hw, info, ctx, source, name, tok_bytes, in_ram)
+    cache = _cache(hw, info, source, tok_bytes, b_tok, streaming, in_ram, ram_why, reasons)
+    slow = cache.cache_on in ("hdd", "network") or cache.streaming
+    workers, prefetch, reasons["workers"] = _workers(ctx, hw, cache.streaming, slow)
+    flow = _input_flow(hw, sp, source, cache, workers, reasons, warnings)
+
+    # -- packing and the token budget -------------------------------------------------------------
+    packing, waste, reasons["packing"] = packing_decision(info, s)
+    # The budget counts tokens at the speed the plan shows: with the data stall when it is shown.
+    shown = with_data_time(sp, flow.stall, flow.data_bound) or sp
+    budget = _token_budget(ctx, shown, tokens)
+    if budget is not None:
+        reasons["budget"] = _budget_reason(ctx, budget)
+        if not packing and s.method != "pretrain":  # unpacked rows: the budget counts padded slots
+            reasons["budget"] += (f" (counted as {s.seq_len}-token sequences, padding included: the rows' own "
+                                  "tokens are fewer)")
+        if budget.capped_by:
+            warnings.append(reasons["budget"])
+    return DataPlan(name, source, cache.streaming, download_first, cache.keep_in_memory, cache.cache_dir,
+                    cache.cache_on, workers, prefetch, packing, waste, tok_bytes, download_s, flow.input_tps,
+                    sp.tokens_per_second, flow.data_s, flow.stall, flow.data_bound, budget, reasons, warnings,
+                    assumptions, columns=info.columns if info else ())
+
+
+def _ram_cache(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext, tok_bytes: int | None
+               ) -> tuple[bool, str]:
+    """RAM: whether the tokenised cache fits next to the training process, within the mode's share,
+    and why."""
     usable = hw.memory.usable_bytes
     ram_room = None
     if usable is not None:
@@ -325,54 +299,73 @@ def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -
                    + f" vs {max(ram_room, 0) / GIB:,.2f} GiB of RAM left in "
                    f"{ctx.mode}'s {ctx.memory_share:.0%} after the training process' own "
                    f"{_host_ram_need(ctx, hw) / GIB:,.2f} GiB")
+    return in_ram, ram_why
 
-    # -- stream or download (Hub), read in place (local) -------------------------------------
-    streaming, download_first, download_s = False, None, None
-    net_mbps = hw.network.download_mbps
+
+def _source(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext, source: str, name: str,
+            tok_bytes: int | None, in_ram: bool) -> tuple[bool, bool | None, float | None, str]:
+    """(streaming, download_first, download seconds, why): stream or download (Hub), read in place (local)."""
     if source == "hub":
-        streaming, download_first, download_s, why = _stream_or_download(hw, info, ctx, tok_bytes, in_ram)  # type: ignore[arg-type]
-        reasons["source"] = why
-    elif source == "local":
-        reasons["source"] = f"local data: read in place from {info.path or name}"  # type: ignore[union-attr]
-    else:
-        reasons["source"] = ("no dataset given: sizes from --dataset-tokens / --examples" if source == "tokens" or
-                             ctx.run_tokens else "no dataset given (--data PATH or --dataset HUB_ID)")
+        return _stream_or_download(hw, info, ctx, tok_bytes, in_ram)  # type: ignore[arg-type]
+    if source == "local":
+        return False, None, None, f"local data: read in place from {info.path or name}"  # type: ignore[union-attr]
+    return False, None, None, ("no dataset given: sizes from --dataset-tokens / --examples" if source == "tokens" or
+                               ctx.run_tokens else "no dataset given (--data PATH or --dataset HUB_ID)")
 
-    # -- where the tokenised cache goes ---------------------------------------------------------
-    cache_dir, cache_on, read_mbps, bytes_per_token = None, "unknown", None, b_tok
-    keep_in_memory = False
+
+class _Cache(NamedTuple):
+    """Where the tokenised cache goes and how fast it is read back."""
+
+    streaming: bool  # a local dataset with no room for a cache is streamed too
+    cache_dir: str | None
+    cache_on: str
+    read_mbps: float | None
+    bytes_per_token: float  # as read: tokenised, or raw text when streamed
+    keep_in_memory: bool
+
+
+def _cache(hw: HardwareProfile, info: DatasetInfo | None, source: str, tok_bytes: int | None, b_tok: float,
+           streaming: bool, in_ram: bool, ram_why: str, reasons: dict[str, str]) -> _Cache:
+    """Where the tokenised cache goes (reasons["cache"] says why): none when streamed, RAM, else the
+    fastest disk with room; a local dataset that fits neither is streamed from its files."""
     if streaming:
-        cache_on, bytes_per_token = "none (streamed)", _download_bytes_per_token(info)
-        read_mbps = net_mbps
         reasons["cache"] = "none: a streamed dataset is tokenised on the fly, nothing is cached"
-    elif in_ram:
-        keep_in_memory, cache_on = True, "ram"
+        return _Cache(True, None, "none (streamed)", hw.network.download_mbps, _download_bytes_per_token(info), False)
+    if in_ram:
         reasons["cache"] = f"RAM: {ram_why}"
-    else:
-        disk, disk_why = _pick_disk(hw, tok_bytes)
-        if disk is None and source == "local" and tok_bytes is not None and hw.storage:
-            # No room for an Arrow copy: stream the local files instead of converting them.
-            streaming, cache_on = True, "none (streamed)"
-            data_disk = _disk_of(hw, info.path if info else None)
-            read_mbps = data_disk.read_mbps if data_disk else None
-            bytes_per_token = CHARS_PER_TOKEN
-            reasons["cache"] = f"none: {disk_why}, and RAM is short ({ram_why}); the local files are streamed"
-        elif disk is None:
-            reasons["cache"] = f"datasets' default cache dir: {disk_why}; RAM: {ram_why}"
-        else:
-            cache_dir, cache_on, read_mbps = _cache_path(disk), disk.kind, disk.read_mbps
-            head = f"memory-mapped Arrow on {disk_why}" if disk.kind in ("nvme", "ssd") else f"{disk_why}"
-            reasons["cache"] = f"{head} (not RAM: {ram_why})"
-            if disk.read_mbps is None:
-                reasons["cache"] += f"; read speed not measured ({disk.unavailable.get('read_mbps', 'unknown')})" + \
-                    (f": {MEASURE_DISK}" if _owned(hw) else "")
+        return _Cache(False, None, "ram", None, b_tok, True)
+    disk, disk_why = pick_disk(hw, tok_bytes)
+    if disk is None and source == "local" and tok_bytes is not None and hw.storage:
+        # No room for an Arrow copy: stream the local files instead of converting them.
+        data_disk = disk_of(hw, info.path if info else None)
+        reasons["cache"] = f"none: {disk_why}, and RAM is short ({ram_why}); the local files are streamed"
+        return _Cache(True, None, "none (streamed)", data_disk.read_mbps if data_disk else None, CHARS_PER_TOKEN, False)
+    if disk is None:
+        reasons["cache"] = f"datasets' default cache dir: {disk_why}; RAM: {ram_why}"
+        return _Cache(False, None, "unknown", None, b_tok, False)
+    head = f"memory-mapped Arrow on {disk_why}" if disk.kind in ("nvme", "ssd") else f"{disk_why}"
+    reasons["cache"] = f"{head} (not RAM: {ram_why})"
+    if disk.read_mbps is None:
+        reasons["cache"] += f"; read speed not measured ({disk.unavailable.get('read_mbps', 'unknown')})" + \
+            (f": {MEASURE_DISK}" if owned_machine(hw) else "")
+    return _Cache(False, cache_path(disk), disk.kind, disk.read_mbps, b_tok, False)
 
-    # -- workers ---------------------------------------------------------------------------------
-    slow = cache_on in ("hdd", "network") or streaming
-    workers, prefetch, why = _workers(ctx, hw, streaming, slow)
-    reasons["workers"] = why
 
-    # -- is the input pipeline the bottleneck? -------------------------------------------------
+class _InputFlow(NamedTuple):
+    """How fast the input pipeline feeds the trainer (None: not known)."""
+
+    input_tps: float | None  # tokens/s the source delivers
+    data_s: float | None  # seconds of reading per step
+    stall: float | None  # seconds per step the trainer waits for data
+    data_bound: bool | None
+
+
+def _input_flow(hw: HardwareProfile, sp: SpeedEstimate, source: str, cache: _Cache, workers: int,
+                reasons: dict[str, str], warnings: list[str]) -> _InputFlow:
+    """Is the input pipeline the bottleneck? (reasons["bottleneck"], and a warning when it is or when
+    the cache sits on slow storage)."""
+    streaming, cache_on = cache.streaming, cache.cache_on
+    read_mbps, bytes_per_token = cache.read_mbps, cache.bytes_per_token
     tokens_per_step = sp.tokens_per_second * sp.step_seconds
     input_tps = data_s = stall = None
     data_bound = None
@@ -398,32 +391,17 @@ def plan_data(hw: HardwareProfile, info: DatasetInfo | None, ctx: ModeContext) -
                             "put it on an SSD/NVMe or in RAM")
     else:
         if streaming and source == "hub":
-            missing = "network bandwidth not measured" + (f": {MEASURE_NETWORK}" if _owned(hw) else "")
+            missing = "network bandwidth not measured" + (f": {MEASURE_NETWORK}" if owned_machine(hw) else "")
         elif cache_on == "unknown" and not hw.storage:
-            missing = "storage not measured" + (" (a catalog machine)" if not _owned(hw) else f": {MEASURE_DISK}")
+            missing = "storage not measured" + (" (a catalog machine)" if not owned_machine(hw)
+                                                else f": {MEASURE_DISK}")
         else:
-            missing = "disk read speed not measured" + (f": {MEASURE_DISK}" if _owned(hw) else "")
+            missing = "disk read speed not measured" + (f": {MEASURE_DISK}" if owned_machine(hw) else "")
         reasons["bottleneck"] = f"not known: {missing}"
     if data_bound:
         warnings.append(f"the input pipeline is the bottleneck: {input_tps:,.0f} tokens/s delivered vs "
                         f"{sp.tokens_per_second:,.0f} consumed; the step time includes {_dur(stall)} of waiting")
-
-    # -- packing and the token budget -------------------------------------------------------------
-    packing, waste, pack_why = packing_decision(info, s)
-    reasons["packing"] = pack_why
-    # The budget counts tokens at the speed the plan shows: with the data stall when it is shown.
-    shown = with_data_time(sp, stall, data_bound) or sp
-    budget = _token_budget(ctx, shown, tokens)
-    if budget is not None:
-        reasons["budget"] = _budget_reason(ctx, budget)
-        if not packing and s.method != "pretrain":  # unpacked rows: the budget counts padded slots
-            reasons["budget"] += (f" (counted as {s.seq_len}-token sequences, padding included: the rows' own "
-                                  "tokens are fewer)")
-        if budget.capped_by:
-            warnings.append(reasons["budget"])
-    return DataPlan(name, source, streaming, download_first, keep_in_memory, cache_dir, cache_on, workers, prefetch,
-                    packing, waste, tok_bytes, download_s, input_tps, sp.tokens_per_second, data_s, stall, data_bound,
-                    budget, reasons, warnings, assumptions, columns=info.columns if info else ())
+    return _InputFlow(input_tps, data_s, stall, data_bound)
 
 
 def _download_bytes_per_token(info: DatasetInfo | None) -> float:
@@ -437,7 +415,7 @@ def _stream_or_download(hw: HardwareProfile, info: DatasetInfo, ctx: ModeContext
     """(streaming, download_first, download seconds, why) for a Hub dataset."""
     dl = info.download_bytes
     need = None if dl is None else dl + (info.stored_bytes or 0) + (0 if in_ram or tok_bytes is None else tok_bytes)
-    disk, disk_why = _pick_disk(hw, need)
+    disk, disk_why = pick_disk(hw, need)
     mbps = hw.network.download_mbps
     if need is None:
         return False, True, None, ("download first: the Hub's size metadata is unavailable, so nothing says "
@@ -446,7 +424,7 @@ def _stream_or_download(hw: HardwareProfile, info: DatasetInfo, ctx: ModeContext
         return True, False, None, (f"stream: downloading needs {need / GIB:,.1f} GiB (download + Arrow + cache) and "
                                    f"{disk_why}")
     if mbps is None:
-        why = "network bandwidth not measured" + (f" ({MEASURE_NETWORK})" if _owned(hw) else "")
+        why = "network bandwidth not measured" + (f" ({MEASURE_NETWORK})" if owned_machine(hw) else "")
         return False, True, None, (f"download first ({need / GIB:,.1f} GiB on {disk_why}): {why}; a downloaded "
                                    "dataset resumes exactly and does not depend on the network mid-run")
     download_s = dl / (mbps * 1e6)

@@ -14,7 +14,8 @@ from trainfit.core.plan.hardware_rules import DeviceRules
 from trainfit.core.plan.mode_search import capacity_bytes, mode_budget, search_model
 from trainfit.core.plan.modes import ModeTargets
 from trainfit.core.plan.plan_reasons import length_reasons, setting_reasons, shorter_seq_reasons
-from trainfit.core.plan.plan_warnings import moe_quant_warning, setting_warnings, shorter_seq_advice, truncation_warnings
+from trainfit.core.plan.plan_warnings import (moe_quant_warning, setting_warnings, shorter_seq_advice,
+                                              truncation_warnings)
 from trainfit.core.plan.request import PlanRequest
 from trainfit.core.plan.results import ModePlan, RunFigures
 from trainfit.core.power import PowerEstimate
@@ -36,9 +37,9 @@ def _workload(req: PlanRequest, s: TrainingSetup, tokens: int | None = None) -> 
 
 
 def plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: ModelSpec,
-                result: SearchResult | None = None, pretrain_tokens: int | None = None,
-                pretrain: dict | None = None, extra_reasons: list[str] | None = None,
-                extra_warnings: list[str] | None = None) -> ModePlan:
+               result: SearchResult | None = None, pretrain_tokens: int | None = None,
+               pretrain: dict | None = None, extra_reasons: list[str] | None = None,
+               extra_warnings: list[str] | None = None) -> ModePlan:
     result = result or search_model(req, t, rules, model)
     measured.note_search(t.mode, model, result)  # the probe reads the search behind each pick
     budget = mode_budget(req, t)

@@ -20,7 +20,7 @@ from trainfit.errors import BadInputError
 
 
 def setting_reasons(model: ModelSpec, req: PlanRequest, t: ModeTargets, rules: DeviceRules, result: SearchResult,
-             best: Candidate, budget: Budget, cap: int | None) -> list[str]:
+                    best: Candidate, budget: Budget, cap: int | None) -> list[str]:
     from trainfit.core.memory import estimate_memory
 
     s = best.setup
@@ -107,7 +107,7 @@ def _sharding_reason(rules: DeviceRules, s: TrainingSetup) -> str:
 
 
 def shorter_seq_reasons(req: PlanRequest, t: ModeTargets, model: ModelSpec, s: TrainingSetup,
-                         sized: lengths.DataLengths | None) -> list[str]:
+                        sized: lengths.DataLengths | None) -> list[str]:
     """Why the sequence is shorter than the mode's own, and (without a data size, whose line says it)
     what that cuts off at typical lengths."""
     own = mode_seq_lens(req, t, model)

@@ -28,8 +28,8 @@ TRUNCATION_WARNING_SHARE = 0.25
 
 
 def setting_warnings(req: PlanRequest, t: ModeTargets, rules: DeviceRules, s: TrainingSetup, speed: SpeedEstimate,
-              power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
-              limit: float) -> list[str]:
+                     power: PowerEstimate, hours: float | None, rental: float | None, best: Candidate,
+                     limit: float) -> list[str]:
     out = []
     if hours is not None and hours > t.hours_max:
         frac = t.hours_max / hours

@@ -31,7 +31,8 @@ from trainfit.errors import UnavailableError
 
 # The library's entry: plan(PlanRequest) -> Plan. The request and result types are named here too,
 # where callers have always imported them from.
-__all__ = ["PLAN_METHODS", "MemoryUnknownError", "ModePlan", "Plan", "PlanRequest", "RunFigures", "check_request", "plan"]
+__all__ = ["PLAN_METHODS", "MemoryUnknownError", "ModePlan", "Plan", "PlanRequest", "RunFigures", "check_request",
+           "plan"]
 
 
 class MemoryUnknownError(UnavailableError):

@@ -80,7 +80,7 @@ def plan_pretrain(req: PlanRequest, t: ModeTargets, rules: DeviceRules) -> ModeP
     reasons.append(f"token budget: {t.tokens_per_param:g} x {count_text(n)} = {count_text(tokens)} tokens, "
                    f"C = 6ND = {6 * n * tokens:.2e} FLOPs")
     return plan_model(dataclasses.replace(req, method="pretrain"), t, rules, spec, result, tokens, info,
-                       reasons, warnings)
+                      reasons, warnings)
 
 
 LadderEntry = tuple  # (params, spec, SearchResult, hours | None, tokens)

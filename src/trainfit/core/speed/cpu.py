@@ -284,7 +284,6 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     act_bytes = 4.0 if precision == "fp32" else 2.0
     full_ckpt = setup.grad_checkpointing == "full"
     ref_tokens = tokens if sf.reference_flops else 0
-    mixed = precision != "fp32" and setup.precision.endswith("mixed")
     tensors = trainable_tensors(spec, setup)
     lora_modules = sum(c for _, c in tensors) / 2 if setup.lora is not None else 0
 
@@ -296,7 +295,44 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     attn_rate = torch_fp32_peak(rates) * CPU_ATTENTION_CEILING * context / (context + CPU_ATTENTION_HALF_SEQ)
     if precision != "fp32":
         attn_rate *= min(1.0, spec.head_dim / CPU_ATTENTION_16BIT_FULL_HEAD_DIM)
+    gemm_s = _cpu_gemm_seconds(spec, rates, sf, precision, peak_flops, attn_fwd, attn_flops, full_ckpt)
 
+    ffn = F.active_ffn_width(spec)
+    softcap = spec.architecture in SOFTCAP_ARCHITECTURES
+    elementwise_s, dropout_s, casts = _cpu_elementwise(spec, setup, rates, precision, tokens, ref_tokens, context,
+                                                       ffn, softcap, lora_modules)
+    vocabulary_s, fresh = _cpu_vocabulary(spec, rates, precision, tokens, ref_tokens, softcap)
+    # Activations saved for backward: the widest per-layer tensors (MLP gate/up/product, hidden).
+    fresh += layers * (fresh_bytes(tokens * ffn * act_bytes, 3) + fresh_bytes(tokens * h * act_bytes, 6))
+
+    passes = 1.0 + CPU_OPS_BACKWARD_FACTOR + (1.0 if full_ckpt else 0.0)
+    per_layer = CPU_OPS_PER_LAYER_FORWARD
+    if spec.num_experts > 0:  # every expert is hit once a micro-batch has a few tokens per expert
+        per_layer += CPU_MOE_ROUTER_OPS + CPU_MOE_OPS_PER_EXPERT * min(spec.num_experts, tokens * spec.experts_per_token)
+    ops = (per_layer * layers + 4 * lora_modules + casts) * passes  # LoRA: A, B, scale, add
+    dispatch_s = ops * CPU_OP_SECONDS
+
+    optimizer_s, step_fresh = _cpu_optimizer(setup, rates, tensors)
+    # The fresh-page cost measured on this machine where it was (a VM's faults also run in the hypervisor).
+    touch_per_byte = (rates.first_touch_seconds_per_byte if rates.first_touch_seconds_per_byte is not None
+                      else CPU_FIRST_TOUCH_SECONDS_PER_BYTE)
+    return CpuStep(
+        gemm_seconds=gemm_s,
+        attention_seconds=attn_flops / attn_rate,
+        elementwise_seconds=elementwise_s,
+        vocabulary_seconds=vocabulary_s,
+        dispatch_seconds=dispatch_s,
+        first_touch_seconds=fresh * touch_per_byte,
+        step_first_touch_seconds=step_fresh * touch_per_byte,
+        optimizer_seconds=optimizer_s,
+        dropout_seconds=dropout_s,
+    )
+
+
+def _cpu_gemm_seconds(spec: ModelSpec, rates: DeviceRates, sf: F.StepFlops, precision: str, peak_flops: float,
+                      attn_fwd: float, attn_flops: float, full_ckpt: bool) -> float:
+    """Seconds of the step's matmuls (every FLOP but the attention core's)."""
+    h, tokens = spec.hidden_size, sf.tokens
     gemm_rate = gemm_flops_per_second(rates, precision, peak_flops, h, tokens)
     gemm_flops = sf.total_flops - attn_flops
     if full_ckpt:
@@ -304,16 +340,22 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
         # counts a whole forward as recompute, which the GPU calibration was fitted with).
         gemm_flops -= 2.0 * h * spec.vocab_size * tokens
     if precision == "bf16" and peak_flops < rates.peak_flops.get("fp32", 0.0):
-        gemm_s = emulated_gemm_seconds(sf, attn_fwd, max(gemm_flops, 0.0), peak_flops)
-    else:
-        gemm_s = max(gemm_flops, 0.0) / gemm_rate
+        return emulated_gemm_seconds(sf, attn_fwd, max(gemm_flops, 0.0), peak_flops)
+    return max(gemm_flops, 0.0) / gemm_rate
 
+
+def _cpu_elementwise(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, precision: str, tokens: int,
+                     ref_tokens: int, context: int, ffn: float, softcap: bool, lora_modules: float
+                     ) -> tuple[float, float, float]:
+    """(elementwise s, dropout s, autocast casts per pass): the memory-bound traffic of a step."""
+    seq, layers, h = setup.seq_len, spec.num_layers, spec.hidden_size
+    act_bytes = 4.0 if precision == "fp32" else 2.0
+    full_ckpt = setup.grad_checkpointing == "full"
+    mixed = precision != "fp32" and setup.precision.endswith("mixed")
     # Elementwise traffic, in forward-equivalent passes: forward 1 + backward 2 (+1 recompute).
-    ffn = F.active_ffn_width(spec)
     per_token_layer = F.elementwise_elements_per_token_layer(spec, setup.torch_compile) * act_bytes
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
-    softcap = spec.architecture in SOFTCAP_ARCHITECTURES
     # The path that runs (T5's trainable bias and MQA falcon fall back to SDPA's math path; so does attention
     # dropout on a CPU), which materialises the scores as eager attention does.
     kind = attention_kind(spec, setup)
@@ -340,28 +382,24 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
         packed = 1.0 if setup.quant == "int8" else 0.5625
         elem_bytes += (weight_passes + 1.0) * F.matmul_params_stored(spec) * (packed + 2.0)
     # An op's operands: about three tensors as wide as the widest activation of a layer.
-    elementwise_s = stream_seconds(elem_bytes, 3.0 * tokens * max(h, ffn) * act_bytes, rates)
+    return stream_seconds(elem_bytes, 3.0 * tokens * max(h, ffn) * act_bytes, rates), dropout_s, casts
 
-    # Vocabulary: logits and the loss over every vocab entry of every token.
+
+def _cpu_vocabulary(spec: ModelSpec, rates: DeviceRates, precision: str, tokens: int, ref_tokens: int,
+                    softcap: bool) -> tuple[float, float]:
+    """(seconds, fresh bytes) of the logits and the loss over every vocab entry of every token."""
     n16 = CPU_VOCAB_16BIT_TENSORS if precision != "fp32" else 0
     n32 = CPU_VOCAB_FP32_TENSORS + (CPU_SOFTCAP_VOCAB_TENSORS if softcap else 0)
     vocab_tensor = spec.vocab_size * tokens * 4.0
     vocab_bytes = (n32 + n16 / 2) * vocab_tensor * CPU_VOCAB_PASSES
     vocab_bytes += 2.0 * vocab_tensor if ref_tokens else 0.0  # reference logits and log-softmax
     vocabulary_s = stream_seconds(vocab_bytes, 3.0 * vocab_tensor, rates)
-    fresh = fresh_bytes(vocab_tensor, n32) + fresh_bytes(vocab_tensor / 2, n16)
-    # Activations saved for backward: the widest per-layer tensors (MLP gate/up/product, hidden).
-    fresh += layers * (fresh_bytes(tokens * ffn * act_bytes, 3) + fresh_bytes(tokens * h * act_bytes, 6))
+    return vocabulary_s, fresh_bytes(vocab_tensor, n32) + fresh_bytes(vocab_tensor / 2, n16)
 
-    passes = 1.0 + CPU_OPS_BACKWARD_FACTOR + (1.0 if full_ckpt else 0.0)
-    per_layer = CPU_OPS_PER_LAYER_FORWARD
-    if spec.num_experts > 0:  # every expert is hit once a micro-batch has a few tokens per expert
-        per_layer += CPU_MOE_ROUTER_OPS + CPU_MOE_OPS_PER_EXPERT * min(spec.num_experts, tokens * spec.experts_per_token)
-    ops = (per_layer * layers + 4 * lora_modules + casts) * passes  # LoRA: A, B, scale, add
-    dispatch_s = ops * CPU_OP_SECONDS
 
-    # Once per optimizer step: the big gradients are fresh pages (zero_grad frees them), then the
-    # optimizer walks every trainable tensor.
+def _cpu_optimizer(setup: TrainingSetup, rates: DeviceRates, tensors: list[tuple[float, int]]) -> tuple[float, float]:
+    """(optimizer s, fresh bytes) once per optimizer step: the big gradients are fresh pages
+    (zero_grad frees them), then the optimizer walks every trainable tensor."""
     grad_bytes = 2.0 if setup.precision in ("bf16", "fp16") else 4.0
     step_fresh = sum(fresh_bytes(n * grad_bytes, c) for n, c in tensors)
     optimizer_s = 0.0
@@ -374,17 +412,4 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
             per_tensor = CPU_OPTIMIZER_OPS_PER_TENSOR
         for n, c in tensors:  # a tensor's param, grad and two states (16 B/param) stream together
             optimizer_s += c * (stream_seconds(n * per_param, n * 16.0, rates) + per_tensor * CPU_OP_SECONDS)
-    # The fresh-page cost measured on this machine where it was (a VM's faults also run in the hypervisor).
-    touch_per_byte = (rates.first_touch_seconds_per_byte if rates.first_touch_seconds_per_byte is not None
-                      else CPU_FIRST_TOUCH_SECONDS_PER_BYTE)
-    return CpuStep(
-        gemm_seconds=gemm_s,
-        attention_seconds=attn_flops / attn_rate,
-        elementwise_seconds=elementwise_s,
-        vocabulary_seconds=vocabulary_s,
-        dispatch_seconds=dispatch_s,
-        first_touch_seconds=fresh * touch_per_byte,
-        step_first_touch_seconds=step_fresh * touch_per_byte,
-        optimizer_seconds=optimizer_s,
-        dropout_seconds=dropout_s,
-    )
+    return optimizer_s, step_fresh

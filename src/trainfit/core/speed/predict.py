@@ -172,14 +172,7 @@ def _gpu_parts(
     bw = rates.memory_bandwidth_bytes_per_s * rates.memory_efficiency
     act_bytes = 4.0 if precision == "fp32" else 2.0
     w_bytes = _bytes_per_weight(setup)
-    n_stored = F.matmul_params_stored(spec)
-    # MoE experts bitsandbytes leaves 16-bit (transformers >= 5 fuses them): read at 2 B, never de-quantised.
-    n_dense = 0.0
-    if spec.num_experts and setup.quant in BITSANDBYTES:
-        st = model_stats(spec)
-        n_dense = float(st.experts) if experts_left_dense(st, setup) else 0.0
-    n_quant = n_stored - n_dense
-    trainable = _trainable_params(spec, setup)
+    n_stored, n_dense, n_quant, trainable = _gpu_weights(spec, setup)
     if setup.zero_stage >= 3 and n_dev > 1:
         pass  # weights are gathered whole before use: the reads below stay per full model
     # Passes over the weights per micro-batch: forward, backward, recompute, DPO reference.
@@ -192,6 +185,47 @@ def _gpu_parts(
     flops_s = gemm_flops / (peak * eff) + attention_s
     matmul_s = max(flops_s, weight_traffic / bw)
 
+    memory_s = _gpu_elementwise_seconds(spec, setup, sf, bw, act_bytes, passes, n_dense > 0)
+    dequant_s = _dequant_seconds(setup, n_quant, w_bytes, passes, bw)
+    fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
+    per_layer = KERNELS_PER_LAYER_FORWARD_COMPILED if setup.torch_compile else KERNELS_PER_LAYER_FORWARD
+    kernels = per_layer * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
+    overhead_s = kernels * rates.op_overhead_seconds
+    micro_s = matmul_s + memory_s + dequant_s + overhead_s
+
+    optimizer_s, offload_s = _gpu_optimizer_seconds(setup, rates, n_dev, n_stored, trainable, w_bytes, passes,
+                                                    micro_s, bw)
+    comm_s = _communication_seconds(setup, rates, n_dev, n_stored, trainable, micro_s, sf, notes)
+
+    compute_total = setup.grad_accum * matmul_s
+    parts = {
+        "compute": compute_total if flops_s >= 0.999 * matmul_s else 0.0,
+        "memory bandwidth": setup.grad_accum * (memory_s + dequant_s) + optimizer_s,
+        "framework overhead": setup.grad_accum * overhead_s,
+        "communication": comm_s,
+        "offload": offload_s,
+    }
+    if parts["compute"] == 0.0:  # the GEMMs themselves were bound by weight reads
+        parts["memory bandwidth"] += compute_total
+    return eff, micro_s, optimizer_s, offload_s, comm_s, parts
+
+
+def _gpu_weights(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, float, float, float]:
+    """(matmul weights stored, of them left 16-bit, of them quantised, trainable parameters)."""
+    n_stored = F.matmul_params_stored(spec)
+    # MoE experts bitsandbytes leaves 16-bit (transformers >= 5 fuses them): read at 2 B, never de-quantised.
+    n_dense = 0.0
+    if spec.num_experts and setup.quant in BITSANDBYTES:
+        st = model_stats(spec)
+        n_dense = float(st.experts) if experts_left_dense(st, setup) else 0.0
+    n_quant = n_stored - n_dense
+    return n_stored, n_dense, n_quant, _trainable_params(spec, setup)
+
+
+def _gpu_elementwise_seconds(spec: ModelSpec, setup: TrainingSetup, sf: F.StepFlops, bw: float, act_bytes: float,
+                             passes: float, experts_dense: bool) -> float:
+    """Seconds of memory-bound work per micro-batch: elementwise ops, logits, eager scores, dropout."""
+    tokens = sf.tokens
     # Elementwise (memory-bound) work. Training runs it ~3x (forward + 2x backward) + recompute.
     # An fp32 residual stream over 4-bit linears (PEFT's k-bit preparation, or autocast's fp32
     # LayerNorm output) runs every norm, residual, rotary and activation in fp32 and casts around
@@ -202,7 +236,7 @@ def _gpu_parts(
     ref_tokens = tokens if sf.reference_flops else 0
     elementwise_bytes = per_token_layer * spec.num_layers * (tokens * fwd_equiv + ref_tokens)
     if fp32_stream:
-        elementwise_bytes += _stream_cast_bytes(spec, n_dense > 0) * spec.num_layers * tokens * passes
+        elementwise_bytes += _stream_cast_bytes(spec, experts_dense) * spec.num_layers * tokens * passes
     logits_bytes = spec.vocab_size * (tokens * LOGIT_BYTES_TRAIN + ref_tokens * LOGIT_BYTES_FORWARD)
     if setup.attention == "eager":
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
@@ -214,7 +248,11 @@ def _gpu_parts(
     dropped = model_dropout.dropped_elements_per_token(spec, setup, eager) * (tokens + ref_tokens)
     draws = 2.0 if setup.grad_checkpointing == "full" else 1.0
     elementwise_bytes += dropped * (draws + 1.0) * (2.0 * act_bytes + 1.0)
-    memory_s = (elementwise_bytes + logits_bytes) / bw
+    return (elementwise_bytes + logits_bytes) / bw
+
+
+def _dequant_seconds(setup: TrainingSetup, n_quant: float, w_bytes: float, passes: float, bw: float) -> float:
+    """Seconds per micro-batch de-quantising the quantised weights before each use."""
     dequant_s = 0.0
     if setup.quant in ("nf4", "nf4-dq"):
         # Every 4-bit weight is dequantised to bf16 before each use (forward, backward, recompute).
@@ -226,11 +264,12 @@ def _gpu_parts(
     elif setup.quant == "int8":
         # bitsandbytes int8: read 1 byte, write 2 per weight and use (no published figure to fit).
         dequant_s = passes * n_quant * (w_bytes + 2.0) / bw
-    per_layer = KERNELS_PER_LAYER_FORWARD_COMPILED if setup.torch_compile else KERNELS_PER_LAYER_FORWARD
-    kernels = per_layer * spec.num_layers * fwd_equiv * (1.5 if setup.quant != "none" else 1.0)
-    overhead_s = kernels * rates.op_overhead_seconds
-    micro_s = matmul_s + memory_s + dequant_s + overhead_s
+    return dequant_s
 
+
+def _gpu_optimizer_seconds(setup: TrainingSetup, rates: DeviceRates, n_dev: int, n_stored: float, trainable: float,
+                           w_bytes: float, passes: float, micro_s: float, bw: float) -> tuple[float, float]:
+    """(optimizer s, offload s) per step: the optimizer step on the GPU, or on the host with offload."""
     # Optimizer step, sharded over data-parallel ranks by ZeRO >= 1.
     shard = min(n_dev, setup.shard_group) if setup.zero_stage >= 1 else 1  # hybrid: one node's GPUs
     opt_bytes = trainable * OPTIMIZER_BYTES[setup.optimizer] * OPTIMIZER_PASSES[rates.kind] / shard
@@ -254,20 +293,7 @@ def _gpu_parts(
             offload_s += setup.grad_accum * max(stream - ZERO3_OVERLAP * micro_s, MIN_EXPOSED * stream)
     else:
         optimizer_s = opt_bytes / bw
-
-    comm_s = _communication_seconds(setup, rates, n_dev, n_stored, trainable, micro_s, sf, notes)
-
-    compute_total = setup.grad_accum * matmul_s
-    parts = {
-        "compute": compute_total if flops_s >= 0.999 * matmul_s else 0.0,
-        "memory bandwidth": setup.grad_accum * (memory_s + dequant_s) + optimizer_s,
-        "framework overhead": setup.grad_accum * overhead_s,
-        "communication": comm_s,
-        "offload": offload_s,
-    }
-    if parts["compute"] == 0.0:  # the GEMMs themselves were bound by weight reads
-        parts["memory bandwidth"] += compute_total
-    return eff, micro_s, optimizer_s, offload_s, comm_s, parts
+    return optimizer_s, offload_s
 
 
 def _stream_cast_bytes(spec: ModelSpec, experts_dense: bool) -> float:
