@@ -42,7 +42,7 @@ def predict_run(
     speed = predict_step(model, setup, hardware, workload)
     low, high = PLAUSIBLE_STEP_FACTOR
     if step_time_factor != 1.0 and low <= step_time_factor <= high:
-        speed = _scaled(speed, step_time_factor)
+        speed = scaled_speed(speed, step_time_factor)
         notes.append(f"step time x{step_time_factor:.2f}: {calibration_source}")
     elif step_time_factor != 1.0:
         notes.append(f"step-time calibration ignored: ratio {step_time_factor:.2f} is outside {low}-{high}")
@@ -51,7 +51,7 @@ def predict_run(
     return RunPrediction(speed, power, step_time_factor, notes)
 
 
-def _scaled(speed: SpeedEstimate, factor: float) -> SpeedEstimate:
+def scaled_speed(speed: SpeedEstimate, factor: float) -> SpeedEstimate:
     """Every duration times `factor`, every rate divided by it (FLOPs per step unchanged)."""
     return dataclasses.replace(
         speed,

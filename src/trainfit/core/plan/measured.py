@@ -198,14 +198,14 @@ def speed_fn(req, model: ModelSpec, base: Callable[[ModelSpec, TrainingSetup], S
     ratios = class_ratios(req.measured_steps, model.id)
 
     def fn(m: ModelSpec, s: TrainingSetup) -> SpeedEstimate:
-        from trainfit.core.run_prediction import _scaled
+        from trainfit.core.run_prediction import scaled_speed
 
         speed = base(m, s)
         if m.id == model.id:
             seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds, measured=measured, ratios=ratios)
         else:
             seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds)
-        return _scaled(speed, seconds / speed.step_seconds) if speed.step_seconds > 0 else speed
+        return scaled_speed(speed, seconds / speed.step_seconds) if speed.step_seconds > 0 else speed
     return fn
 
 
@@ -213,7 +213,7 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
     """core.run_prediction.predict_run for the plan's pick, at its measured (or class-scaled) step
     time when the probe measured it: the figures then say what this machine does."""
     from trainfit.core.power import estimate_power
-    from trainfit.core.run_prediction import RunPrediction, _scaled, predict_run as predict
+    from trainfit.core.run_prediction import RunPrediction, predict_run as predict, scaled_speed
 
     measured = _measured(req.measured_steps, model.id)
     ratios = class_ratios(req.measured_steps, model.id)
@@ -226,7 +226,7 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
     raw = base.speed.step_seconds  # the speed model's step (no calibration factor applied to base)
     seconds, how = adjusted_step(req, model.id, s, raw, measured=measured, ratios=ratios)
     factor = seconds / raw if raw > 0 else 1.0
-    speed = _scaled(base.speed, factor)
+    speed = scaled_speed(base.speed, factor)
     note = {"measured": f"step time measured on this machine by the plan's probe ({seconds:.3g} s, "
                         f"x{factor:.2f} the speed model)",
             "class": f"step time x{factor:.2f}: the speed model scaled by the probe's measured ratio for this "
