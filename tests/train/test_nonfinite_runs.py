@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainfit.cli.main import main
-from trainfit.train import faults
+from trainfit.train.recovery import faults
 
 from .conftest import make_config
 

@@ -22,7 +22,7 @@ import pytest
 
 from trainfit.core.plan.modes import MODES, safety_thresholds
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
-from trainfit.train import checkpoints as ck
+from trainfit.train.recovery import checkpoints as ck
 from trainfit.core.checkpoint_cadence import cadence_interval
 from trainfit.train.safety import (CadencePolicy, SafetyContext, SignalPolicy, ThermalPolicy, TrainingStopped,
                                    context_of, safety_callbacks)

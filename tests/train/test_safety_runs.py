@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainfit.cli.main import main
-from trainfit.train import faults
+from trainfit.train.recovery import faults
 
 from .conftest import loss_trajectory, make_config
 

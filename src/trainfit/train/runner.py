@@ -49,7 +49,7 @@ from trainfit.export.engine import sharding_engine
 from trainfit.export.training_args import CONFIG_MODULES, NEEDS_BITSANDBYTES, trainer_config, training_arguments
 from trainfit.versions import transformers_major
 from trainfit.files import FolderAdditions
-from trainfit.train import checkpoints as ck
+from trainfit.train.recovery import checkpoints as ck
 from trainfit.train.in_force import InForce
 from trainfit.config.run_config import RunConfig, dump_run_config
 
@@ -522,7 +522,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     whole directory when it created it), so the same run_dir can be used for the next try."""
     require_extra("torch", "train")
     require_extra("trl", "train")
-    from trainfit.train import recovery
+    from trainfit.train.recovery.adjustments import (ADJUSTMENTS, Adjustments, apply_adjustments, load_adjustments,
+                                                     restart_pending)
 
     rank, world_size = world()
     log = log or (lambda m: None)
@@ -534,13 +535,13 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     run_dir = Path(run_dir).resolve()
     user_cfg = cfg
     requests = _recovery_requests(run_dir, user_cfg) if recover else []
-    if requests and not resume and recovery.restart_pending(run_dir, requests[0]["config_hash"]):
+    if requests and not resume and restart_pending(run_dir, requests[0]["config_hash"]):
         say(f"continuing {run_dir.name} after a restart one of its processes asked for "
             f"({requests[0].get('reason', 'recovery')})")
         resume = True
     if not resume:
         requests = []
-    adj = recovery.load_adjustments(run_dir) if resume and recover else recovery.Adjustments()
+    adj = load_adjustments(run_dir) if resume and recover else Adjustments()
     processes = adj.processes or (requests[0].get("processes") if requests else None) or world_size
     replan = bool(adj.replan) or any(r.get("kind") == "device_lost" for r in requests)
     # after a device failure the run lands wherever it can: an explicit device: cuda may be gone
@@ -551,8 +552,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, s
     hardware = hardware_profile() if user_cfg.training.precision == "auto" else None
     resolved = in_force.change(user_cfg.for_device(device, hardware), f"precision auto made concrete for {device}",
                                source="device")
-    in_force.change(recovery.apply_adjustments(resolved, adj, world_size),
-                    f"the split and precision earlier recoveries chose (RUN_DIR/{recovery.ADJUSTMENTS}), the "
+    in_force.change(apply_adjustments(resolved, adj, world_size),
+                    f"the split and precision earlier recoveries chose (RUN_DIR/{ADJUSTMENTS}), the "
                     f"global batch kept over {world_size} process(es)", source="adjustments")
     precision_note = None
     if replan:
@@ -586,8 +587,8 @@ class _Start:
     run_dir: Path
     device: str
     resume_from: ck.CheckpointInfo | None
-    adj: Any  # recovery.Adjustments read from RUN_DIR/adjustments.json
-    requests: list  # what failed ranks recorded for this restart (recovery.read_requests)
+    adj: Any  # recovery.adjustments.Adjustments read from RUN_DIR/adjustments.json
+    requests: list  # what failed ranks recorded for this restart (recovery.adjustments.read_requests)
     processes: int  # processes the global batch was planned for
     precision_note: str | None  # after a device failure: the precision changed for the new device
 
@@ -617,10 +618,10 @@ def _with_device(cfg: RunConfig, device: str) -> RunConfig:
 
 def _recovery_requests(run_dir: Path, user_cfg: RunConfig) -> list[dict[str, Any]]:
     """Requests failed ranks of this run (this config) recorded for the next start."""
-    from trainfit.train import recovery
+    from trainfit.train.recovery.adjustments import read_requests
 
     out = []
-    for req in recovery.read_requests(run_dir):
+    for req in read_requests(run_dir):
         n = req.get("processes")
         if isinstance(n, int) and n >= 1 and req.get("config_hash") == user_cfg.config_hash(n):
             out.append(req)
@@ -632,13 +633,13 @@ def _precision_for_device(cfg: RunConfig, device: str) -> tuple[RunConfig, str |
     the device the run landed on trains in."""
     import dataclasses
 
-    from trainfit.train import recovery
+    from trainfit.train.recovery.precision import next_precision, supported_precisions
 
     precision = cfg.training.precision
-    supported = recovery._supported_precisions(device)
+    supported = supported_precisions(device)
     if (supported is None or precision in supported) and not (device == "cpu" and precision.startswith("fp16")):
         return cfg, None
-    new = recovery.next_precision(precision, supported) or "fp32"
+    new = next_precision(precision, supported) or "fp32"
     note = f"precision {precision} -> {new} ({device} does not train in {precision})"
     return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, precision=new)), note
 
@@ -680,7 +681,7 @@ class FailedStartCleanup:
         try:
             if not self.run_dir.is_dir() or self._checkpoints() - self.checkpoints:
                 return  # nothing written, or a checkpoint worth resuming from
-            from trainfit.train.recovery import read_requests
+            from trainfit.train.recovery.adjustments import read_requests
 
             if read_requests(self.run_dir):
                 return  # a rank asked for a restart with another split: the restart needs the run
@@ -697,7 +698,11 @@ class FailedStartCleanup:
 
 def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
     from trainfit.files import atomic_dir
-    from trainfit.train import faults, recovery
+    from trainfit.train.recovery import faults
+    from trainfit.train.recovery.adjustments import read_requests
+    from trainfit.train.recovery.oom import free_device_memory
+    from trainfit.train.recovery.restart import Relaunch, init_restarted_process_group
+    from trainfit.train.recovery.session import RecoverySession
     from trainfit.train.callbacks import device_memory
 
     run_dir, device, resume_from, stop_after = start.run_dir, start.device, start.resume_from, asked.stop_after
@@ -714,14 +719,14 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
     if world_size > 1 and sharding_engine(in_force.cfg) is None and device in ("cuda", "cpu"):
         backend = in_force.cfg.distributed.backend if in_force.cfg.distributed.backend != "auto" else (
             "nccl" if device == "cuda" else "gloo")
-        recovery.init_restarted_process_group(backend)  # after a torchrun restart only
+        init_restarted_process_group(backend)  # after a torchrun restart only
     # initialises the process group under a launcher
     probe_args = TrainingArguments(**training_arguments(in_force.cfg, **arg_inputs))
     resume_step = start.resume_step
     if rank == 0:
         write_run_files(in_force.user, run_dir, resume_step, processes=start.processes)
     probe_args.distributed_state.wait_for_everyone()
-    session = recovery.RecoverySession(run_dir, in_force.user, device=device, rank=rank, world_size=world_size,
+    session = RecoverySession(run_dir, in_force.user, device=device, rank=rank, world_size=world_size,
                                        say=say, log=log, config_hash=in_force.user.config_hash(start.processes),
                                        stop_after=stop_after, enabled=recover)
     try:
@@ -757,7 +762,7 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
             except BaseException as exc:
                 failure = session.classify(exc)
                 if failure is None:
-                    if world_size > 1 and recover and isinstance(exc, Exception) and recovery.read_requests(run_dir):
+                    if world_size > 1 and recover and isinstance(exc, Exception) and read_requests(run_dir):
                         # a collective broke because another rank stopped to ask for a restart
                         raise TrainfitError(f"rank {rank} stopped: another rank asked every rank to restart with a "
                                             f"new split ({type(exc).__name__}: {str(exc)[:120]})") from None
@@ -768,8 +773,8 @@ def _train(in_force: InForce, start: _Start, asked: _Asked) -> RunResult:
                 break
             _release(trainer)
             del trainer, model, ref, built
-            recovery.free_device_memory()
-            if isinstance(nxt, recovery.Relaunch):
+            free_device_memory()
+            if isinstance(nxt, Relaunch):
                 summary = session.relaunch(nxt, stop_after=stop_after, quiet=asked.quiet, faults_plan=fault_plan)
                 return RunResult(run_dir, summary["global_step"], _logged_losses(run_dir), summary,
                                  str(resume_from.path) if resume_from else None, list(timer.step_seconds))
@@ -810,7 +815,7 @@ class _Watch:
 def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machine, tokens_fn) -> _Watch:
     """Step timing, metrics.jsonl, progress, the live monitor, the safety policies, injected faults
     and the recovery callback (last: it stops an attempt at a boundary)."""
-    from trainfit.train import faults
+    from trainfit.train.recovery import faults
     from trainfit.train.callbacks import BeforeFirstStep, MetricsWriter, Progress, RunPlan, StepTimer, StopAt
 
     rank, world_size = world()
@@ -880,7 +885,7 @@ def _checkpoint_step(checkpoint: str | None) -> int:
 
 
 def _fake_monitor_arguments(machine) -> dict[str, Any]:
-    """build_monitor's arguments for a scripted machine (trainfit.train.faults.FAKE_MACHINE_ENV)."""
+    """build_monitor's arguments for a scripted machine (trainfit.train.recovery.faults.FAKE_MACHINE_ENV)."""
     if machine is None:
         return {}
     from trainfit.train.monitor import LeakDetector
@@ -914,7 +919,7 @@ def _build(in_force: InForce, tokenizer, dataset, run_dir: Path, say: Log, probe
     """The model (and DPO reference) and the Trainer of one attempt; `replan` may change the
     config in force once the model's description is known (after a device failure). Out of
     memory here (before a step ran) is not something a smaller micro-batch fixes: DoesNotFitError."""
-    from trainfit.train.oom import classify
+    from trainfit.train.recovery.oom import classify
 
     try:
         model, ref, built = make_model(in_force.cfg, tokenizer, run_dir, say, probe_args)

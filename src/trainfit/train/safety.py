@@ -529,7 +529,7 @@ def _gib(n: float) -> str:
 
 class MemoryPressurePolicy(TrainerCallback):
     """Shrinks the split before memory runs out (see the module doc). `request`: how a shrink is
-    asked for (trainfit.train.recovery.request_shrink: at the next optimizer-step boundary, on
+    asked for (trainfit.train.recovery.session.request_shrink: at the next optimizer-step boundary, on
     every rank); `leak_events`: (count seen) -> (the monitor's event records emitted since, count
     emitted) (Monitor.events_since; its memory_leak findings)."""
 
@@ -618,7 +618,7 @@ class MemoryPressurePolicy(TrainerCallback):
 
 
 def _request_shrink(reason: str) -> bool:
-    from trainfit.train.recovery import request_shrink
+    from trainfit.train.recovery.session import request_shrink
 
     return request_shrink(reason)
 
@@ -849,7 +849,7 @@ class StopAtTrainEnd(TrainerCallback):
         """Where the run continues from: normally the checkpoint of this step, just written."""
         if self.ctx.run_dir is None:
             return f"checkpoint-{step} is written"
-        from trainfit.train import checkpoints as ck
+        from trainfit.train.recovery import checkpoints as ck
 
         ckpt_dir = Path(self.ctx.run_dir) / "checkpoints"
         infos, _ = ck.scan(ckpt_dir, verify_hashes=False)  # sizes: the hashes were checked when written

@@ -1,6 +1,6 @@
 """A thin subclass over Transformers' Trainer (or TRL's SFT/DPO trainers) that
 
-- writes checkpoints atomically (trainfit.train.checkpoints: staging dir, fsync, manifest,
+- writes checkpoints atomically (trainfit.train.recovery.checkpoints: staging dir, fsync, manifest,
   rename) and rotates only complete ones, instead of writing into checkpoint-N in place;
 - counts the tokens it trains on (for tokens/s) without a device sync per micro-batch;
 - turns a failure to load the checkpoint it resumes from (model, optimizer, scheduler, scaler,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from trainfit.errors import BadInputError, TrainfitError, UnavailableError
 from trainfit.files import DISK_FULL_ERRNOS as _DISK_FULL_ERRNOS
-from trainfit.train import checkpoints as ck
+from trainfit.train.recovery import checkpoints as ck
 
 _WEIGHTS = "the model weights (model*.safetensors / adapter_model.safetensors)"
 
