@@ -114,7 +114,7 @@ def test_report_of_a_monitored_run(monitored_run):
     assert s["thermal"]["cpu_throttle_events"] == 2 and s["thermal"]["battery_min_percent"] == 95.0
     synthetic = {"checkpoint": 1, "memory_leak": 1, "oom_recovered": 1, "precision_fallback": 1,
                  "signal": 1, "thermal_pause": 1, "thermal_resume": 1}
-    # the run itself also notes its checkpoint cadence (train/safety.py)
+    # the run itself also notes its checkpoint cadence (train/monitor/safety.py)
     # (and what it was planned to do when it started: run_plan)
     assert {k: v for k, v in s["events"].items() if k not in ("checkpoint_cadence", "run_plan")} == synthetic
 

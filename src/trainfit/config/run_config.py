@@ -221,7 +221,7 @@ class SafetyConfig:
 
 @dataclass(frozen=True)
 class MonitoringConfig:
-    """The live monitor (train/monitor.py): machine samples in metrics.jsonl, dashboard, leak warning."""
+    """The live monitor (train/monitor/live.py): machine samples in metrics.jsonl, dashboard, leak warning."""
 
     enabled: bool = True
     interval_seconds: float = 1.0  # one machine sample per interval
@@ -300,7 +300,7 @@ class RunConfig:
 
         Logging and keep_last do not change a single loss, so a resumed run may change them. The
         batch counts as the global batch, micro_batch x grad_accum x processes (`processes`; default
-        training.num_gpus), not how it is split: OOM recovery (train/recovery.py) changes the split and
+        training.num_gpus), not how it is split: OOM recovery (train/recovery/) changes the split and
         the run still resumes. Gradient checkpointing and the device say how a step is computed and
         where, not what it computes, so they are left out too.
         """

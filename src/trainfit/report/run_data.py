@@ -2,7 +2,7 @@
 it is; absent in the folder of a run monitored with MonitorCallback / monitor_training, whose
 metrics.jsonl the monitor wrote), summary.json (optional: a run that crashed or is still running
 has none yet; its `run_plan` event then says what it was planned to do) and
-metrics.jsonl, whose three kinds of record (train/events.py) are sorted into logged steps, machine
+metrics.jsonl, whose three kinds of record (train/monitor/events.py) are sorted into logged steps, machine
 samples (hardware/sample_types.py) and events.
 
 metrics.jsonl is read line by line (no size limit; what is kept per line is small). A line that

@@ -833,7 +833,7 @@ def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machin
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    from trainfit.train.monitor import build_monitor
+    from trainfit.train.monitor.callback import build_monitor
 
     # The live monitor: machine samples into metrics.jsonl, leak warnings, the dashboard (main
     # process only; the predicted peak is filled in once the model is built).
@@ -849,7 +849,7 @@ def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machin
     injected = [faults.FaultInjector(fault_plan, rank, log)] if fault_plan is not None else []
     # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
     # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
-    from trainfit.train.safety import safety_callbacks
+    from trainfit.train.monitor.safety import safety_callbacks
 
     # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
     # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
@@ -888,7 +888,7 @@ def _fake_monitor_arguments(machine) -> dict[str, Any]:
     """build_monitor's arguments for a scripted machine (trainfit.train.recovery.faults.FAKE_MACHINE_ENV)."""
     if machine is None:
         return {}
-    from trainfit.train.monitor import LeakDetector
+    from trainfit.train.monitor.leaks import LeakDetector
 
     spec = machine.spec
     out: dict[str, Any] = {"sampler": machine.sampler}

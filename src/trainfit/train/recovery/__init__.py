@@ -63,7 +63,7 @@ What is recorded
 ----------------
 RUN_DIR/adjustments.json (written atomically, rank 0): the split and precision in force, the
 global batch and the process count it was planned for, and the history of recoveries; a later
---resume applies it. Every recovery is an event in metrics.jsonl (train/events.py) with its reason,
+--resume applies it. Every recovery is an event in metrics.jsonl (train/monitor/events.py) with its reason,
 and summary.json carries the split in force and the history. config.sha256 hashes the global batch,
 not its split (RunConfig.config_hash), so the adjusted run still resumes.
 

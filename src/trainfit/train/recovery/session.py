@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainfit.errors import DoesNotFitError, TrainingDivergedError, UnavailableError
-from trainfit.train.events import append_record, event
+from trainfit.train.monitor.events import append_record, event
 from trainfit.train.recovery.adjustments import (ADJUSTMENTS, REQUEST_DIR, Adjustments, apply_adjustments,
                                                  apply_request, clear_requests, save_adjustments, write_request)
 from trainfit.train.recovery.callback import RecoveryCallback
