@@ -77,7 +77,7 @@ def main() -> int:
     import yaml
 
     from trainfit.config.run_config import load_run_config
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     rng = random.Random(args.seed)
     rows = []

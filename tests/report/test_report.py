@@ -257,7 +257,7 @@ def test_a_diverged_loss_is_reported_not_refused(tmp_path, capsys):
 def test_a_run_without_summary_uses_the_logged_peaks(tmp_path):
     d = _fake_run(tmp_path / "run")
     append(d, synthetic_records(1_700_000_000.0, 1_700_000_006.0, gpus=0, n=5))
-    # The record train/runner.trim_metrics writes on --resume, and an event without a time.
+    # The record train/run_dir.trim_metrics writes on --resume, and an event without a time.
     append(d, [{"event": "resume", "from_step": 3, "dropped_records": 2, "time": 1_700_000_003.5},
                {"event": "device_lost", "step": None, "reason": "GPU 0 fell off the bus"}])
     result = report(str(d), out=str(tmp_path / "rep"))

@@ -24,7 +24,8 @@ from trainfit.train.recovery.oom import classify
 from trainfit.train.recovery.precision import PrecisionPolicy, next_precision
 from trainfit.train.recovery.session import request_shrink
 from trainfit.train.recovery.split import Split, shrink, split_for_world
-from trainfit.train.runner import legacy_config_hash, run_training
+from trainfit.train.run_dir import legacy_config_hash
+from trainfit.train.runner import run_training
 
 from .conftest import loss_trajectory, make_config, run_torchrun
 

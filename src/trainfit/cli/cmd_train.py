@@ -94,12 +94,12 @@ def _refuse_foreign_framework(cfg, command: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     with _stdout_to_stderr(args.json), quiet_libraries():  # library warnings are not the user's business
         summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
                         quiet=args.quiet, log=say)
-    from trainfit.train.runner import end_distributed, world
+    from trainfit.train.environment import end_distributed, world
 
     end_distributed()
 

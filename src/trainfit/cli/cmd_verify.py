@@ -79,7 +79,7 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     with quiet_libraries():  # library warnings are not the user's business
         report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say,

@@ -198,7 +198,7 @@ def _classify(path: Path, n: int, rec: dict[str, Any], data: RunData) -> None:
 def _event(n: int, kind: str, rec: dict[str, Any], where: str) -> Event:
     time = _time(rec.get("time"), where, required=False)
     step = _integer(rec.get("step"), where, "step")
-    if step is None and "from_step" in rec:  # the resume / restart record (train/runner.trim_metrics)
+    if step is None and "from_step" in rec:  # the resume / restart record (train/run_dir.trim_metrics)
         step = _integer(rec.get("from_step"), where, "from_step")
     reason = rec.get("reason")
     if reason is not None and not isinstance(reason, str):

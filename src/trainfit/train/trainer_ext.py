@@ -5,7 +5,7 @@
 - counts the tokens it trains on (for tokens/s) without a device sync per micro-batch;
 - turns a failure to load the checkpoint it resumes from (model, optimizer, scheduler, scaler,
   RNG state) into a BadInputError naming the checkpoint and the file, instead of a traceback
-  (runner.prepare_run_dir checks the files before anything starts; this is the backstop);
+  (run_dir.prepare_run_dir checks the files before anything starts; this is the backstop);
 - does not report a tied output embedding (`lm_head.weight`) as a missing key on resume: tied
   weights are stored once, and that is expected;
 - notes, per optimizer step, whether any micro-batch's loss was not finite (a tensor flag, read

@@ -13,7 +13,6 @@ from transformers import TrainerCallback
 from trainfit.core.plan.hardware_rules import power_cap_hint
 from trainfit.errors import EXIT_UNAVAILABLE
 from trainfit.hardware.sample_types import GpuSample, Sample
-from trainfit.train.monitor.events import event
 from trainfit.train.monitor.safety_context import EventsSince, SafetyContext, due_sample, gpu_reading, vendor_device
 
 # NVML clock-event reasons that mean heat (hw_slowdown: heat, or an external power brake).

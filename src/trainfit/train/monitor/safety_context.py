@@ -5,7 +5,6 @@ helpers each policy reads the machine and the Trainer's state with."""
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
