@@ -37,8 +37,8 @@ PROTECTION_NOTE = (
     "trainfit MonitorCallback: monitoring only (machine samples, ETA, loss lines and leak warnings in "
     "metrics.jsonl). Out-of-memory recovery, the precision fallback, memory-pressure shrinking and thermal / "
     "battery pauses need `trainfit train`: they restart the Trainer with another split or precision, which a "
-    "callback cannot do. For NaN / inf gradients add trainfit.train.monitor.run_policies.NonFiniteGuard() to the callbacks "
-    "(skips those updates, never saves non-finite weights).")
+    "callback cannot do. For NaN / inf gradients add trainfit.train.monitor.run_policies.NonFiniteGuard() to the "
+    "callbacks (skips those updates, never saves non-finite weights).")
 
 
 class _MonitorCallbackLogic:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from transformers import TrainerCallback
 
 from trainfit.train.recovery.rollback import rng_snapshot
 from trainfit.train.recovery.split import Split, shrink
-
-if TYPE_CHECKING:
-    from trainfit.train.recovery.session import RecoverySession
 
 
 class RecoveryCallback(TrainerCallback):
@@ -18,7 +13,7 @@ class RecoveryCallback(TrainerCallback):
     whole step?), the RNG snapshot at every step end, the once-per-step agreement on non-finite
     losses and shrink / fallback requests, and stopping the attempt at a boundary when needed."""
 
-    def __init__(self, session: RecoverySession) -> None:
+    def __init__(self, session) -> None:  # the RecoverySession (recovery/session.py) it belongs to
         self.s = session
 
     def on_train_begin(self, args, state, control, **kw):
