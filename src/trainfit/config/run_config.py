@@ -431,6 +431,13 @@ def own_run_problem(cfg: RunConfig, command: str) -> str | None:
             "its figures), or drop the key (or set framework: trainfit) to train here")
 
 
+def refuse_foreign_framework(cfg: RunConfig, command: str) -> None:
+    """BadInputError (exit 2) when `command` would run a config that names another tool (own_run_problem)."""
+    problem = own_run_problem(cfg, command)
+    if problem is not None:
+        raise BadInputError(problem)
+
+
 def _joined(source: str, errors: list[str]) -> str:
     head = f"{source}: " if source else ""
     if len(errors) == 1:
