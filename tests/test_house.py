@@ -2,6 +2,8 @@
 
 - core/ and train/: no module over 600 lines, no function over 80 lines.
 - No module imports a heavy library (torch, transformers, ...) when it is imported.
+- No module imports another module's private name (`from trainfit.x import _helper`): a shared
+  helper is a public name of the lower module.
 - No import circle runs through a package's own `__init__` (the `no-circles` contract of
   `make lint` checks the circles among a package's modules; this is the one it cannot see).
 
@@ -46,6 +48,20 @@ FUNCTIONS_OVER: dict[str, int] = {
     "train/probe.py::_run_setting": 98,
     "train/runner.py::_train": 98,
     "train/trainer_ext.py::with_trainfit": 197,
+}
+
+# ALLOW-LIST, to empty: private names imported from another module today (importer, "module::name").
+PRIVATE_IMPORTS: set[tuple[str, str]] = {
+    ("cli/plan_pipeline.py", "cli/cmd_plan.py::_data"),
+    ("core/model_loader_families.py", "core/model_loader.py::_activation"),
+    ("core/model_loader_families.py", "core/model_loader.py::_ACTS"),
+    ("core/plan/measured.py", "core/run_prediction.py::_scaled"),
+    ("hardware/memory.py", "hardware/storage.py::_disk_of"),
+    ("hardware/memory.py", "hardware/storage.py::_mount_of"),
+    ("hardware/sampling.py", "hardware/nvml.py::_Reader"),
+    ("hardware/sampling.py", "hardware/power.py::_battery"),
+    ("train/dashboard.py", "train/monitor.py::_duration"),
+    ("train/dashboard.py", "train/monitor.py::_size"),
 }
 
 # Imported inside the functions that need them, never at module import time (the `train` and
@@ -136,6 +152,28 @@ def test_no_heavy_library_imported_at_module_import_time():
             if top in HEAVY and (folder, module, name) not in HEAVY_AT_IMPORT_ALLOWED:
                 problems.append(f"{_name(path)}:{line} imports {module} at import time: import it inside "
                                 "the function that needs it (CONTRIBUTING.md, heavy libraries)")
+    assert not problems, "\n".join(problems)
+
+
+def _module_file(module: str) -> str:
+    """trainfit.a.b -> "a/b.py" (or "a/b/__init__.py" for a package)."""
+    path = "/".join(module.split(".")[1:])
+    return f"{path}/__init__.py" if (PACKAGE / path).is_dir() else f"{path}.py"
+
+
+def test_no_private_name_imported_from_another_module():
+    found: set[tuple[str, str]] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("trainfit")):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.add((_name(path), f"{_module_file(node.module)}::{alias.name}"))
+    problems = [f"{importer} imports {name.replace('::', ' name ')}: make it a public name of its module"
+                for importer, name in sorted(found - PRIVATE_IMPORTS)]
+    problems += [f"{importer} no longer imports {name}: remove it from PRIVATE_IMPORTS"
+                 for importer, name in sorted(PRIVATE_IMPORTS - found)]
     assert not problems, "\n".join(problems)
 
 
