@@ -431,6 +431,13 @@ def own_run_problem(cfg: RunConfig, command: str) -> str | None:
             "its figures), or drop the key (or set framework: trainfit) to train here")
 
 
+def refuse_foreign_framework(cfg: RunConfig, command: str) -> None:
+    """BadInputError (exit 2) when `command` would run a config that names another tool (own_run_problem)."""
+    problem = own_run_problem(cfg, command)
+    if problem is not None:
+        raise BadInputError(problem)
+
+
 def _joined(source: str, errors: list[str]) -> str:
     head = f"{source}: " if source else ""
     if len(errors) == 1:
@@ -603,14 +610,16 @@ def _data_errors(cfg: RunConfig) -> list[str]:
 
 
 def _bound_errors(cfg: RunConfig) -> list[str]:
-    """Every number of the config against its range in trainfit.validate.BOUNDS (NaN and
-    infinity never pass)."""
-    from trainfit.validate import section_problems
+    """Every number of the config against its range: the numeric knobs' in the knob table, the
+    others' in trainfit.validate.BOUNDS (NaN and infinity never pass)."""
+    from trainfit.core.knobs import KNOBS
+    from trainfit.validate import BOUNDS, section_problems
 
-    errs = section_problems(cfg.training, "training")
+    knob_bounds = {**BOUNDS, **{k.name: k.range for k in KNOBS if k.range is not None}}
+    errs = section_problems(cfg.training, "training", bounds=knob_bounds)
     if cfg.training.lora is not None:
         errs += section_problems(cfg.training.lora, "training.lora",
-                                 {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout"})
+                                 {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout"}, knob_bounds)
     if cfg.model.shape is not None:
         errs += section_problems(cfg.model.shape, "model.shape")
     for section, path in ((cfg.schedule, "schedule"), (cfg.checkpointing, "checkpointing"), (cfg.logging, "logging"),
