@@ -371,6 +371,8 @@ def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machin
     # The callbacks every attempt gets; extra_callbacks (monitor, safety policies) go before the
     # fault injector and the recovery callback, which stays last (it stops an attempt at a boundary).
     from trainfit.train.monitor.safety import safety_callbacks
+    from trainfit.train.recovery.rollback import latest_checkpoint
+    from trainfit.train.recovery.session import request_shrink
 
     # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
     # SIGTERM (core/plan/modes.py: thresholds of the config's safety.mode). The policies read
@@ -384,6 +386,7 @@ def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machin
     safety = safety_callbacks(in_force.cfg.safety.mode, sample_fn, run_dir=run_dir, leak_events=leak_events,
                               interactive=interactive, log=say, device=device, world_size=world_size, rank=rank,
                               interruption_hours=in_force.cfg.safety.interruption_hours,
+                              request_shrink=request_shrink, latest_checkpoint=latest_checkpoint,
                               **(fake_machine.safety_overrides if fake_machine is not None else {}))
     plan = RunPlan(metrics)
     callbacks = [trim, plan, timer, StopAt(stop_after), writer, progress, monitor] + \

@@ -11,4 +11,8 @@ safety.py            safety_callbacks: the policies of one run
 safety_context.py    what the policies share (SafetyContext, TrainingStopped)
 machine_policies.py  thermal, power and memory-pressure policies
 run_policies.py      checkpoint cadence, clean stop on signals, NonFiniteGuard
+
+Nothing here imports recovery/ (which writes its events through events.py): what the policies
+ask of it, a smaller step under memory pressure and the newest checkpoint of a stopped run, the
+runner hands to safety_callbacks.
 """

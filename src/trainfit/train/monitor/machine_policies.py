@@ -311,14 +311,14 @@ def _gib(n: float) -> str:
 
 class MemoryPressurePolicy(TrainerCallback):
     """Shrinks the split before memory runs out (see the module doc). `request`: how a shrink is
-    asked for (trainfit.train.recovery.session.request_shrink: at the next optimizer-step boundary, on
-    every rank); `leak_events`: (count seen) -> (the monitor's event records emitted since, count
+    asked for (`trainfit train` passes trainfit.train.recovery.session.request_shrink: at the next
+    optimizer-step boundary, on every rank; None: no training to ask, nothing is asked); `leak_events`: (count seen) -> (the monitor's event records emitted since, count
     emitted) (Monitor.events_since; its memory_leak findings)."""
 
     def __init__(self, ctx: SafetyContext, request: Callable[[str], bool] | None = None,
                  leak_events: EventsSince | None = None) -> None:
         self.ctx = ctx
-        self.request = request or _request_shrink
+        self.request = request or _nothing_to_ask
         self.leak_events = leak_events
         self.last_check = -math.inf
         self._swap_base: int | None = None  # swap in use when the run started (or at the last shrink)
@@ -399,7 +399,6 @@ class MemoryPressurePolicy(TrainerCallback):
         return None
 
 
-def _request_shrink(reason: str) -> bool:
-    from trainfit.train.recovery.session import request_shrink
-
-    return request_shrink(reason)
+def _nothing_to_ask(reason: str) -> bool:
+    """No training to ask for a smaller step (the policy runs outside `trainfit train`)."""
+    return False

@@ -9,7 +9,7 @@ import statistics
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -223,11 +223,15 @@ class SignalPolicy(TrainerCallback):
 
 class StopAtTrainEnd(TrainerCallback):
     """Last of the safety callbacks: when a policy stopped the run, raise TrainingStopped once the
-    Trainer has ended (so the callbacks before this one, e.g. the progress bar, closed cleanly)."""
+    Trainer has ended (so the callbacks before this one, e.g. the progress bar, closed cleanly).
+    `latest_checkpoint`: (checkpoints folder) -> the newest complete checkpoint's path or None
+    (`trainfit train` passes trainfit.train.recovery.rollback.latest_checkpoint)."""
 
-    def __init__(self, ctx: SafetyContext, signals: SignalPolicy | None = None) -> None:
+    def __init__(self, ctx: SafetyContext, signals: SignalPolicy | None = None,
+                 latest_checkpoint: Callable[[Path], str | None] | None = None) -> None:
         self.ctx = ctx
         self.signals = signals
+        self.latest_checkpoint = latest_checkpoint
 
     def on_train_end(self, args, state, control, **kw):
         if self.signals is not None:
@@ -245,18 +249,14 @@ class StopAtTrainEnd(TrainerCallback):
 
     def _newest_checkpoint(self, step: int) -> str:
         """Where the run continues from: normally the checkpoint of this step, just written."""
-        if self.ctx.run_dir is None:
+        if self.ctx.run_dir is None or self.latest_checkpoint is None:
             return f"checkpoint-{step} is written"
-        from trainfit.train.recovery import checkpoints as ck
-
-        ckpt_dir = Path(self.ctx.run_dir) / "checkpoints"
-        infos, _ = ck.scan(ckpt_dir, verify_hashes=False)  # sizes: the hashes were checked when written
-        complete = [i for i in infos if i.complete]
-        if not complete:
+        newest = self.latest_checkpoint(Path(self.ctx.run_dir) / "checkpoints")
+        if newest is None:
             return "no checkpoint was written: --resume would start from step 0"
-        newest = complete[-1]
-        return (f"{newest.path} is written" if newest.step == step
-                else f"the newest checkpoint is {newest.path} (step {newest.step})")
+        newest_step = int(Path(newest).name.split("-")[-1])
+        return (f"{newest} is written" if newest_step == step
+                else f"the newest checkpoint is {newest} (step {newest_step})")
 
 
 class NonFiniteGuard(TrainerCallback):

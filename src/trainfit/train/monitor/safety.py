@@ -69,6 +69,8 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                      handle_signals: bool = True, interruption_hours: float | None = None,
                      leak_events: EventsSince | None = None,
+                     request_shrink: Callable[[str], bool] | None = None,
+                     latest_checkpoint: Callable[[Path], str | None] | None = None,
                      **threshold_overrides) -> list[TrainerCallback]:
     """The safety callbacks of one run, to append after every other callback (the last one raises
     TrainingStopped at train end when a policy stopped the run).
@@ -79,6 +81,10 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     arguments). clock / sleep: injectable for tests. interruption_hours: the run config's
     safety.interruption_hours (combined with the mode's risk by the cadence policy).
     leak_events: Monitor.events_since (its memory_leak findings count as pressure).
+    request_shrink, latest_checkpoint: what recovery offers the policies (the runner passes
+    trainfit.train.recovery.session.request_shrink and recovery.rollback.latest_checkpoint; the
+    monitor package imports nothing of recovery): how memory pressure asks for a smaller step, and
+    the newest complete checkpoint a stopped run names.
     threshold_overrides: SafetyThresholds fields.
     """
     env_rank, env_world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -99,12 +105,12 @@ def safety_callbacks(mode: str | None, sample_fn: SampleFn | None, *, run_dir: s
     if sample_fn is not None or leak_events is not None:
         # a shrink is agreed by every rank at the next step boundary (recovery), so rank 0 acts
         # for all of them, multi-process runs included
-        out.append(MemoryPressurePolicy(ctx, leak_events=leak_events))
+        out.append(MemoryPressurePolicy(ctx, request=request_shrink, leak_events=leak_events))
     if not ctx.act:
         return out
     signals = SignalPolicy(ctx) if handle_signals else None
     out += [p for p in (signals, CadencePolicy(ctx)) if p is not None]
-    out.append(StopAtTrainEnd(ctx, signals))
+    out.append(StopAtTrainEnd(ctx, signals, latest_checkpoint))
     return out
 
 
