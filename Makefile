@@ -14,9 +14,9 @@ $(VENV)/.core: pyproject.toml constraints.txt
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.train: $(VENV)/.core
+$(VENV)/.train: $(VENV)/.core constraints-tested.txt
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[train,report,test]'
+	$(PIP) -c constraints-tested.txt -e '.[train,report,test]'
 	touch $@
 
 analyze: $(VENV)/.core
