@@ -121,7 +121,6 @@ CPU_VOCAB_PASSES = 3.0
 # capped the same way (attn_logit_softcapping 50, eager attention): six score-sized passes.
 # Counted from transformers' Gemma2ForCausalLM / eager_attention_forward; on the benchmark the two
 # Gemma-2 rows (256k vocabulary, 128 wide) missed by -40 % / -46 % without these terms.
-SOFTCAP_ARCHITECTURES = ("gemma2",)
 CPU_SOFTCAP_VOCAB_TENSORS = 6
 CPU_SOFTCAP_SCORE_PASSES = 6
 # Mixture-of-experts in eager transformers (MixtralExperts / MixtralTopKRouter): the router runs
@@ -313,7 +312,7 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     per_token_layer = F.elementwise_elements_per_token_layer(spec, setup.torch_compile) * act_bytes
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
-    softcap = spec.architecture in SOFTCAP_ARCHITECTURES
+    softcap = spec.capabilities.logit_softcap
     # The path that runs (T5's trainable bias and MQA falcon fall back to SDPA's math path; so does attention
     # dropout on a CPU), which materialises the scores as eager attention does.
     kind = attention_kind(spec, setup)
