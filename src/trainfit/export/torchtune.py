@@ -27,8 +27,9 @@ from trainfit.export.tools import ToolPlan, data_files, data_format, lora_target
 ATTN_KEYS = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
 MLP_NAMES = {"gate_proj", "up_proj", "down_proj"}
 # The builder (torchtune.models.<builder>) is ModelCapabilities.torchtune_builder; the checkpointer's
-# model_type is its upper case. Llama 3.2's builder carries Llama 3's RoPE scaling and defaults.
-LLAMA3_BUILDER = "llama3_2"
+# model_type is its upper case. Llama 3.2's builder carries Llama 3's RoPE scaling and defaults;
+# Qwen2's takes Qwen2's BPE tokenizer files.
+LLAMA3_BUILDER, QWEN2_BUILDER = "llama3_2", "qwen2"
 DTYPES = {"fp32": "fp32", "bf16": "bf16", "bf16-mixed": "bf16", "fp16": "fp16", "fp16-mixed": "fp16"}
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
               "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit",
@@ -118,7 +119,7 @@ def _checkpoint_files(cfg) -> list[str] | dict[str, str]:
 
 def tokenizer_section(plan: ToolPlan, ckpt: str) -> dict[str, Any]:
     t = plan.cfg.training
-    if plan.spec.capabilities.torchtune_builder == "qwen2":
+    if plan.spec.capabilities.torchtune_builder == QWEN2_BUILDER:
         # Qwen2.5's tokenizer also needs its tool-call tokens; a Qwen2-architecture checkpoint of
         # another family (or a local one) gets Qwen2's, which needs only <|im_start|> / <|im_end|>.
         name = "qwen2_5.qwen2_5_tokenizer" if plan.spec.family == "qwen2.5" else "qwen2.qwen2_tokenizer"
