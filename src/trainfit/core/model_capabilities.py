@@ -81,8 +81,8 @@ class ModelCapabilities:
     parallel_shares_hidden_dropout: bool = False
     # The saved v is a view of the fused q+k+v output and keeps all of it: when there are no key
     # groups to repeat (GPT-NeoX), or always, SDPA repeating groups itself (Phi-3).
-    v_view_keeps_fused_qkv: Literal["never", "without_kv_groups", "always"] = "never"
-    o_proj_reads_attention_copy: bool = False  # o_proj reads a contiguous copy of the attention output (Phi-3)
+    fused_qkv_v_view: Literal["never", "no_kv_groups", "always"] = "never"
+    o_proj_copy: bool = False  # o_proj reads a contiguous copy of the attention output (Phi-3)
     # Eager attention keeps its softmax in the input dtype, where the others upcast to fp32 (GPT-2).
     eager_probs_in_input_dtype: bool = False
     # transformers < 4.53 lets use_cache stay on under gradient checkpointing (4.48.1: GPTBigCode).
@@ -173,7 +173,7 @@ CAPABILITIES: dict[str, ModelCapabilities] = {
                              dropout_keys=(("resid_pdrop", 0.0), ("attention_dropout", 0.0), ("embd_pdrop", 0.0))),
     # Phi3Model applies no embedding dropout (embd_pdrop is in its config, unused).
     "phi3": ModelCapabilities(supported=True, buildable=True, block_layout="qkv_proj_gate_up_proj", fused_qkv=True,
-                              fused_gate_up=True, v_view_keeps_fused_qkv="always", o_proj_reads_attention_copy=True,
+                              fused_gate_up=True, fused_qkv_v_view="always", o_proj_copy=True,
                               hf_head_dim_derived=True, hf_sliding_window=True,
                               dropout_keys=(("resid_pdrop", 0.0), ("attention_dropout", 0.0), None)),
     "gpt2": ModelCapabilities(supported=True, buildable=True, block_layout="conv1d_c_attn", fused_qkv=True,
@@ -181,7 +181,7 @@ CAPABILITIES: dict[str, ModelCapabilities] = {
                               hf_n_embd_keys=True, dropout_keys=_GPT2_DROPOUT),
     # GPTNeoXModel's emb_dropout uses hidden_dropout too.
     "gpt_neox": ModelCapabilities(supported=True, buildable=True, block_layout="neox_query_key_value", fused_qkv=True,
-                                  v_view_keeps_fused_qkv="without_kv_groups", own_forward_16bit_loss=True,
+                                  fused_qkv_v_view="no_kv_groups", own_forward_16bit_loss=True,
                                   hf_head_dim_derived=True, hf_no_grouped_query=True, hf_attention_bias=True,
                                   dropout_keys=(("hidden_dropout", 0.0), ("attention_dropout", 0.0),
                                                 ("hidden_dropout", 0.0))),

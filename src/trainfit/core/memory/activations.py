@@ -312,14 +312,12 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # LitGPT repeat_interleaves them to every query head the same way.
         kv_saved = w.q if caps.kv_broadcast_before_sdpa or litgpt else w.kv
         core = a * (2 * w.q + 2 * kv_saved) + 4 * w.heads
-        if ((w.kv == w.q and (litgpt or caps.v_view_keeps_fused_qkv == "without_kv_groups"))
-                or caps.v_view_keeps_fused_qkv == "always"):
+        if (w.kv == w.q and (litgpt or caps.fused_qkv_v_view == "no_kv_groups")) or caps.fused_qkv_v_view == "always":
             # LitGPT, GPT-NeoX and Phi-3 split one q+k+v output; without key groups to repeat (or with
             # SDPA's own grouped-query path, which transformers uses for Phi-3), the saved v is a view
             # of it and keeps all of it (q and k are rotated into new tensors).
             core += a * (w.q + w.kv)
-        if caps.o_proj_reads_attention_copy and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast
-                                                          and not mixed)):
+        if caps.o_proj_copy and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast and not mixed)):
             # and its o_proj reads a contiguous copy of the attention output, where Llama's reads a
             # view of the output the attention saves (saved-tensor graph of one layer on CPU, fp32
             # and bf16; the meta trace at flash-attention's layout): kept when o_proj's weight trains
