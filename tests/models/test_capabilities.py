@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 
@@ -14,12 +15,19 @@ import trainfit
 from trainfit.core.model_capabilities import (BUILDABLE_ARCHITECTURES, CAPABILITIES, SUPPORTED_ARCHITECTURES,
                                               UNKNOWN, ModelCapabilities, capabilities_of)
 from trainfit.core.model_catalog import all_models, get_model
-from trainfit.core.model_loader_families import FAMILY_FIELDS
+from trainfit.core.model_loader import spec_from_config
+from trainfit.core.model_loader_families import FAMILY_FIELDS, activation
 from trainfit.core.serde import to_jsonable
 
 SRC = Path(trainfit.__file__).parent
-# The family loaders: the only modules where an architecture's name may decide something.
-FAMILY_LOADERS = {"core/model_capabilities.py", "core/model_loader.py", "core/model_loader_families.py"}
+# The family loaders: the only modules where an architecture's name may decide something (named
+# by their modules, so the set follows them when they move).
+FAMILY_LOADERS = {Path(inspect.getfile(f)).relative_to(SRC).as_posix()
+                  for f in (capabilities_of, spec_from_config, activation)}
+
+
+def test_the_family_loaders_are_found():
+    assert len(FAMILY_LOADERS) == 3 and all((SRC / name).is_file() for name in FAMILY_LOADERS)
 
 
 def test_every_supported_architecture_has_an_entry():
