@@ -38,8 +38,6 @@ FUNCTIONS_OVER: dict[str, int] = {
 
 # ALLOW-LIST, to empty: private names imported from another module today (importer, "module::name").
 PRIVATE_IMPORTS: set[tuple[str, str]] = {
-    ("core/model_loader_families.py", "core/model_loader.py::_activation"),
-    ("core/model_loader_families.py", "core/model_loader.py::_ACTS"),
     ("hardware/memory.py", "hardware/storage.py::_disk_of"),
     ("hardware/memory.py", "hardware/storage.py::_mount_of"),
     ("hardware/sampling.py", "hardware/nvml.py::_Reader"),

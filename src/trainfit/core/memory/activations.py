@@ -54,7 +54,6 @@ from trainfit.core.memory import model_dropout
 from trainfit.core.memory.states import base_weight_bytes, trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import QK_NORM_ARCHITECTURES
 from trainfit.core.setup import TrainingSetup
 
 
@@ -95,18 +94,14 @@ def previous_step_bytes(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, c
     return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
 
 
-# RMSNorm as y * (1 + weight) computed in fp32 (Gemma's)
-GEMMA_NORM = ("gemma", "gemma2", "gemma3_text")
-
-
 def norms_per_block(spec: ModelSpec) -> int:
-    return spec.block_norms or {"gemma2": 4, "gemma3_text": 4, "phi": 1}.get(spec.architecture, 2)
+    return spec.block_norms or spec.capabilities.norms_per_block
 
 
 def one_shared_norm(spec: ModelSpec) -> bool:
     """One LayerNorm feeding attention and MLP together (phi, falcon-7b's parallel_attn): its
     output is saved once for all of its readers."""
-    return spec.architecture == "phi" or (spec.parallel_attention and norms_per_block(spec) == 1)
+    return spec.capabilities.parallel_block or (spec.parallel_attention and norms_per_block(spec) == 1)
 
 
 def widths(spec: ModelSpec, st: ModelStats) -> Widths:
@@ -142,7 +137,8 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
     bias_trains = setup.method in ("full", "pretrain") or (setup.method == "dpo" and setup.lora is None)
     if spec.relative_attention_buckets and bias_trains:
         return "eager"
-    if (spec.architecture == "falcon" and spec.num_kv_heads == 1 < spec.num_heads and setup.attention != "flash"
+    if (spec.capabilities.sdpa_mqa_math_fallback and spec.num_kv_heads == 1 < spec.num_heads
+            and setup.attention != "flash"
             and setup.model_code != "litgpt"):
         return "eager"
     return setup.attention
@@ -232,7 +228,7 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
     w = widths(spec, st)
     r, a, mixed = dtype_bytes(spec, setup)
     full = lora_where is None
-    arch = spec.architecture
+    caps = spec.capabilities
     rank = setup.lora.rank if setup.lora else 0
     dropout = bool(setup.lora and setup.lora.dropout > 0)
     litgpt = setup.model_code == "litgpt"
@@ -247,9 +243,9 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         if spec.norm == "layernorm":
             return r * w.h + 8
         saved = 4 * w.h + 4  # fp32 input (a copy when the stream is 16-bit) and rsqrt
-        if arch in ("gemma", "gemma2") and not litgpt:
+        if caps.norm_fp32_output == "always" and not litgpt:
             saved += 4 * w.h  # y * (1 + weight) in fp32 keeps y whatever trains (LitGPT's norm does not)
-        elif arch == "gemma3_text" and full:
+        elif caps.norm_fp32_output == "when_weight_trains" and full:
             saved += 4 * w.h  # Gemma 3's keeps the fp32 y only for its weight's gradient (measured on CPU)
         elif full:
             saved += r * w.h
@@ -314,14 +310,14 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # Falcon's new decoder architecture broadcasts each key/value group to its query heads
         # (broadcast_to + reshape: copies) before SDPA, which saves them at full width.
         # LitGPT repeat_interleaves them to every query head the same way.
-        kv_saved = w.q if arch == "falcon" or litgpt else w.kv
+        kv_saved = w.q if caps.kv_broadcast_before_sdpa or litgpt else w.kv
         core = a * (2 * w.q + 2 * kv_saved) + 4 * w.heads
-        if (w.kv == w.q and (litgpt or arch == "gpt_neox")) or arch == "phi3":
+        if (w.kv == w.q and (litgpt or caps.fused_qkv_v_view == "no_kv_groups")) or caps.fused_qkv_v_view == "always":
             # LitGPT, GPT-NeoX and Phi-3 split one q+k+v output; without key groups to repeat (or with
             # SDPA's own grouped-query path, which transformers uses for Phi-3), the saved v is a view
             # of it and keeps all of it (q and k are rotated into new tensors).
             core += a * (w.q + w.kv)
-        if arch == "phi3" and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast and not mixed)):
+        if caps.o_proj_copy and (full or (lw.get("attn_out", 0) and not dropout and not adapter_cast and not mixed)):
             # and its o_proj reads a contiguous copy of the attention output, where Llama's reads a
             # view of the output the attention saves (saved-tensor graph of one layer on CPU, fp32
             # and bf16; the meta trace at flash-attention's layout): kept when o_proj's weight trains
@@ -335,17 +331,17 @@ def layer_bytes_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingSetup,
         # matmul, which keeps that 16-bit copy: the attention output is otherwise saved only as the
         # attention's own output (measured on CPU, Llama LoRA all-linear under bf16 autocast)
         total += 2 * w.q * lw.get("attn_out", 0)
-    if arch in QK_NORM_ARCHITECTURES:
+    if caps.qk_norm != "none":
         # Per-head RMSNorm of the queries and keys before the rotary embedding (Qwen3): each keeps
         # its fp32 input (a copy of a 16-bit projection output), its rsqrt per head and, when its
         # weight trains, the normalised output it multiplies (measured on CPU: Qwen3 -16.8 % -> exact).
         # Gemma 3's y * (1 + weight) keeps the fp32 y when the weight trains.
-        kept = (4 if arch in GEMMA_NORM else a) if full else 0
+        kept = (4 if caps.norm_fp32_output != "none" else a) if full else 0
         total += (4 + kept) * (w.q + w.kv) + 4 * (w.heads + spec.num_kv_heads)
     if litgpt and lw.get("attn_out", 0) and not dropout:
         # LitGPT's y.transpose(1, 2).reshape(...) copies the attention output; the adapter keeps it.
         total += a * w.q
-    if arch == "falcon" and spec.position == "alibi" and mixed and attention_kind(spec, setup) != "eager":
+    if caps.alibi_sdpa_mask and spec.position == "alibi" and mixed and attention_kind(spec, setup) != "eager":
         # ALiBi falcon under autocast: each layer keeps a 16-bit copy of the (batch, heads, s, s)
         # ALiBi mask for SDPA and two more residual-width tensors (measured on CPU, forward-saved
         # bytes of 4 vs 2 layers at s = 256 and 512: a x heads x s + 2 r h per token, exact).
@@ -433,13 +429,13 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
     if not full and frozen_fp32_under_autocast(setup):
         # the frozen fp32 lm_head's 16-bit copy, kept for its input's gradient (frozen_weight_casts_per_layer)
         saved += 2.0 * spec.vocab_size * h / step_tokens(setup)
-    arch = spec.architecture
-    if arch == "falcon" and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
+    caps = spec.capabilities
+    if caps.alibi_sdpa_mask and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
         # The ALiBi bias goes to SDPA as one fp32 (batch, heads, s, s) mask shared by all layers.
         saved += 4 * spec.num_heads * setup.seq_len
-    if arch == "bloom":
+    if caps.embedding_layernorm:
         saved += r * h + 8  # word_embeddings_layernorm
-    elif arch in ("bert", "roberta"):
+    elif caps.encoder:
         # Embedding LayerNorm, then the MLM head: transform dense input, GELU input, LayerNorm
         # (post-LN encoders have no final norm; the head's LayerNorm takes its place above).
         saved += (r * h + 8) + (r * h if full else 0) + 2 * a * h
@@ -466,7 +462,7 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
         # logits, their shifted copy and log_softmax's output, all 16-bit; backward: two grads
         return a * v, 2 * a * v, 2 * a * v
     saved = 4 * v
-    if spec.architecture == "gemma2":
+    if spec.capabilities.logit_softcap:
         saved += a * v
     fwd = a * v + (4 * v if a != 4 else 0)
     if setup.logits_returned_fp32 and a != 4 and not own_forward_loss(spec):  # the forward upcast them

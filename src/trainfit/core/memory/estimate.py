@@ -39,10 +39,6 @@ from trainfit.core.setup import LoraSettings, TrainingSetup
 
 C = MemoryComponent
 
-# transformers refuses SDPA/flash for these (attention soft-capping), so eager is what runs.
-EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
-
-
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                     hardware: HardwareProfile | None = None) -> MemoryEstimate:
     """Memory per device for `setup` on `model`; capacities from `hardware` when given."""
@@ -70,7 +66,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup,
     if setup.seq_len != text_tokens:
         notes.append(vision.image_note(model, setup, text_tokens))
     host_comps: list[MemoryComponent] = []  # pinned CPU memory of activation offloading
-    if model.architecture in EAGER_ONLY and setup.attention != "eager":
+    if model.capabilities.eager_attention_only and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
     if setup.quantize_lm_head and model.tie_embeddings:  # knob_rules refused it for a non-bitsandbytes quant

@@ -41,7 +41,7 @@ made for the run a user will actually launch (and published measurements can be 
   model under autocast (activations.dtype_bytes). RMSNorm models (Llama, Mistral, Qwen, Gemma) cast
   the norm output back to the input dtype themselves, so their stream stays 16-bit, as measured
   (fms-acceleration's Mistral 7B QLoRA allocated within 1 %). log_softmax is on the same fp32 list,
-  so a transformers < 4.49 loss on 16-bit logits (LEGACY_16BIT_LOSS) runs in fp32 under it.
+  so a transformers < 4.49 loss on 16-bit logits (own_forward_16bit_loss) runs in fp32 under it.
   fms-acceleration's SantaCoder QLoRA (--bf16, LayerNorm, 4-bit c_attn/c_fc/c_proj): allocated
   -56 % without this rule, -11 % with it.
 * FSDP gradient accumulation without a reduce-scatter per micro-batch (TrainingSetup.fsdp_no_sync).
@@ -77,7 +77,7 @@ made for the run a user will actually launch (and published measurements can be 
   cross_entropy: a second fp32 logits-sized tensor during the loss forward. 4.49.0 pads the labels
   instead and shifts them. gpt_bigcode, bloom, falcon, gpt_neox, opt, mpt and dbrx computed their
   loss in their own forward on the 16-bit logits (no upcast) with the same copy, in 16 bits
-  (LEGACY_16BIT_LOSS). fms-acceleration's reference runs pin 4.48.1: with the copy, their Mistral 7B
+  (own_forward_16bit_loss). fms-acceleration's reference runs pin 4.48.1: with the copy, their Mistral 7B
   LoRA peak allocated is predicted within 1 % (4.5-6.2 % under without it). Before 4.46 the forward
   itself upcast the logits it returns (modeling_llama.py 4.45.2: `self.lm_head(...).float()`), so
   the 16-bit logits are freed at once and the returned ones are fp32 (TrainingSetup.logits_returned_fp32).
@@ -145,16 +145,9 @@ TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION = (4, 53, 0)
 # trainfit exports FSDP2 (Accelerate fsdp_version 2) for transformers >= 5 and FSDP1 before, which
 # is also Accelerate's default there (export/fsdp.py).
 TRANSFORMERS_FSDP2_VERSION = (5, 0, 0)
-# Model code of those releases that lets use_cache stay on under gradient checkpointing (4.48.1:
-# every other supported architecture sets use_cache = False there itself).
-CACHE_UNDER_CHECKPOINT_ARCHS = ("gpt_bigcode",)
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = BITSANDBYTES  # bitsandbytes' layers, which a plugin can swap in for the lm_head
 PEFT_PREPARED_QUANTS = BITSANDBYTES  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
-# Causal LMs whose own forward in transformers 4.48 (and before) runs CrossEntropyLoss on the shifted
-# 16-bit logits, with no fp32 upcast (modeling_<type>.py, "shift_logits = lm_logits[..., :-1,
-# :].contiguous()"); the others went through ForCausalLMLoss, which upcasts first.
-LEGACY_16BIT_LOSS = frozenset({"gpt_bigcode", "bloom", "falcon", "gpt_neox", "opt", "mpt", "dbrx"})
 
 
 def resolved_optimizer_impl(setup: TrainingSetup) -> str:
@@ -285,7 +278,7 @@ def cached_kv_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, c_attn_byte
     values) its key/value view belongs to, in the dtype the projection returns. The model's output
     holds the cache; the HF Trainer drops that output before backward."""
     if not (setup.cache_under_checkpointing and setup.grad_checkpointing != "none"
-            and spec.architecture in CACHE_UNDER_CHECKPOINT_ARCHS and setup.method != "inference"
+            and spec.capabilities.cache_under_checkpointing and setup.method != "inference"
             and setup.model_code == "transformers"):
         return 0.0
     width = spec.num_heads * spec.head_dim + 2 * spec.num_kv_heads * spec.head_dim
@@ -306,8 +299,8 @@ def previous_has_inputs(setup: TrainingSetup) -> bool:
 
 def own_forward_loss(spec: ModelSpec) -> bool:
     """The architecture computed its loss in its own forward before transformers 4.49, on the logits
-    as the lm_head returned them: it never upcast them (LEGACY_16BIT_LOSS)."""
-    return spec.architecture in LEGACY_16BIT_LOSS
+    as the lm_head returned them: it never upcast them (ModelCapabilities.own_forward_16bit_loss)."""
+    return spec.capabilities.own_forward_16bit_loss
 
 
 def returned_logits_bytes(spec: ModelSpec, setup: TrainingSetup, compute_bytes: int) -> int:
@@ -320,7 +313,7 @@ def legacy_loss_in_16bit(spec: ModelSpec, setup: TrainingSetup) -> bool:
     """The loss of a transformers < 4.49 run (logits_shift_copy) is computed on 16-bit logits: the
     architecture's own forward skips the upcast, and in pure 16-bit precision no autocast runs
     log_softmax in fp32 (autocast_16bit_weights does)."""
-    return (setup.logits_shift_copy and spec.architecture in LEGACY_16BIT_LOSS
+    return (setup.logits_shift_copy and spec.capabilities.own_forward_16bit_loss
             and setup.precision in ("bf16", "fp16") and not setup.autocast_16bit_weights
             and setup.loss == "standard")
 
@@ -328,5 +321,5 @@ def legacy_loss_in_16bit(spec: ModelSpec, setup: TrainingSetup) -> bool:
 def legacy_loss_under_autocast(spec: ModelSpec, setup: TrainingSetup) -> bool:
     """The same own-forward loss of a transformers < 4.49 run under autocast: the shifted copy is
     made of the 16-bit logits, and autocast then casts it to fp32 for cross_entropy."""
-    return (setup.logits_shift_copy and spec.architecture in LEGACY_16BIT_LOSS and setup.loss == "standard"
+    return (setup.logits_shift_copy and spec.capabilities.own_forward_16bit_loss and setup.loss == "standard"
             and (setup.precision.endswith("-mixed") or setup.autocast_16bit_weights))

@@ -121,7 +121,6 @@ CPU_VOCAB_PASSES = 3.0
 # capped the same way (attn_logit_softcapping 50, eager attention): six score-sized passes.
 # Counted from transformers' Gemma2ForCausalLM / eager_attention_forward; on the benchmark the two
 # Gemma-2 rows (256k vocabulary, 128 wide) missed by -40 % / -46 % without these terms.
-SOFTCAP_ARCHITECTURES = ("gemma2",)
 CPU_SOFTCAP_VOCAB_TENSORS = 6
 CPU_SOFTCAP_SCORE_PASSES = 6
 # Mixture-of-experts in eager transformers (MixtralExperts / MixtralTopKRouter): the router runs
@@ -298,10 +297,9 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     gemm_s = _cpu_gemm_seconds(spec, rates, sf, precision, peak_flops, attn_fwd, attn_flops, full_ckpt)
 
     ffn = F.active_ffn_width(spec)
-    softcap = spec.architecture in SOFTCAP_ARCHITECTURES
     elementwise_s, dropout_s, casts = _cpu_elementwise(spec, setup, rates, precision, tokens, ref_tokens, context,
-                                                       ffn, softcap, lora_modules)
-    vocabulary_s, fresh = _cpu_vocabulary(spec, rates, precision, tokens, ref_tokens, softcap)
+                                                       ffn, lora_modules)
+    vocabulary_s, fresh = _cpu_vocabulary(spec, rates, precision, tokens, ref_tokens)
     # Activations saved for backward: the widest per-layer tensors (MLP gate/up/product, hidden).
     fresh += layers * (fresh_bytes(tokens * ffn * act_bytes, 3) + fresh_bytes(tokens * h * act_bytes, 6))
 
@@ -345,7 +343,7 @@ def _cpu_gemm_seconds(spec: ModelSpec, rates: DeviceRates, sf: F.StepFlops, prec
 
 
 def _cpu_elementwise(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, precision: str, tokens: int,
-                     ref_tokens: int, context: int, ffn: float, softcap: bool, lora_modules: float
+                     ref_tokens: int, context: int, ffn: float, lora_modules: float
                      ) -> tuple[float, float, float]:
     """(elementwise s, dropout s, autocast casts per pass): the memory-bound traffic of a step."""
     seq, layers, h = setup.seq_len, spec.num_layers, spec.hidden_size
@@ -362,7 +360,7 @@ def _cpu_elementwise(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, 
     scores_materialised = kind == "eager" or model_dropout.sdpa_math_fallback(spec, setup, kind)
     if scores_materialised:
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
-        score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if softcap else 0.0)
+        score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if spec.capabilities.attention_softcap else 0.0)
         elem_bytes += score_passes * 8.0 * layers * spec.num_heads * min(seq, context) * tokens
     # The model's own dropout: masks drawn in every forward (and recompute), applied again in backward.
     dropped = model_dropout.dropped_elements_per_token(spec, setup, scores_materialised) * (tokens + ref_tokens)
@@ -385,11 +383,11 @@ def _cpu_elementwise(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, 
     return stream_seconds(elem_bytes, 3.0 * tokens * max(h, ffn) * act_bytes, rates), dropout_s, casts
 
 
-def _cpu_vocabulary(spec: ModelSpec, rates: DeviceRates, precision: str, tokens: int, ref_tokens: int,
-                    softcap: bool) -> tuple[float, float]:
+def _cpu_vocabulary(spec: ModelSpec, rates: DeviceRates, precision: str, tokens: int, ref_tokens: int
+                    ) -> tuple[float, float]:
     """(seconds, fresh bytes) of the logits and the loss over every vocab entry of every token."""
     n16 = CPU_VOCAB_16BIT_TENSORS if precision != "fp32" else 0
-    n32 = CPU_VOCAB_FP32_TENSORS + (CPU_SOFTCAP_VOCAB_TENSORS if softcap else 0)
+    n32 = CPU_VOCAB_FP32_TENSORS + (CPU_SOFTCAP_VOCAB_TENSORS if spec.capabilities.logit_softcap else 0)
     vocab_tensor = spec.vocab_size * tokens * 4.0
     vocab_bytes = (n32 + n16 / 2) * vocab_tensor * CPU_VOCAB_PASSES
     vocab_bytes += 2.0 * vocab_tensor if ref_tokens else 0.0  # reference logits and log-softmax
