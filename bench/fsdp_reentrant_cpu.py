@@ -1,7 +1,7 @@
 """Reentrant gradient checkpointing around FSDP units, measured on this CPU against the memory model.
 
 Checks the memory model's `reentrant_checkpoint_around_fsdp_units` term
-(trainfit.core.memory.framework_effects `held_layer_input_grads`): transformers before 4.52
+(trainfit.core.runtime, `Runtime.held_layer_input_grads`): transformers before 4.52
 checkpoints each decoder layer's `__call__`, which under FSDP1 is the FSDP unit's call, with a
 reentrant checkpoint by default. In backward the recompute runs FSDP's pre-forward on the
 checkpoint's detached input, a leaf; for a unit whose parameters are all frozen (LoRA with PEFT's

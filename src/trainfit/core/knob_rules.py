@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainfit.core.knobs import RUNTIME_KNOBS, flag_of, key_of
-from trainfit.core.memory.framework_effects import BNB_QUANTS, LM_HEAD_QUANTS, PEFT_PREPARED_QUANTS
-from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE, SHARDED_STRATEGIES
+from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
 from trainfit.core.memory.quant_formats import PREQUANTISED
+from trainfit.core.runtime import BNB_QUANTS, LM_HEAD_QUANTS, PEFT_PREPARED_QUANTS, SHARDED_STRATEGIES
 from trainfit.errors import BadInputError
 
 Front = Literal["model", "run"]

@@ -98,7 +98,7 @@ def _images(v: dict) -> dict:
 
 def _versions(v: dict, word) -> dict:
     """The library versions as the setup fields they decide (trainfit.core.memory.framework_effects)."""
-    from trainfit.core.memory.framework_effects import bnb_keeps_input_for, transformers_knobs
+    from trainfit.core.runtime import bnb_keeps_input_for, transformers_knobs
 
     keeps = _from_version(word("bitsandbytes_version"), v["bitsandbytes_version"], bnb_keeps_input_for, False)
     tf_knobs = _from_version(word("transformers_version"), v["transformers_version"], transformers_knobs, {})

@@ -39,22 +39,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import (
-    fp32_stream_over_16bit_weights,
-    fp32_stream_under_autocast,
-    keeps_quantised_inputs,
-    legacy_loss_in_16bit,
-    legacy_loss_under_autocast,
-    own_forward_loss,
-    previous_has_inputs,
-    quantised_lm_head,
-    returned_logits_bytes,
-)
+from trainfit.core.memory.framework_effects import returned_logits_bytes
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.states import base_weight_bytes, trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import QK_NORM_ARCHITECTURES
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
 
@@ -77,7 +68,7 @@ def quantised_inputs_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingS
     attention output's contiguous copy read by o_proj and the gated product read by down_proj
     (bitsandbytes/autograd/_functions.py, read 2026-11-23). The outlier columns (subA, tokens x
     outliers) are a few columns and left out."""
-    if not keeps_quantised_inputs(setup):
+    if not runtime_of(setup).quantised_inputs_kept:
         return 0.0
     w = widths(spec, st)
     a = dtype_bytes(spec, setup)[1]
@@ -91,7 +82,7 @@ def previous_step_bytes(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, c
     in every layer."""
     if not setup.previous_step_kept or setup.method == "dpo":
         return 0.0
-    kept_inputs = quantised_inputs_per_token(spec, st, setup) * spec.num_layers if previous_has_inputs(setup) else 0.0
+    kept_inputs = quantised_inputs_per_token(spec, st, setup) * spec.num_layers if runtime_of(setup).previous_has_inputs else 0.0
     return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
 
 
@@ -125,9 +116,10 @@ def dtype_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, bool]:
     # An fp32 residual stream over 16-bit weights (framework_effects.py): PEFT's k-bit preparation made
     # the embeddings and norms fp32, or autocast's fp32 LayerNorm output runs through 4-bit linears,
     # which then flows as an fp32 model's does under autocast.
-    if fp32_stream_over_16bit_weights(spec, setup):
+    runtime = runtime_of(setup)
+    if runtime.fp32_stream_over_16bit_weights(spec):
         residual = 4
-    return residual, compute, mixed or fp32_stream_under_autocast(spec, setup)
+    return residual, compute, mixed or runtime.fp32_stream_under_autocast(spec)
 
 
 def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
@@ -428,7 +420,7 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
     saved += model_dropout.embedding_bytes_per_token(spec, setup, r)
     if full:
         saved += 2 * h if mixed else r * h  # lm_head input
-    elif keeps_quantised_inputs(setup) and quantised_lm_head(spec, setup):
+    elif runtime_of(setup).quantised_inputs_kept and runtime_of(setup).quantised_lm_head_params(spec):
         saved += a * h  # a quantised lm_head's matmul keeps its input like the layers' (framework_effects.py)
     if not full and frozen_fp32_under_autocast(setup):
         # the frozen fp32 lm_head's 16-bit copy, kept for its input's gradient (frozen_weight_casts_per_layer)
@@ -458,21 +450,22 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     fp32 output is saved; its backward briefly holds grad(log_softmax) and grad(logits) (fp32).
     Gemma-2's final soft-capping (tanh) saves one more logits-sized tensor. Before transformers 4.49
     (TrainingSetup.logits_shift_copy) the shifted logits are copied before cross_entropy, and some
-    architectures ran it on 16-bit logits (framework_effects.legacy_loss_in_16bit).
+    architectures ran it on 16-bit logits (Runtime.legacy_loss_in_16bit).
     """
     _, a, _ = dtype_bytes(spec, setup)
     v = spec.vocab_size
-    if legacy_loss_in_16bit(spec, setup):
+    runtime = runtime_of(setup)
+    if runtime.legacy_loss_in_16bit(spec):
         # logits, their shifted copy and log_softmax's output, all 16-bit; backward: two grads
         return a * v, 2 * a * v, 2 * a * v
     saved = 4 * v
     if spec.architecture == "gemma2":
         saved += a * v
     fwd = a * v + (4 * v if a != 4 else 0)
-    if setup.logits_returned_fp32 and a != 4 and not own_forward_loss(spec):  # the forward upcast them
+    if runtime.logits_upcast_by_forward(spec) and a != 4:  # the forward upcast them
         fwd = 4 * v
     if setup.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
         # (of the 16-bit ones where the model's own forward shifts before autocast's fp32 cast)
-        fwd += (a if legacy_loss_under_autocast(spec, setup) else 4) * v
+        fwd += (a if runtime.legacy_loss_under_autocast(spec) else 4) * v
     bwd = 8 * v
     return saved, fwd, bwd

@@ -17,9 +17,7 @@ import dataclasses
 
 from trainfit.core.memory import activations as act
 from trainfit.core.memory.checks import check_setup
-from trainfit.core.memory.framework_effects import (BNB_QUANTS, cached_kv_bytes_per_token, dequant_copies,
-                                                    held_layer_input_grads, kbit_upcast_applies,
-                                                    no_sync_gradient_bytes, previous_has_inputs, quantised_lm_head,
+from trainfit.core.memory.framework_effects import (cached_kv_bytes_per_token, no_sync_gradient_bytes,
                                                     returned_logits_bytes, step_temporary_bytes)
 from trainfit.core.memory.fsdp import (SHARDED_STRATEGIES, flat_root_bytes, fsdp_shards, gathered_by_phase,
                                        gathered_what, no_sync_applies)
@@ -35,6 +33,7 @@ from trainfit.core import knob_rules  # a module: knob_rules imports core.memory
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
+from trainfit.core.runtime import BNB_QUANTS, runtime_of
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 C = MemoryComponent
@@ -191,7 +190,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
         ckpt_what += f"; with the model's own dropout (p={drop:g} in its config: masks kept for backward)"
     # Reentrant checkpoints around frozen FSDP units: each layer's input gradient is held too, up to
     # the last layer's recompute (framework_effects.held_layer_input_grads).
-    input_grads = (n - 1) * r * model.hidden_size * tokens if held_layer_input_grads(setup) else 0.0
+    input_grads = (n - 1) * r * model.hidden_size * tokens if runtime_of(setup).held_layer_input_grads else 0.0
     if input_grads:
         notes.append(f"transformers < 4.52 checkpoints each FSDP unit's call (reentrant): FSDP's reshard hooks "
                      f"hold every layer's input gradient until backward ends ({input_grads / 2**30:.2f} GiB); "
@@ -379,7 +378,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
     comps.append(C("logits", int(loss_saved + loss_extra), loss_what, True))
     if transient:
         comps.append(C("dequant_transient", int(transient), "largest quantised weight de-quantised to 16-bit"
-                       + (" (fp16, and its bf16 cast)" if dequant_copies(setup) == 2 else ""), True))
+                       + (" (fp16, and its bf16 cast)" if runtime_of(setup).dequant_copies == 2 else ""), True))
     if dora_tmp and where_peak == "forward":
         comps.append(C("dora_transient", int(dora_tmp), "DoRA: B@A, the cast weight and W + s*BA of the largest "
                        "adapted layer (its forward)", True))
@@ -388,7 +387,7 @@ def _training_components(model: ModelSpec, st, setup: TrainingSetup, states, whe
                        "before transformers 4.53), each a view keeping its whole c_attn output", True))
     if previous and where_peak == "forward":
         comps.append(C("previous_step", int(previous), "the previous micro-step's logits"
-                       + (" and the inputs bitsandbytes kept on its autograd ctx" if previous_has_inputs(setup) else "")
+                       + (" and the inputs bitsandbytes kept on its autograd ctx" if runtime_of(setup).previous_has_inputs else "")
                        + ", held by the loop's names until this forward returns", True))
     return comps, pool
 
@@ -426,8 +425,8 @@ def _reference_what(setup: TrainingSetup) -> str:
 def _weights_what(setup: TrainingSetup, model: ModelSpec, st) -> str:
     if setup.quant in quant_formats.PREQUANTISED:
         return quant_formats.describe(setup.quant)[0]
-    rest = "fp32 (PEFT k-bit preparation)" if kbit_upcast_applies(setup) else "16-bit"
-    head_q = quantised_lm_head(model, setup) > 0
+    rest = "fp32 (PEFT k-bit preparation)" if runtime_of(setup).kbit_upcast else "16-bit"
+    head_q = runtime_of(setup).quantised_lm_head_params(model) > 0
     quantised, kept = ("linear weights and lm_head", "embeddings, norms") if head_q else (
         "linear weights", "embeddings, norms, lm_head")
     if quant_formats.experts_left_dense(st, setup):

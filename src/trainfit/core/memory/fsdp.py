@@ -31,18 +31,18 @@ from __future__ import annotations
 
 from trainfit.core.memory.quant_formats import quantised_linear_params, stored_bytes_per_param
 from trainfit.core.memory.stats import ModelStats
+from trainfit.core.runtime import SHARDED_STRATEGIES, runtime_of
 from trainfit.core.setup import TrainingSetup
 
 # FSDP strategy -> the ZeRO stage that shards the same states (zero_stage holds it alongside).
 FSDP_EQUIVALENT_STAGE = {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}
 # Strategies that shard parameters or gradients (NO_SHARD keeps DDP's memory).
-SHARDED_STRATEGIES = ("full-shard", "shard-grad-op")
 
 
 def no_sync_applies(setup: TrainingSetup) -> bool:
     """Micro-batches accumulate unsharded FSDP gradients, no reduce-scatter until the last one
     (TrainingSetup.fsdp_no_sync; the gradient held: framework_effects.no_sync_gradient_bytes)."""
-    return setup.fsdp_no_sync and setup.grad_accum > 1 and setup.fsdp_strategy in SHARDED_STRATEGIES
+    return runtime_of(setup).fsdp_no_sync
 
 
 def compute_bytes(setup: TrainingSetup) -> int:

@@ -3,7 +3,7 @@
 * standard: transformers' ForCausalLMLoss materialises batch x seq x vocab logits, upcasts them to
   fp32 and keeps log_softmax's output for backward (activations.loss_bytes_per_token); before
   transformers 4.49 it also copied the shifted logits, and some architectures skipped the upcast
-  (TrainingSetup.logits_shift_copy, framework_effects.legacy_loss_in_16bit). Under torch.compile
+  (TrainingSetup.logits_shift_copy, Runtime.legacy_loss_in_16bit). Under torch.compile
   the model's graph keeps the 16-bit logits instead, and two fp32 per token.
 * fused: Liger-Kernel's fused linear cross-entropy (LigerFusedLinearCrossEntropyFunction,
   github.com/linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py, read
@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import legacy_loss_in_16bit
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
 CHUNKS = 8
@@ -126,7 +126,7 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
         return LossTerms(tokens * kept, 0.0, tokens * grads,
                          f"logits + loss: {tokens} tokens x vocab {v} (torch.compile: the {a}-byte logits and "
                          "their log-sum-exp kept, no fp32 copy)")
-    if legacy_loss_in_16bit(spec, setup):
+    if runtime_of(setup).legacy_loss_in_16bit(spec):
         how = f"{a}-byte logits, their shifted copy and log_softmax (transformers < 4.49, no fp32 upcast)"
     elif setup.logits_shift_copy:
         how = "fp32 log_softmax, its grads; transformers < 4.49 copies the shifted fp32 logits"

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.runtime import BITSANDBYTES  # quantised while loading, by replacing nn.Linear modules
 from trainfit.core.setup import TrainingSetup
 
 PREQUANTISED = ("gptq", "awq")
-BITSANDBYTES = ("nf4", "nf4-dq", "int8")  # quantised while loading, by replacing nn.Linear modules
 BITS = 4
 GROUP_SIZE = 128
 SCALE_BYTES = 2  # float16
