@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.activations import layer_bytes_per_token, loss_bytes_per_token
+from trainfit.core.memory.activations import loss_bytes_per_token
+from trainfit.core.memory.layer_activations import layer_bytes_per_token
 from trainfit.core.memory.framework_effects import cached_kv_bytes_per_token, no_sync_gradient_bytes
 from trainfit.core.memory.fsdp import root_params
 from trainfit.core.memory.loss_kernels import loss_terms

@@ -103,7 +103,8 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
         dense = 2  # inference loads the checkpoint in the 16-bit dtype
     if setup.quant == "none":
         return st.total * dense, 0.0, 0.0
-    head = runtime_of(setup).quantised_lm_head_params(spec) if spec else 0  # Lightning's plugin quantises the lm_head too
+    # Lightning's plugin quantises the lm_head too
+    head = runtime_of(setup).quantised_lm_head_params(spec) if spec else 0
     # MoE experts: quantised per expert (transformers 4's nn.Linear each), or left 16-bit with the
     # rest when transformers >= 5 fuses them (quant_formats.experts_left_dense).
     dense_experts = experts_left_dense(st, setup)
