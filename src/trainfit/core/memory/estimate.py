@@ -17,7 +17,7 @@ from trainfit.core.memory import dora, quant_formats, vision
 from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity, margins, required_bytes
 from trainfit.core.memory.paged_states import paged_note, paged_what
 from trainfit.core.memory.peak_components import peak_components
-from trainfit.core.memory.phases import PEAK_NOTE, peak_phase, phase_peaks, training_parts
+from trainfit.core.memory.phases import phase_peaks, training_parts
 from trainfit.core.memory.states import States, model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory.step import training_step
@@ -28,7 +28,6 @@ from trainfit.core.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 C = MemoryComponent
-__all__ = ["PEAK_NOTE", "estimate_memory", "peak_phase", "unknown_capacity_note"]
 
 # transformers refuses SDPA/flash for these (attention soft-capping), so eager is what runs.
 EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
