@@ -269,7 +269,7 @@ def _in_backward_one_gpu(s, ctx):
              "(torchtune's single-device recipe)", "drop --zero/--fsdp/--offload and use --gpus 1")]
 
 
-# -- the runtime knobs (how another tool runs: trainfit.core.memory.framework_effects) ---------------
+# -- the runtime knobs (how another tool runs: trainfit.core.runtime) ---------------------------------
 @rule("runtime-knob-not-run", "run")
 def _runtime_not_run(s, ctx):
     out = []

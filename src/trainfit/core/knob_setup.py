@@ -2,7 +2,7 @@
 
 The knobs with a `field` go onto the setup as they are; the few that stand for several fields or
 depend on the hardware are mapped here: the method and the LoRA knobs, --gpus, --zero / --fsdp,
-the image count, and the library versions (trainfit.core.memory.framework_effects). The rest is
+the image count, and the library versions (trainfit.core.runtime). The rest is
 core.plan.intent's defaults for the hardware. Messages word each knob with `word` (the command
 line's flag by default).
 """
@@ -97,7 +97,7 @@ def _images(v: dict) -> dict:
 
 
 def _versions(v: dict, word) -> dict:
-    """The library versions as the setup fields they decide (trainfit.core.memory.framework_effects)."""
+    """The library versions as the setup fields they decide (trainfit.core.runtime)."""
     from trainfit.core.runtime import bnb_keeps_input_for, transformers_knobs
 
     keeps = _from_version(word("bitsandbytes_version"), v["bitsandbytes_version"], bnb_keeps_input_for, False)

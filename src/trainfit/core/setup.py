@@ -38,7 +38,7 @@ Quant = Literal["none", "nf4", "nf4-dq", "int8", "gptq", "awq"]
 # (Liger) holds one chunk of them at a time; "chunked-16bit" keeps every chunk's 16-bit logits but
 # never upcasts them to fp32 (LitGPT).
 LossKernel = Literal["standard", "chunked", "fused", "chunked-16bit"]
-# How torch's AdamW steps (trainfit.core.memory.framework_effects): "auto" is what trainfit runs.
+# How torch's AdamW steps (trainfit.core.runtime): "auto" is what trainfit runs.
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 ModelCode = Literal["transformers", "litgpt"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
@@ -159,7 +159,7 @@ class TrainingSetup:
     image_size: int = 0
     images_per_example: int = 0
     # How the framework that runs the setup behaves where frameworks differ; the defaults are what
-    # trainfit's own runs do (modelled in trainfit.core.memory.framework_effects).
+    # trainfit's own runs do (read by trainfit.core.runtime).
     # AdamW's step: "auto" = torch's fused kernel on a GPU (what trainfit exports), the
     # per-parameter loop on a CPU; "foreach" (torch's choice on CUDA when neither is asked for)
     # holds one moment-sized temporary over all parameters at the step.

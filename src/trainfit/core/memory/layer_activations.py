@@ -49,6 +49,8 @@ class Layer:
 
 
 def layer_of(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, lora_where: dict[str, int] | None) -> Layer:
+    """The decoder layer of `setup` on `spec`; `lora_where` None for full training, else the adapted
+    modules per block by position."""
     residual_bytes, compute_bytes, autocast = dtype_bytes(spec, setup)
     full = lora_where is None
     adapter_cast = 4 if (not full and compute_bytes == 2 and not autocast and trained_param_bytes(setup) == 4) else 0
