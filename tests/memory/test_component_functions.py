@@ -157,3 +157,9 @@ def test_the_runtime_record_reads_each_knob_once(tiny):
     assert runtime_of(dataclasses.replace(qlora, bnb_fp16_quant_state=False)).dequant_copies == 1
     assert runtime_of(TrainingSetup(fsdp_strategy="full-shard", fsdp_no_sync=True, grad_accum=4,
                                     num_gpus=2)).fsdp_no_sync
+
+
+def test_the_runtime_record_follows_the_setup_it_is_asked_for():
+    cpu, cuda = TrainingSetup(device="cpu"), TrainingSetup(device="cuda")
+    assert runtime_of(cpu) is runtime_of(cpu)  # read once, however often an estimate asks
+    assert [runtime_of(s).optimizer_impl for s in (cpu, cuda, cpu)] == ["for-loop", "fused", "for-loop"]

@@ -184,6 +184,13 @@ class Runtime:
     logits_returned_fp32: bool  # the forward upcasts the logits it returns (transformers < 4.46)
     legacy_16bit_loss_setup: bool  # a transformers < 4.49 own-forward loss in pure 16-bit precision
     legacy_autocast_loss_setup: bool  # the same loss under autocast
+    # The knobs that are their own behaviour, as the setup sets them:
+    experts_fused: bool  # MoE experts are fused 3-D parameters (transformers >= 5)
+    logits_shift_copy: bool  # the causal-LM loss copies the shifted logits (transformers < 4.49)
+    output_kept: bool  # the training loop keeps the model's output through backward and the step
+    previous_step_kept: bool  # the loop's names hold the previous micro-step's output and loss
+    fsdp_flat_params: bool  # FSDP1's flat parameters (FSDP2 keeps a gradient per parameter)
+    fsdp_mixed_units: bool  # FSDP units hold frozen weights and adapters together
 
     def fp32_stream_under_autocast(self, spec: ModelSpec) -> bool:
         """A 16-bit LayerNorm model under autocast with bitsandbytes 4-bit linears: the norm outputs are
@@ -225,8 +232,22 @@ class Runtime:
         return self.legacy_autocast_loss_setup and spec.architecture in LEGACY_16BIT_LOSS
 
 
+# The last setup read and its record: one estimate reads the same (frozen) setup a score of times.
+_last_read: tuple[TrainingSetup, Runtime] | None = None
+
+
 def runtime_of(setup: TrainingSetup) -> Runtime:
     """The runtime record of `setup`: each framework behaviour its knobs describe, resolved."""
+    global _last_read
+    last = _last_read
+    if last is not None and last[0] is setup:
+        return last[1]
+    runtime = _read(setup)
+    _last_read = (setup, runtime)
+    return runtime
+
+
+def _read(setup: TrainingSetup) -> Runtime:
     impl = _resolved_optimizer_impl(setup)
     sharded = setup.zero_stage >= 3 or setup.fsdp_strategy in SHARDED_STRATEGIES
     legacy_loss = setup.logits_shift_copy and setup.loss == "standard"
@@ -252,6 +273,12 @@ def runtime_of(setup: TrainingSetup) -> Runtime:
                                  and not setup.autocast_16bit_weights),
         legacy_autocast_loss_setup=(legacy_loss and (setup.precision.endswith("-mixed")
                                                      or setup.autocast_16bit_weights)),
+        experts_fused=setup.experts_fused,
+        logits_shift_copy=setup.logits_shift_copy,
+        output_kept=setup.output_kept,
+        previous_step_kept=setup.previous_step_kept,
+        fsdp_flat_params=setup.fsdp_flat_params,
+        fsdp_mixed_units=setup.fsdp_mixed_units,
     )
 
 

@@ -84,7 +84,7 @@ def previous_step_bytes(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, c
     """What the previous micro-step leaves alive through the next forward (previous_step_kept,
     framework_effects.py): its returned logits, and the inputs bitsandbytes kept on its autograd ctx
     in every layer."""
-    if not setup.previous_step_kept or setup.method == "dpo":
+    if not runtime_of(setup).previous_step_kept or setup.method == "dpo":
         return 0.0
     kept_inputs = (quantised_inputs_per_token(spec, st, setup) * spec.num_layers
                    if runtime_of(setup).previous_has_inputs else 0.0)
@@ -196,7 +196,7 @@ def frozen_weight_casts_per_layer(spec: ModelSpec, st: ModelStats, setup: Traini
     not cast (expert_weight_bytes); FSDP and DeepSpeed hand the layers 16-bit weights (no autocast)."""
     if not frozen_fp32_under_autocast(setup):
         return 0.0
-    frozen = st.linear - (st.experts if setup.experts_fused else 0)
+    frozen = st.linear - (st.experts if runtime_of(setup).experts_fused else 0)
     return 2.0 * frozen / spec.num_layers
 
 
@@ -216,7 +216,7 @@ def engine_runs_autocast(setup: TrainingSetup) -> bool:
 def mlp_norm_readers(spec: ModelSpec, st: ModelStats, setup: TrainingSetup) -> int:
     """Modules reading the MLP norm's output. With fused experts only the router (and a shared expert's
     gate, up and gating linears) read it as nn.Linear; the experts read a gathered copy."""
-    if spec.num_experts and setup.experts_fused:
+    if spec.num_experts and runtime_of(setup).experts_fused:
         return 1 + (3 if spec.shared_experts else 0)
     return st.mlp_inputs
 
@@ -293,7 +293,7 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
     forward = compute_bytes * vocab + (4 * vocab if compute_bytes != 4 else 0)
     if runtime.logits_upcast_by_forward(spec) and compute_bytes != 4:  # the forward upcast them
         forward = 4 * vocab
-    if setup.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
+    if runtime.logits_shift_copy:  # `logits[..., :-1, :].contiguous()` of the fp32 logits
         # (of the 16-bit ones where the model's own forward shifts before autocast's fp32 cast)
         forward += (compute_bytes if runtime.legacy_loss_under_autocast(spec) else 4) * vocab
     backward = 8 * vocab

@@ -31,7 +31,7 @@ def no_sync_gradient_bytes(st: ModelStats, setup: TrainingSetup, trainable: int)
     (PEFT's wrap policy): the adapters alone, fp32."""
     if not setup.trains_adapters:
         return float(st.total * compute_bytes(setup))
-    if setup.fsdp_mixed_units:
+    if runtime_of(setup).fsdp_mixed_units:
         return float((st.total - root_params(st)) * compute_bytes(setup))
     return trainable * 4.0
 

@@ -81,7 +81,7 @@ def _reduce_gradient_bytes(st: ModelStats, setup: TrainingSetup) -> float:
     (TrainingSetup.fsdp_mixed_units: FSDP keeps gradients for the whole unit). Under no_sync
     accumulation it is part of the whole unsharded gradient counted with the gradients
     (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)."""
-    trains_base = not setup.trains_adapters or setup.fsdp_mixed_units
+    trains_base = not setup.trains_adapters or runtime_of(setup).fsdp_mixed_units
     return unit_bytes(st, setup) if trains_base and not no_sync_applies(setup) else 0.0
 
 
@@ -108,7 +108,7 @@ def gathered_by_phase(st: ModelStats, setup: TrainingSetup) -> dict[str, float] 
     # set_reduce_scatter_max_input_buffers), so a layer's backward runs beside two layers'
     # gradients from the second layer's backward on ("first layer backward": the first has none
     # before it); FSDP1 frees its flat gradient once the reduce-scatter is issued.
-    held_grads = reduce_grad if setup.fsdp_flat_params else 2 * reduce_grad
+    held_grads = reduce_grad if runtime_of(setup).fsdp_flat_params else 2 * reduce_grad
     if setup.fsdp_strategy == "full-shard":
         root = root_params(st) * c
         running = root + 2 * layer

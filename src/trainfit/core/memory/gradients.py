@@ -13,7 +13,7 @@ from trainfit.core.memory.framework_effects import no_sync_gradient_bytes
 from trainfit.core.memory.fsdp import flat_root_bytes, no_sync_applies
 from trainfit.core.memory.states import States
 from trainfit.core.memory.step import TrainingStep
-from trainfit.core.runtime import SHARDED_STRATEGIES
+from trainfit.core.runtime import SHARDED_STRATEGIES, runtime_of
 from trainfit.core.setup import TrainingSetup
 
 
@@ -48,7 +48,7 @@ def gradient_bytes(step: TrainingStep) -> Gradients:
     # FSDP2's no_sync it accumulates into the root's unsharded gradient, which `accumulated` already
     # holds; FSDP1 holds it apart either way, waiting for the root's other parts (flat_root_bytes).
     sharded = full and setup.fsdp_strategy in SHARDED_STRATEGIES
-    flat = sharded and setup.fsdp_flat_params
+    flat = sharded and runtime_of(setup).fsdp_flat_params
     lm_head_apart = sharded and (flat or not no_sync_applies(setup))
     held = accumulated + lm_head if lm_head_apart else max(accumulated, lm_head)
     # FSDP1 at the embedding's backward: the lm_head's gradient, the embedding's and their

@@ -21,6 +21,7 @@ from trainfit.core.memory.states import trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.params import QK_NORM_ARCHITECTURES
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
 
@@ -242,7 +243,7 @@ def mlp_terms(layer: Layer) -> tuple[list[float], list[float]]:
     # adapter_inner_bytes) instead.
     down_in = full or (adapted.get("mlp_out", 0) and (not layer.adapter_dropout or layer.autocast)
                        and not layer.adapter_cast_bytes)
-    fused_moe = bool(spec.num_experts) and setup.experts_fused
+    fused_moe = bool(spec.num_experts) and runtime_of(setup).experts_fused
     ffn = shape.ffn - routed_width(spec) if fused_moe else shape.ffn  # what runs through nn.Linear modules
     if spec.gated_mlp and gelu_new:
         # mT5 / T5 v1.1 gated-gelu: NewGELUActivation is composed of tensor ops that keep its

@@ -132,7 +132,7 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
     if runtime_of(setup).legacy_loss_in_16bit(spec):
         how = (f"{compute_bytes}-byte logits, their shifted copy and log_softmax (transformers < 4.49, "
                "no fp32 upcast)")
-    elif setup.logits_shift_copy:
+    elif runtime_of(setup).logits_shift_copy:
         how = "fp32 log_softmax, its grads; transformers < 4.49 copies the shifted fp32 logits"
     else:
         how = "fp32 log_softmax, its grads"

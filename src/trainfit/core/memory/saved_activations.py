@@ -90,6 +90,6 @@ def autocast_cache_bytes(step: TrainingStep) -> float:
     (activations.expert_weight_bytes): no 16-bit copy of them exists (measured on CPU: Mixtral under
     bf16 autocast +4.5 % -> exact)."""
     st, setup = step.stats, step.setup
-    uncast = st.experts if setup.experts_fused else 0
+    uncast = st.experts if runtime_of(setup).experts_fused else 0
     return 2.0 * (st.linear - uncast + (st.lm_head or st.embedding)) if (
         step.autocast and step.full and act.engine_runs_autocast(setup)) else 0.0

@@ -236,7 +236,7 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
     master weights; gradients sharded in that dtype; no DDP buckets; the floor is the gathered units."""
     n = fsdp_shards(setup)
     grads = trainable * float(pbytes) / n
-    mixed_units = lora_mode and setup.fsdp_mixed_units
+    mixed_units = lora_mode and runtime_of(setup).fsdp_mixed_units
     if mixed_units:
         # Adapters inside their frozen layer's unit (framework_effects.py): the flat gradient covers
         # every decoder weight, in the flat parameter's dtype; the root unit (embeddings, lm_head)

@@ -15,7 +15,7 @@ from trainfit.core.memory import activations as act
 from trainfit.core.memory import dora
 from trainfit.core.memory.framework_effects import cached_kv_bytes_per_token, returned_logits_bytes
 from trainfit.core.memory.step import TrainingStep
-from trainfit.core.runtime import BNB_QUANTS
+from trainfit.core.runtime import BNB_QUANTS, runtime_of
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ def transient_bytes(step: TrainingStep, layer_bytes: float) -> Transients:
     if step.dpo and setup.dpo_reference != "precomputed":
         reference_forward = compute_bytes * model.vocab_size * tokens + layer_bytes / 2
     # A loop that keeps the model's output holds its logits from the loss to the step.
-    kept = (returned_logits_bytes(model, setup, compute_bytes) * tokens if setup.output_kept and not step.dpo
+    runtime = runtime_of(setup)
+    kept = (returned_logits_bytes(model, setup, compute_bytes) * tokens if runtime.output_kept and not step.dpo
             else 0.0)
     # The key/value cache a checkpointed forward returns (framework_effects.cached_kv_bytes_per_token):
     # 4-bit linears return their input's dtype, the stream's, others the compute dtype.
@@ -53,5 +54,5 @@ def transient_bytes(step: TrainingStep, layer_bytes: float) -> Transients:
         kept_output_bytes=kept,
         previous_step_bytes=act.previous_step_bytes(model, step.stats, setup, compute_bytes, tokens),
         kv_cache_bytes=kv_cache,
-        kept_kv_cache_bytes=kv_cache if setup.output_kept else 0.0,  # the kept output holds its cache too
+        kept_kv_cache_bytes=kv_cache if runtime.output_kept else 0.0,  # the kept output holds its cache too
     )
