@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: analyze test test-slow test-launchers test-tools bench clean
+.PHONY: analyze lint test test-slow test-all test-launchers test-tools bench clean
 
 $(VENV)/.core: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -14,9 +14,9 @@ $(VENV)/.core: pyproject.toml constraints.txt
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.train: $(VENV)/.core
+$(VENV)/.train: $(VENV)/.core constraints-tested.txt
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[train,report,test]'
+	$(PIP) -c constraints-tested.txt -e '.[train,report,test]'
 	touch $@
 
 analyze: $(VENV)/.core
@@ -29,6 +29,16 @@ test: $(VENV)/.train
 # that the default run leaves out to stay under ten minutes on two cores.
 test-slow: $(VENV)/.train
 	$(PY) -m pytest -q -m slow
+
+# The import rules (pyproject.toml's [tool.importlinter] contracts): the layers, no import circle,
+# no heavy library in core. lint-imports comes with the test extra.
+lint: $(VENV)/.train
+	$(VENV)/bin/lint-imports --no-cache
+
+# Every tier: the lint, then the default and the slow tests in one run. (`make test-tools` and
+# `make test-launchers` check the exported files with other tools' own environments.)
+test-all: lint
+	$(PY) -m pytest -q -m 'slow or not slow'
 
 # `plan --for TOOL`: each tool in its own environment (.venv-tools/<tool>), which sees the test
 # environment's packages (torch 2.13.0 CPU) through a .pth file and installs only the tool and the

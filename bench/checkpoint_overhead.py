@@ -3,7 +3,7 @@
 One tiny CPU pretraining (4 layers, hidden 192: 1.9M parameters, a ~23 MB checkpoint with the
 optimizer state) runs several times with the same config, only the checkpoint cadence differs:
 
-* policy (balanced): trainfit.train.safety's CadencePolicy with the balanced mode's thresholds,
+* policy (balanced): trainfit.train.monitor.safety's CadencePolicy with the balanced mode's thresholds,
   `checkpointing.every_steps` set beyond the run so that only the policy (and the final save)
   checkpoints;
 * policy, compressed risk: the same with the assumed time between interruptions cut to 10 min,

@@ -6,7 +6,7 @@ process signals readiness through a file and sleeps there) or, for the "random" 
 after a random delay from the start of the write; then:
 
 1. the process is killed with SIGKILL (nothing of trainfit runs after it);
-2. the newest complete checkpoint is found (trainfit.train.checkpoints.latest_complete) and read
+2. the newest complete checkpoint is found (trainfit.train.recovery.checkpoints.latest_complete) and read
    the way resuming reads it (check_loadable);
 3. `trainfit train --resume` (a subprocess, the real command) runs to the end: its exit code, and
    its losses against an uninterrupted run of the same config, must match exactly (CPU, fp32);
@@ -68,7 +68,8 @@ ENTRY = textwrap.dedent('''
     import transformers
     from trainfit import files
     from trainfit.cli.main import main
-    from trainfit.train import checkpoints as ck, trainer_ext
+    from trainfit.train import trainer_ext
+    from trainfit.train.recovery import checkpoints as ck
 
     count = [0]
 
@@ -188,7 +189,7 @@ def leftovers(ckpt_dir: Path) -> list[str]:
 
 def one_run(i: int, phase: str, target: int, work: Path, config: Path, entry: Path, reference: dict,
             rng: random.Random) -> dict:
-    from trainfit.train import checkpoints as ck
+    from trainfit.train.recovery import checkpoints as ck
 
     run_dir, ready = work / f"run{i:02d}", work / f"ready{i:02d}"
     cmd = [sys.executable, str(entry), phase, str(target), str(ready), "train", str(config), "--out", str(run_dir),

@@ -65,7 +65,7 @@ def step_ends_callback():
 
 def timed_monitor(run_dir: Path, interval: float, steps: int):
     """build_monitor's callback, with the time spent in its per-step hooks counted."""
-    from trainfit.train.monitor import build_monitor
+    from trainfit.train.monitor.callback import build_monitor
 
     cb = build_monitor(run_dir, total_steps=steps, interval_seconds=interval, interactive=False,
                        shape=(CONFIG["training"]["micro_batch"], CONFIG["training"]["seq_len"]))

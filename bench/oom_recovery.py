@@ -1,7 +1,7 @@
 """OOM recovery keeps the run: 20 trainings with out-of-memory errors injected at random steps
 (seeded), each compared with the same training without one.
 
-An OOM is injected through trainfit.train.faults (the exception type and real message of a random
+An OOM is injected through trainfit.train.recovery.faults (the exception type and real message of a random
 backend, raised from a forward pre-hook, so it travels through the Trainer like a real one). Runs
 16-20 get two OOMs (the second one in the second micro-batch of its step, after the first's
 gradients were accumulated), so the split is shrunk twice. For every run the figure is:
@@ -9,7 +9,7 @@ gradients were accumulated), so the split is shrunk twice. For every run the fig
 * optimizer steps: the same number as the clean run;
 * global batch: micro_batch x grad_accum x processes, the same (only its split changed);
 * data order: each optimizer step trained on the same samples (a digest of every input_ids row,
-  trainfit.train.faults.SampleLog), compared step by step;
+  trainfit.train.recovery.faults.SampleLog), compared step by step;
 * loss: the largest relative difference of a logged step's loss to the clean run's, and of the
   final loss (CPU fp32: the split micro-batches sum their gradients in another order);
 * time: extra wall seconds over the clean run (the emergency checkpoint and a new Trainer).
@@ -47,7 +47,7 @@ CONFIG = {
 
 
 def one_run(cfg, run_dir: Path, spec: str | None):
-    from trainfit.train import faults
+    from trainfit.train.recovery import faults
     from trainfit.train.runner import run_training
 
     if spec:
@@ -77,7 +77,7 @@ def main() -> int:
     import yaml
 
     from trainfit.config.run_config import load_run_config
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     rng = random.Random(args.seed)
     rows = []

@@ -35,7 +35,8 @@ def _number(low: float, high: float, **kw: Any) -> Bound:
 _MILLION = 10**6
 # Named by the run config's key where there is one; command-line flags map onto these names.
 BOUNDS: dict[str, Bound] = {
-    # training knobs: the numeric knobs' bounds come from the knob table (_knob_bounds below)
+    # training: the numeric knobs' bounds are declared in the knob table (trainfit.core.knobs),
+    # which the run config (config.run_config) and the knob flags (cli.knob_flags) read
     "num_nodes": _count(1024),
     "dpo_beta": _number(0, 1000, low_open=True),
     # schedule
@@ -87,19 +88,10 @@ BOUNDS: dict[str, Bound] = {
 }
 
 
-def _knob_bounds() -> dict[str, Bound]:
-    """The numeric knobs' bounds, declared once in the knob table (trainfit.core.knobs)."""
-    from trainfit.core.knobs import KNOBS
-
-    return {k.name: k.range for k in KNOBS if k.range is not None}
-
-
-BOUNDS.update(_knob_bounds())
-
-
-def arg(name: str):
-    """An argparse `type=` for the bound `name`: '--gpus 0' is a one-line error with exit 2."""
-    bound = BOUNDS[name]
+def arg(name: str, bound: Bound | None = None):
+    """An argparse `type=` for the bound `name` (BOUNDS[name] unless `bound` is given, as the knob
+    table gives its numeric knobs' bounds): '--gpus 0' is a one-line error with exit 2."""
+    bound = bound or BOUNDS[name]
 
     def parse(text: str) -> int | float:
         try:
@@ -119,18 +111,20 @@ def check(name: str, value: Any, where: str) -> Any:
     return value
 
 
-def section_problems(section: Any, path: str, names: dict[str, str] | None = None) -> list[str]:
+def section_problems(section: Any, path: str, names: dict[str, str] | None = None,
+                     bounds: dict[str, Bound] | None = None) -> list[str]:
     """One message per field of a config dataclass that is outside its bound ('schedule.lr: must
-    be ...'). `names` maps field names onto BOUNDS keys where they differ; None values (unset
-    optional keys) are not checked."""
+    be ...'). `names` maps field names onto the keys of `bounds` (default BOUNDS) where they
+    differ; None values (unset optional keys) are not checked."""
     import dataclasses
 
+    bounds = BOUNDS if bounds is None else bounds
     errors = []
     for f in dataclasses.fields(section):
         key = (names or {}).get(f.name, f.name)
         value = getattr(section, f.name)
-        if key in BOUNDS and value is not None:
-            why = BOUNDS[key].problem(value)
+        if key in bounds and value is not None:
+            why = bounds[key].problem(value)
             if why:
                 errors.append(f"{path}.{f.name}: {why}")
     return errors

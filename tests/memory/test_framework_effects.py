@@ -430,7 +430,7 @@ def test_cli_transformers_4_quantises_the_experts():
 def test_runner_prepares_a_quantised_base_without_the_fp32_cast():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from trainfit.train.runner import prepare_quantized_base
+    from trainfit.train.trainer_setup import prepare_quantized_base
 
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=2)

@@ -16,6 +16,8 @@ from trainfit.core.plan.planner import PlanRequest, plan
 from trainfit.core.speed import predict_step
 from trainfit.train import calibration as cal
 from trainfit.train import probe
+from trainfit.train import probe_session
+from trainfit.train import probe_store
 
 SPEC = parse_shape("layers=2,hidden=128,heads=2,vocab=512")
 
@@ -52,7 +54,7 @@ class FakeSession:
 
     def measure(self, job, deadline):
         self.jobs.append(job)
-        res = probe.SettingResult(job.index)
+        res = probe_session.SettingResult(job.index)
         res.step_seconds, res.how = self.step(job.spec, job.setup, self.hw), "fake"
         return res
 
@@ -145,7 +147,7 @@ def test_a_busy_machines_measurements_are_not_reused(req, tmp_path, monkeypatch)
     step = truth("attention", "eager", 1.3)
     _, report = probe.confirm_plan(req, seconds=30, session=FakeSession(step, req.hardware), calibration_file=path)
     assert report.ran and "busy" in report.stored
-    assert probe.load_probe_steps(cal.machine_fingerprint(req.hardware), "cpu", path) == []
+    assert probe_store.load_probe_steps(cal.machine_fingerprint(req.hardware), "cpu", path) == []
 
 
 def test_without_the_train_extra_the_probe_is_skipped_with_the_reason(req, monkeypatch):

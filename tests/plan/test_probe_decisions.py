@@ -13,6 +13,9 @@ from trainfit.core.plan.planner import PlanRequest, plan
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import predict_step
 from trainfit.train import probe
+from trainfit.train import probe_child
+from trainfit.train import probe_session
+from trainfit.train import probe_store
 
 SPEC = parse_shape("layers=2,hidden=128,heads=2,vocab=512")
 A = TrainingSetup(method="pretrain", micro_batch=8, seq_len=128)
@@ -133,7 +136,7 @@ class NoisySession:
         seconds = (self.truth or (lambda spec, s, hw: predict_step(spec, s, hw).step_seconds))(job.spec, job.setup,
                                                                                                 self.hw)
         wobble = self.noise * (1 if len(self.jobs) % 2 else -1)
-        res = probe.SettingResult(job.index)
+        res = probe_session.SettingResult(job.index)
         res.step_seconds = seconds * (1 + wobble) * (1 + (self.first_bias if len(self.jobs) == 1 else 0.0))
         res.spread, res.how = self.noise, "fake"
         return res
@@ -165,7 +168,7 @@ def test_without_the_recheck_the_cold_first_measurement_would_have_switched(req)
     session = NoisySession(req.hardware)
     steps = []
     for s in (plan(req).modes[1].setup, *[c.setup for c in mm.plan_searched(req)[1]["balanced"][1][1:3]]):
-        job = probe.ProbeJob(len(session.jobs), SPEC, s, 5.0, "cpu")
+        job = probe_session.ProbeJob(len(session.jobs), SPEC, s, 5.0, "cpu")
         steps.append(mm.MeasuredStep(SPEC.id, s, session.measure(job, 0).step_seconds, 1.0))
     raw = plan(dataclasses.replace(req, measured_steps=tuple(steps)))
     assert raw.modes[1].setup != plan(req).modes[1].setup
@@ -202,7 +205,7 @@ def test_the_decisions_are_stored_with_the_measurements_spread(req, tmp_path, mo
     assert any(e["spread"] > 0 and len(e["samples_seconds"]) == 2 for e in rec["probe_steps"])
     assert {d["mode"] for d in rec["probe_decisions"]} >= {"balanced"}
     assert all(d["text"] for d in rec["probe_decisions"])
-    again = probe.load_probe_steps(cal.machine_fingerprint(req.hardware), "cpu", path)
+    again = probe_store.load_probe_steps(cal.machine_fingerprint(req.hardware), "cpu", path)
     assert any(m.repeats == 2 and m.spread > 0 for m in again)
 
     class NoMeasuring(NoisySession):
@@ -219,31 +222,31 @@ def test_the_decisions_are_stored_with_the_measurements_spread(req, tmp_path, mo
 # ---------------------------------------------------------------------------------------------
 # the measurement
 def test_warm_up_runs_until_a_micro_batch_is_no_faster_and_faults_no_more_memory():
-    assert not probe.settled_after(None, (1.0, 0))  # one warm-up never settles
-    assert not probe.settled_after((1.0, 0), (0.8, 0))  # still getting faster
-    assert not probe.settled_after((0.93, 176_000), (0.84, 119_000))  # both: faster and faulting
-    assert not probe.settled_after((0.84, 119_000), (0.83, 100_000))  # memory still growing
-    assert probe.settled_after((0.84, 119_000), (0.80, 6_000))
-    assert probe.settled_after((0.55, 20_000), (0.56, 9_000))
-    assert probe.settled_after((0.55, None), (0.56, None))  # no getrusage: time alone
+    assert not probe_child.settled_after(None, (1.0, 0))  # one warm-up never settles
+    assert not probe_child.settled_after((1.0, 0), (0.8, 0))  # still getting faster
+    assert not probe_child.settled_after((0.93, 176_000), (0.84, 119_000))  # both: faster and faulting
+    assert not probe_child.settled_after((0.84, 119_000), (0.83, 100_000))  # memory still growing
+    assert probe_child.settled_after((0.84, 119_000), (0.80, 6_000))
+    assert probe_child.settled_after((0.55, 20_000), (0.56, 9_000))
+    assert probe_child.settled_after((0.55, None), (0.56, None))  # no getrusage: time alone
 
 
 def test_a_measurements_spread_is_robust_to_one_stall():
-    assert probe.micro_spread([1.0]) == 0.0
-    assert probe.micro_spread([1.0, 1.1]) == pytest.approx(0.1 / 1.05)  # two: their range
-    steady = probe.micro_spread([1.0, 1.02, 0.98, 1.01])
-    stalled = probe.micro_spread([1.0, 1.02, 0.98, 5.0])
+    assert probe_session.micro_spread([1.0]) == 0.0
+    assert probe_session.micro_spread([1.0, 1.1]) == pytest.approx(0.1 / 1.05)  # two: their range
+    steady = probe_session.micro_spread([1.0, 1.02, 0.98, 1.01])
+    stalled = probe_session.micro_spread([1.0, 1.02, 0.98, 5.0])
     assert steady < 0.05 and stalled < 0.05  # the range would be 400 %, the interquartile range 100 %
-    assert probe.micro_spread([1.0, 1.3, 0.8, 1.1]) > 0.2  # noise throughout shows
+    assert probe_session.micro_spread([1.0, 1.3, 0.8, 1.1]) > 0.2  # noise throughout shows
 
 
 def test_a_step_figure_from_fewer_than_two_timed_micro_batches_counts_as_noisy():
-    job = probe.ProbeJob(0, SPEC, B, 5.0, "cpu")  # accumulation 2
-    one = probe.SettingResult(0, micro_seconds=[1.0], optimizer_seconds=[0.1], warm_micro=[2.0])
-    assert probe._finish(one, job, None, stopped=True).spread == probe.UNTIMED_SPREAD
-    four = probe.SettingResult(0, micro_seconds=[1.0, 1.02, 0.98, 1.0], optimizer_seconds=[0.1, 0.3, 0.1],
+    job = probe_session.ProbeJob(0, SPEC, B, 5.0, "cpu")  # accumulation 2
+    one = probe_session.SettingResult(0, micro_seconds=[1.0], optimizer_seconds=[0.1], warm_micro=[2.0])
+    assert probe_session._finish(one, job, None, stopped=True).spread == probe_session.UNTIMED_SPREAD
+    four = probe_session.SettingResult(0, micro_seconds=[1.0, 1.02, 0.98, 1.0], optimizer_seconds=[0.1, 0.3, 0.1],
                                warm_micro=[2.0, 1.1])
-    done = probe._finish(four, job, None, stopped=False)
+    done = probe_session._finish(four, job, None, stopped=False)
     assert done.step_seconds == pytest.approx(2 * 1.0 + 0.1) and done.spread < 0.05
     assert "2 warm-up + 4 timed micro-batches" in done.how and "spread" in done.how
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
-from trainfit.train.events import append_record, event
+from trainfit.train.monitor.events import append_record, event
 
 from ..train.conftest import make_config  # the tiny run configs
 

@@ -114,7 +114,7 @@ def test_report_of_a_monitored_run(monitored_run):
     assert s["thermal"]["cpu_throttle_events"] == 2 and s["thermal"]["battery_min_percent"] == 95.0
     synthetic = {"checkpoint": 1, "memory_leak": 1, "oom_recovered": 1, "precision_fallback": 1,
                  "signal": 1, "thermal_pause": 1, "thermal_resume": 1}
-    # the run itself also notes its checkpoint cadence (train/safety.py)
+    # the run itself also notes its checkpoint cadence (train/monitor/safety.py)
     # (and what it was planned to do when it started: run_plan)
     assert {k: v for k, v in s["events"].items() if k not in ("checkpoint_cadence", "run_plan")} == synthetic
 
@@ -257,7 +257,7 @@ def test_a_diverged_loss_is_reported_not_refused(tmp_path, capsys):
 def test_a_run_without_summary_uses_the_logged_peaks(tmp_path):
     d = _fake_run(tmp_path / "run")
     append(d, synthetic_records(1_700_000_000.0, 1_700_000_006.0, gpus=0, n=5))
-    # The record train/runner.trim_metrics writes on --resume, and an event without a time.
+    # The record train/run_dir.trim_metrics writes on --resume, and an event without a time.
     append(d, [{"event": "resume", "from_step": 3, "dropped_records": 2, "time": 1_700_000_003.5},
                {"event": "device_lost", "step": None, "reason": "GPU 0 fell off the bus"}])
     result = report(str(d), out=str(tmp_path / "rep"))

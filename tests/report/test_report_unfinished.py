@@ -84,7 +84,7 @@ def test_a_run_killed_at_a_random_step_is_compared_with_its_plan(tmp_path, capsy
 
 def test_a_loop_monitored_with_monitor_training_is_reportable(tmp_path, capsys):
     from trainfit.hardware.sample_fakes import FakeSampler
-    from trainfit.train.monitor import monitor_training
+    from trainfit.train.monitor.callback import monitor_training
 
     run_dir = tmp_path / "loop"
     run_dir.mkdir()
@@ -109,8 +109,8 @@ def test_a_trainer_with_monitor_callback_is_reportable_and_says_what_it_does_not
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from trainfit.train.monitor import PROTECTION_NOTE, MonitorCallback
-    from trainfit.train.safety import NonFiniteGuard
+    from trainfit.train.monitor.callback import PROTECTION_NOTE, MonitorCallback
+    from trainfit.train.monitor.run_policies import NonFiniteGuard
 
     class Tiny(torch.nn.Module):
         def __init__(self):

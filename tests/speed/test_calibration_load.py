@@ -38,7 +38,7 @@ def test_busy_step_time_is_stored_flagged_and_not_applied(tmp_path):
     file, load = cal.record_verify_sample("m1", "cpu", {"memory_ratio": 1.05, "step_time_ratio": 6.6}, path,
                                           load=cal.check_load(8.0, 2))
     assert file == path and load.contended
-    stored = cal._read(path)["machines"]["m1"]["cpu"]["samples"][0]
+    stored = cal.read_calibration(path)["machines"]["m1"]["cpu"]["samples"][0]
     assert stored["load_average_1m"] == 8.0 and stored["cores"] == 2
     assert stored["step_time_contended"] == load.reason and stored["step_time_ratio"] == 6.6
     dev = cal.load_calibration("m1", path).devices["cpu"]

@@ -48,12 +48,12 @@ def test_a_refused_run_leaves_no_cache_files_outside_out(tmp_path, capsys, exist
 
 def test_the_cache_files_are_written_there_when_the_run_goes_on(tmp_path, monkeypatch):
     """The clean-up is what makes the test above pass: without it the files would stay."""
-    from trainfit.train import runner
+    from trainfit.train.run_dir import FailedStartCleanup
 
     conf = tmp_path / "conf"
     conf.mkdir()
     cfg = make_config(conf, "dpo", data={"paths": [str(_wrong_columns(tmp_path))], "cache_dir": "../elsewhere"})
-    monkeypatch.setattr(runner.FailedStartCleanup, "__call__", lambda self, say: None)
+    monkeypatch.setattr(FailedStartCleanup, "__call__", lambda self, say: None)
     assert main(["train", str(cfg), "--out", str(tmp_path / "run")]) == 2
     assert any(p.suffix == ".arrow" for p in (tmp_path / "elsewhere").rglob("*"))
 

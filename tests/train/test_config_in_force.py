@@ -11,7 +11,7 @@ from trainfit.config.run_config import load_run_config
 from trainfit.report.html_page import summary_rows
 from trainfit.report.run_data import load_run
 from trainfit.report.summary import summarize
-from trainfit.train import faults
+from trainfit.train.recovery import faults
 from trainfit.train.in_force import InForce, changed_fields
 
 from .conftest import make_config

@@ -8,7 +8,7 @@ import pytest
 
 from trainfit.config.run_config import parse_run_config
 from trainfit.errors import BadInputError, UnavailableError
-from trainfit.train.runner import check_method_available, quantized_base
+from trainfit.train.trainer_setup import check_method_available, quantized_base
 
 BASE = {"version": 1, "method": "dpo", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
         "data": {"paths": ["builtin:tiny-preferences"]}, "schedule": {"max_steps": 2}}

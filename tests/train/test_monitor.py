@@ -11,7 +11,10 @@ import pytest
 
 from trainfit.hardware.sample_fakes import FakeSampler, ramp
 from trainfit.hardware.sample_types import Sample
-from trainfit.train.monitor import MIB, LeakDetector, Monitor, build_monitor, monitor_training, theil_sen
+from trainfit.train.monitor.callback import build_monitor, monitor_training
+from trainfit.train.monitor.leaks import LeakDetector, theil_sen
+from trainfit.train.monitor.live import Monitor
+from trainfit.train.monitor.units import MIB
 
 from .conftest import make_config
 
@@ -257,7 +260,7 @@ def test_trainer_callback_on_a_real_trainer(tmp_path):
     import torch
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    from trainfit.train.monitor import MonitorCallback
+    from trainfit.train.monitor.callback import MonitorCallback
 
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": ids, "labels": ids.clone()} for ids in torch.randint(0, 64, (64, 16), generator=g)]
@@ -368,7 +371,7 @@ def _monitor_with_history(predicted=3 * GIB):
 def test_dashboard_renders_prediction_and_readings():
     from rich.console import Console
 
-    from trainfit.train.dashboard import Dashboard
+    from trainfit.train.monitor.dashboard import Dashboard
 
     mon = _monitor_with_history()
     console = Console(file=io.StringIO(), width=140, record=True, color_system=None)
@@ -385,7 +388,7 @@ def test_dashboard_renders_prediction_and_readings():
 def test_dashboard_without_prediction_or_samples():
     from rich.console import Console
 
-    from trainfit.train.dashboard import Dashboard
+    from trainfit.train.monitor.dashboard import Dashboard
 
     console = Console(file=io.StringIO(), width=100, record=True, color_system=None)
     console.print(Dashboard(Monitor(None)).render())
@@ -397,7 +400,7 @@ def test_dashboard_live_on_a_terminal_and_under_a_progress_bar():
     from rich.console import Console
     from rich.progress import Progress
 
-    from trainfit.train.dashboard import Dashboard
+    from trainfit.train.monitor.dashboard import Dashboard
 
     mon = _monitor_with_history()
     out = io.StringIO()

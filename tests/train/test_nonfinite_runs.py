@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainfit.cli.main import main
-from trainfit.train import faults
+from trainfit.train.recovery import faults
 
 from .conftest import make_config
 
@@ -127,7 +127,7 @@ def test_non_finite_guard_for_any_trainer(tmp_path):
     update is skipped, the weights stay finite, the Trainer's own checkpoints are finite."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from trainfit.train.safety import NonFiniteGuard
+    from trainfit.train.monitor.run_policies import NonFiniteGuard
 
     class Tiny(torch.nn.Module):
         def __init__(self):

@@ -18,11 +18,14 @@ from transformers import TrainerCallback
 from trainfit.cli.main import main
 from trainfit.config.run_config import load_run_config
 from trainfit.errors import BadInputError
-from trainfit.train import faults, recovery
-from trainfit.train.oom import classify
 from trainfit.train.predictions import hardware_profile
-from trainfit.train.recovery import PrecisionPolicy, Split, next_precision, shrink, split_for_world
-from trainfit.train.runner import legacy_config_hash, run_training
+from trainfit.train.recovery import faults
+from trainfit.train.recovery.oom import classify
+from trainfit.train.recovery.precision import PrecisionPolicy, next_precision
+from trainfit.train.recovery.session import request_shrink
+from trainfit.train.recovery.split import Split, shrink, split_for_world
+from trainfit.train.run_dir import legacy_config_hash
+from trainfit.train.runner import run_training
 
 from .conftest import loss_trajectory, make_config, run_torchrun
 
@@ -178,7 +181,7 @@ class _Shrink(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == self.at and not self.sent:
             self.sent = True
-            t = threading.Thread(target=recovery.request_shrink, args=("memory headroom under the margin (test)",))
+            t = threading.Thread(target=request_shrink, args=("memory headroom under the margin (test)",))
             t.start()
             t.join()
 
@@ -276,7 +279,7 @@ def test_memory_pressure_shrinks_at_the_next_boundary(clean, tmp_path):
     result = run_training(load_run_config(clean[0]), tmp_path / "run", quiet=True, extra_callbacks=[log, _Shrink(3)])
     (event,) = _events(tmp_path / "run", "memory_pressure")
     assert "headroom" in event["reason"] and event["to"]["micro_batch"] == 2
-    assert recovery.request_shrink("after the run") is False  # no training in this process any more
+    assert request_shrink("after the run") is False  # no training in this process any more
     _same_run(clean, tmp_path / "run", log.steps, result)
 
 

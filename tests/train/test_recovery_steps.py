@@ -11,8 +11,8 @@ import pytest
 
 from trainfit.cli.main import main
 from trainfit.errors import EXIT_DIVERGED
-from trainfit.train import faults
-from trainfit.train.recovery import memory_precision
+from trainfit.train.recovery import faults
+from trainfit.train.recovery.precision import memory_precision
 
 from .conftest import make_config
 

@@ -8,7 +8,7 @@ import pytest
 
 from trainfit.cli.main import main
 from trainfit.config.run_config import load_run_config
-from trainfit.train import checkpoints as ck
+from trainfit.train.recovery import checkpoints as ck
 from trainfit.train.runner import run_training
 
 from .conftest import loss_trajectory, make_config, tree_digest

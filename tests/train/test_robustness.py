@@ -20,7 +20,7 @@ import pytest
 from trainfit import files
 from trainfit.cli.main import main
 from trainfit.config.run_config import load_run_config
-from trainfit.train import checkpoints as ck
+from trainfit.train.recovery import checkpoints as ck
 from trainfit.train.runner import run_training
 
 from .conftest import REPO, loss_trajectory, make_config, tree_digest
@@ -132,7 +132,8 @@ def test_tokenizer_is_saved_atomically(tmp_path, monkeypatch):
 
 
 def test_random_init_dir_is_atomic_and_a_half_written_one_is_rebuilt(tmp_path):
-    from trainfit.train.runner import get_tokenizer, is_complete_model_dir, save_random_init, write_run_files
+    from trainfit.train.run_dir import write_run_files
+    from trainfit.train.trainer_setup import get_tokenizer, is_complete_model_dir, save_random_init
 
     cfg = load_run_config(make_config(tmp_path, "pretrain"))
     from transformers import TrainingArguments
@@ -430,7 +431,7 @@ def test_resumed_tied_model_prints_no_missing_keys(stopped, tmp_path, capfd):
 
 
 def test_quiet_libraries_filters_library_warnings_only(monkeypatch):
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     monkeypatch.setattr(sys, "warnoptions", [])
     with warnings.catch_warnings(record=True) as seen:

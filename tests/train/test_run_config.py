@@ -115,7 +115,7 @@ def test_hash_of_earlier_run_directories_is_unchanged(raw, stored):
     assert parse_run_config(raw, source="x").config_hash()[:16] == stored
 
 
-# The hash of run directories written before the global batch replaced its split (runner.legacy_config_hash):
+# The hash of run directories written before the global batch replaced its split (run_dir.legacy_config_hash):
 # keys added since must leave it unchanged too.
 LEGACY_HASHES = [
     ({"version": 1, "method": "pretrain", "model": {"shape": {"layers": 2, "hidden": 64, "heads": 4}},
@@ -129,7 +129,7 @@ LEGACY_HASHES = [
 
 @pytest.mark.parametrize("raw,stored", LEGACY_HASHES)
 def test_legacy_hash_of_older_run_directories_is_unchanged(raw, stored):
-    from trainfit.train.runner import legacy_config_hash
+    from trainfit.train.run_dir import legacy_config_hash
 
     assert legacy_config_hash(parse_run_config(raw, source="x"))[:16] == stored
 

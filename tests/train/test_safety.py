@@ -1,4 +1,4 @@
-"""Safety policies of `trainfit train` (train/safety.py): thermal pause / resume with hysteresis,
+"""Safety policies of `trainfit train` (train/monitor/safety.py): thermal pause / resume with hysteresis,
 battery handling, checkpoint cadence, signals, leftover cleanup.
 
 The policies are driven by a fake machine (readings as a function of a fake clock that training
@@ -22,10 +22,12 @@ import pytest
 
 from trainfit.core.plan.modes import MODES, safety_thresholds
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
-from trainfit.train import checkpoints as ck
+from trainfit.train.recovery import checkpoints as ck
 from trainfit.core.checkpoint_cadence import cadence_interval
-from trainfit.train.safety import (CadencePolicy, SafetyContext, SignalPolicy, ThermalPolicy, TrainingStopped,
-                                   context_of, safety_callbacks)
+from trainfit.train.monitor.machine_policies import ThermalPolicy
+from trainfit.train.monitor.run_policies import CadencePolicy, SignalPolicy
+from trainfit.train.monitor.safety import context_of, safety_callbacks
+from trainfit.train.monitor.safety_context import SafetyContext, TrainingStopped
 
 from .conftest import REPO, loss_trajectory, make_config
 
@@ -509,8 +511,8 @@ def test_safety_mode_in_the_run_config(tmp_path):
 # memory pressure reads only the monitor's new events
 def test_memory_pressure_reads_each_monitor_event_once():
     from trainfit.hardware.sample_fakes import FakeSampler
-    from trainfit.train.monitor import Monitor
-    from trainfit.train.safety import MemoryPressurePolicy
+    from trainfit.train.monitor.live import Monitor
+    from trainfit.train.monitor.machine_policies import MemoryPressurePolicy
 
     mon = Monitor(None, interval_seconds=60, sampler=FakeSampler(host={}))
     read = []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainfit.cli.main import main
-from trainfit.train import faults
+from trainfit.train.recovery import faults
 
 from .conftest import loss_trajectory, make_config
 
@@ -228,7 +228,8 @@ def test_eta_in_metrics_without_a_terminal(clean):
 def test_memory_pressure_reads_the_memory_of_the_device_kind(device, sample, expected):
     from trainfit.core.plan.modes import safety_thresholds
     from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
-    from trainfit.train.safety import MemoryPressurePolicy, SafetyContext
+    from trainfit.train.monitor.machine_policies import MemoryPressurePolicy
+    from trainfit.train.monitor.safety_context import SafetyContext
 
     policy = MemoryPressurePolicy(SafetyContext(thresholds=safety_thresholds("balanced"), device=device))
     reading = Sample(0.0, HostSample(**sample.get("host", {})), tuple(GpuSample(**g) for g in sample.get("gpus", [])))

@@ -12,7 +12,7 @@ from trainfit.config.run_config import load_run_config
 from trainfit.core.checkpoint_cadence import cadence_interval
 from trainfit.core.plan.modes import safety_thresholds
 from trainfit.errors import BadInputError
-from trainfit.train.safety import CadencePolicy
+from trainfit.train.monitor.run_policies import CadencePolicy
 
 from .conftest import make_config
 from .test_safety import Machine, callbacks, drive, events

@@ -35,7 +35,7 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
           verify: bool = False, quiet: bool = False, log=None) -> dict:
     """Python twin of the command: returns the summary (plus the verify report when asked)."""
     from trainfit.core.serde import to_jsonable
-    from trainfit.config.run_config import load_run_config
+    from trainfit.config.run_config import load_run_config, refuse_foreign_framework
     from trainfit.errors import BadInputError
 
     if max_steps is not None and max_steps < 1:
@@ -54,7 +54,7 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
         check_out()
         return train_pipeline_file(config, out, resume=resume, max_steps=max_steps, verify=verify, quiet=quiet, log=log)
     cfg = load_run_config(config)  # a bad config is named first: it is the first thing to fix
-    _refuse_foreign_framework(cfg, "trainfit train")
+    refuse_foreign_framework(cfg, "trainfit train")
     check_out()
     from trainfit.config.run_config import shared_storage_errors
 
@@ -83,23 +83,14 @@ def train(config: str, out: str | None = None, *, resume: bool = False, max_step
     return summary
 
 
-def _refuse_foreign_framework(cfg, command: str) -> None:
-    from trainfit.errors import BadInputError
-    from trainfit.config.run_config import own_run_problem
-
-    problem = own_run_problem(cfg, command)
-    if problem is not None:
-        raise BadInputError(problem)
-
-
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     with _stdout_to_stderr(args.json), quiet_libraries():  # library warnings are not the user's business
         summary = train(args.config, args.out, resume=args.resume, max_steps=args.max_steps, verify=args.verify,
                         quiet=args.quiet, log=say)
-    from trainfit.train.runner import end_distributed, world
+    from trainfit.train.environment import end_distributed, world
 
     end_distributed()
 

@@ -59,15 +59,14 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
     if steps < 1 or warmup < 0:
         raise BadInputError("--steps must be >= 1 and --warmup >= 0")
     cfg = load_run_config(config)  # a bad config fails before torch is imported
-    from trainfit.cli.cmd_train import _refuse_foreign_framework
-    from trainfit.config.run_config import own_run_problem
+    from trainfit.config.run_config import own_run_problem, refuse_foreign_framework
 
     if framework is not None:  # verify measures trainfit's own run: only it can be compared and calibrated
         problem = own_run_problem(dataclasses.replace(cfg, framework=framework), "trainfit verify")
         if problem is not None:
             raise BadInputError(problem.replace("framework: ", "--framework ", 1).replace(
                 "drop the key (or set framework: trainfit)", "drop --framework"))
-    _refuse_foreign_framework(cfg, "trainfit verify")
+    refuse_foreign_framework(cfg, "trainfit verify")
     from trainfit.errors import require_extra
 
     for module in ("torch", "transformers", "trl"):  # a core-only install: exit 4 naming the extra, as train does
@@ -79,7 +78,7 @@ def verify(config: str, *, steps: int = DEFAULT_TIMED_STEPS, warmup: int = DEFAU
 
 def run(args: argparse.Namespace) -> int:
     from trainfit.cli.output import print_json, say
-    from trainfit.train.runner import quiet_libraries
+    from trainfit.train.environment import quiet_libraries
 
     with quiet_libraries():  # library warnings are not the user's business
         report = verify(args.config, steps=args.steps, warmup=args.warmup, save=not args.no_save, log=say,

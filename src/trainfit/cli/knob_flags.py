@@ -35,7 +35,7 @@ def _flag_kwargs(k: Knob, front: str, visible: bool) -> dict[str, Any]:
     elif k.choices:
         kw["choices"] = k.choices
     elif k.range is not None:
-        kw["type"] = arg(k.name)
+        kw["type"] = arg(k.name, k.range)
         kw["metavar"] = "N"
     if k.metavar:
         kw["metavar"] = k.metavar

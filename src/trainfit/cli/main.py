@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT
     # SIGTERM stops a command the way Ctrl-C does (what it was writing rolled back, a message, exit
-    # 143); train and verify handle both signals themselves (trainfit.train.safety).
+    # 143); train and verify handle both signals themselves (trainfit.train.monitor.safety).
     previous = _sigterm_as_interrupt() if command not in ("train", "verify") else None
     try:
         code = int(args._run(args) or 0)

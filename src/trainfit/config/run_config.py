@@ -221,7 +221,7 @@ class SafetyConfig:
 
 @dataclass(frozen=True)
 class MonitoringConfig:
-    """The live monitor (train/monitor.py): machine samples in metrics.jsonl, dashboard, leak warning."""
+    """The live monitor (train/monitor/live.py): machine samples in metrics.jsonl, dashboard, leak warning."""
 
     enabled: bool = True
     interval_seconds: float = 1.0  # one machine sample per interval
@@ -300,7 +300,7 @@ class RunConfig:
 
         Logging and keep_last do not change a single loss, so a resumed run may change them. The
         batch counts as the global batch, micro_batch x grad_accum x processes (`processes`; default
-        training.num_gpus), not how it is split: OOM recovery (train/recovery.py) changes the split and
+        training.num_gpus), not how it is split: OOM recovery (train/recovery/) changes the split and
         the run still resumes. Gradient checkpointing and the device say how a step is computed and
         where, not what it computes, so they are left out too.
         """
@@ -429,6 +429,13 @@ def own_run_problem(cfg: RunConfig, command: str) -> str | None:
     return (f"framework: {cfg.framework}: {command} runs trainfit's own training loop, not {framework.title}; "
             f"run the config's settings with that tool (trainfit estimate/plan --framework {cfg.framework} give "
             "its figures), or drop the key (or set framework: trainfit) to train here")
+
+
+def refuse_foreign_framework(cfg: RunConfig, command: str) -> None:
+    """BadInputError (exit 2) when `command` would run a config that names another tool (own_run_problem)."""
+    problem = own_run_problem(cfg, command)
+    if problem is not None:
+        raise BadInputError(problem)
 
 
 def _joined(source: str, errors: list[str]) -> str:
@@ -603,14 +610,16 @@ def _data_errors(cfg: RunConfig) -> list[str]:
 
 
 def _bound_errors(cfg: RunConfig) -> list[str]:
-    """Every number of the config against its range in trainfit.validate.BOUNDS (NaN and
-    infinity never pass)."""
-    from trainfit.validate import section_problems
+    """Every number of the config against its range: the numeric knobs' in the knob table, the
+    others' in trainfit.validate.BOUNDS (NaN and infinity never pass)."""
+    from trainfit.core.knobs import KNOBS
+    from trainfit.validate import BOUNDS, section_problems
 
-    errs = section_problems(cfg.training, "training")
+    knob_bounds = {**BOUNDS, **{k.name: k.range for k in KNOBS if k.range is not None}}
+    errs = section_problems(cfg.training, "training", bounds=knob_bounds)
     if cfg.training.lora is not None:
         errs += section_problems(cfg.training.lora, "training.lora",
-                                 {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout"})
+                                 {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout"}, knob_bounds)
     if cfg.model.shape is not None:
         errs += section_problems(cfg.model.shape, "model.shape")
     for section, path in ((cfg.schedule, "schedule"), (cfg.checkpointing, "checkpointing"), (cfg.logging, "logging"),

@@ -1,7 +1,7 @@
 """Whether a multi-node run's run directory is on storage every node shares.
 
 Every rank of a run reads the run directory: on --resume each one loads the checkpoint from it
-(trainfit.train.runner.prepare_run_dir), while only global rank 0 writes it. On a node-local disk
+(trainfit.train.run_dir.prepare_run_dir), while only global rank 0 writes it. On a node-local disk
 the other nodes see no checkpoint, start from step 0 while node 0 resumes, and the run diverges or
 hangs in its first collective; a preempted node's local disk may be gone altogether. So a run with
 training.num_nodes > 1 refuses a run directory (`trainfit train --out DIR`) that is, in order:

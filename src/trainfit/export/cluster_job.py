@@ -154,24 +154,3 @@ def cluster_job(mp, req, *, run_dir: str, keep_last: int, header_lines: list[str
         mem_bytes_per_node=mp.host_ram_bytes, run_seconds=(mp.run.hours * 3600.0) if mp.run and mp.run.hours else None,
         checkpoint_bytes=ckpt, weights_bytes=weights, keep_last=keep_last, spot=getattr(req, "spot", None) is not None,
         network=network, run_dir=run_dir, provider=provider, flavor_id=flavor_id, plan_files=plan_files)
-
-
-def launcher_files(job: ClusterJob, launchers: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """File name -> text of each asked-for engine's spec."""
-    files: dict[str, str] = {}
-    for launcher in dict.fromkeys(launchers):
-        if launcher == "slurm":
-            from trainfit.export.slurm import SBATCH_FILE, sbatch_script
-
-            files[SBATCH_FILE] = sbatch_script(job)
-        elif launcher == "skypilot":
-            from trainfit.export.skypilot import skypilot_files
-
-            files.update(skypilot_files(job))
-        elif launcher == "kubernetes":
-            from trainfit.export.kubernetes import MANIFEST_FILE, pytorchjob_manifest
-
-            files[MANIFEST_FILE] = pytorchjob_manifest(job)
-        else:
-            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-    return files

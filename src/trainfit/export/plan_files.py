@@ -13,13 +13,17 @@ method (pretraining 6e-4 for small models, full fine-tuning 2e-5, LoRA 2e-4, DPO
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from trainfit import __version__
 from trainfit.core.plan.planner import ModePlan, PlanRequest
 from trainfit.core.setup import SFT_METHODS
+
+if TYPE_CHECKING:
+    from trainfit.export.cluster_job import ClusterJob
+    from trainfit.export.tools import ToolPlan
 
 LEARNING_RATES = {"pretrain": 6e-4, "full": 2e-5, "lora": 2e-4, "qlora": 2e-4, "dpo": 1e-6, "dpo+lora": 5e-6}
 SAMPLE_DATA = {"pretrain": "builtin:tiny-corpus", "full": "builtin:tiny-chat", "lora": "builtin:tiny-chat",
@@ -193,16 +197,56 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
                          device=device, run_config_text=text, network=network)
     if launchers:
         from trainfit.export.bundle import run_dir_name
-        from trainfit.export.cluster_job import cluster_job, launcher_files
+        from trainfit.export.cluster_job import cluster_job
 
         job = cluster_job(mp, req, run_dir=run_dir_name(cfg), keep_last=cfg.checkpointing.keep_last,
                           header_lines=lines, plan_files=files)
         files.update(launcher_files(job, launchers))
     if tool != "trl":
-        from trainfit.export.tools import ToolPlan, tool_files
+        from trainfit.export.tools import ToolPlan
 
         ds = "deepspeed.json" if "deepspeed.json" in files else None
         files.update(tool_files(tool, ToolPlan(cfg=cfg, spec=mp.model, folder=Path(base_dir or ".").resolve(),
                                                header_lines=lines, deepspeed_file=ds)))
     return files
 
+
+# The two dispatchers sit here, above the writers they pick: each writer reads the shared parts
+# (export/cluster_job.py, export/tools.py), so a dispatcher there would make an import circle.
+def launcher_files(job: ClusterJob, launchers: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """File name -> text of each asked-for engine's spec."""
+    from trainfit.export.cluster_job import LAUNCHERS
+
+    files: dict[str, str] = {}
+    for launcher in dict.fromkeys(launchers):
+        if launcher == "slurm":
+            from trainfit.export.slurm import SBATCH_FILE, sbatch_script
+
+            files[SBATCH_FILE] = sbatch_script(job)
+        elif launcher == "skypilot":
+            from trainfit.export.skypilot import skypilot_files
+
+            files.update(skypilot_files(job))
+        elif launcher == "kubernetes":
+            from trainfit.export.kubernetes import MANIFEST_FILE, pytorchjob_manifest
+
+            files[MANIFEST_FILE] = pytorchjob_manifest(job)
+        else:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    return files
+
+
+def tool_files(tool: str, plan: ToolPlan) -> dict[str, str]:
+    """File name -> text of the tool's config(s) for one mode (empty for trl: today's files)."""
+    if tool == "trl":
+        return {}
+    from trainfit.export.tools import check_method, header
+
+    check_method(tool, plan.cfg.method)
+    from trainfit.export import axolotl, litgpt_config, llama_factory, torchtune
+
+    writer = {"axolotl": axolotl.files, "llama-factory": llama_factory.files, "torchtune": torchtune.files,
+              "litgpt": litgpt_config.files}[tool]
+    files, differs = writer(plan)
+    head = header(plan, tool, differs)
+    return {name: (head + text if name.endswith((".yaml", ".yml")) else text) for name, text in files.items()}

@@ -84,20 +84,6 @@ def check_method(tool: str, method: str, flag: str = "--for") -> None:
                         hint=f"valid methods for {tool}: {', '.join(TOOL_METHODS[tool])}")
 
 
-def tool_files(tool: str, plan: ToolPlan) -> dict[str, str]:
-    """File name -> text of the tool's config(s) for one mode (empty for trl: today's files)."""
-    if tool == "trl":
-        return {}
-    check_method(tool, plan.cfg.method)
-    from trainfit.export import axolotl, litgpt_config, llama_factory, torchtune
-
-    writer = {"axolotl": axolotl.files, "llama-factory": llama_factory.files, "torchtune": torchtune.files,
-              "litgpt": litgpt_config.files}[tool]
-    files, differs = writer(plan)
-    head = header(plan, tool, differs)
-    return {name: (head + text if name.endswith((".yaml", ".yml")) else text) for name, text in files.items()}
-
-
 def header(plan: ToolPlan, tool: str, differs: list[str]) -> str:
     lines = [*plan.header_lines, f"{tool} config written from this plan (run.yaml beside it is the same plan for "
              "trainfit train); paths are absolute."]

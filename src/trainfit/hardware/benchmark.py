@@ -229,11 +229,11 @@ def run_benchmark(src: Sources, cpu: CpuInfo, gpus: list[GpuInfo], *, work_dir: 
                   disk_bytes: int = DISK_BYTES, scale: float = 1.0) -> BenchmarkInfo:
     """All measurements; `scale` < 1 shrinks the problem sizes (tests)."""
     from trainfit.hardware import cpu_load
-    from trainfit.hardware.cpu_measure import FP32_REPEATS, judge
+    from trainfit.hardware.cpu_load import FP32_REPEATS, judge
 
     t0 = time.perf_counter()
     reasons: dict[str, str] = {}
-    watch = cpu_load.snapshot()  # the CPU part is judged by the load on its cores (cpu_measure)
+    watch = cpu_load.snapshot()  # the CPU part is judged by the load on its cores (cpu_load.judge)
     mem = round(memory_bandwidth_gbps(int((256 << 20) * scale)), 1)
     fp32_runs = cpu_fp32_rates(max(128, int(2048 * scale)), FP32_REPEATS)
     fp32 = round(max(fp32_runs), 1)

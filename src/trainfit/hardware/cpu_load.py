@@ -9,7 +9,8 @@ apart: it counts our own threads, lags by a minute, and one competing 2-thread j
 So a window is judged by CPU time, read from the kernel's per-CPU counters (/proc/stat through
 psutil) on the CPUs this process may run on (its affinity): busy time on those CPUs minus this
 process's own CPU time is what others took, and the steal column is what the hypervisor gave to
-other guests. Both are averaged over the window's wall time, in cores.
+other guests. Both are averaged over the window's wall time, in cores. `judge` turns a window and
+the spread of the repeated fp32 timings into the measurement's load check (profile.MeasurementLoad).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from trainfit.core.profile import MeasurementLoad
+
 # Other work above this share of our cores (its own threads plus steal) makes a timing unreliable:
 # with time-sharing every core lost to others is a share of the rate lost. 10 % of the cores is
 # above what an idle machine's daemons and kernel threads use and below a noticeable bias.
@@ -25,6 +28,11 @@ OTHER_SHARE_LIMIT = 0.10
 # Without per-CPU counters (no psutil): the 1-minute load average beyond the cores by this share
 # (the rule verify's calibration applies, train.calibration.LOAD_TOLERANCE).
 LOAD_LIMIT_PER_CORE = 1.25
+# The fp32 matmul timing is repeated this often; 1 - median / best of the repeats above
+# SPREAD_LIMIT makes a measurement disturbed even when no other process shows (a VM's slow spells:
+# the matmul rate drops by up to a third for seconds).
+FP32_REPEATS = 5
+SPREAD_LIMIT = 0.30
 
 
 @dataclass(frozen=True)
@@ -130,3 +138,28 @@ def sample(seconds: float = 0.5) -> LoadWindow:
     start = snapshot()
     time.sleep(seconds)
     return window(start)
+
+
+def judge(win: LoadWindow | None, fp32_spread: float | None, attempts: int) -> MeasurementLoad:
+    """Whether a measurement is this machine's rates: nothing else ran on its cores (`win`) and its
+    fp32 repeats agree (`fp32_spread`)."""
+    reason = win.busy_reason if win is not None else None
+    if reason is None and fp32_spread is not None and fp32_spread > SPREAD_LIMIT:
+        reason = (f"its repeated fp32 matmul timings varied by {fp32_spread:.0%} (limit {SPREAD_LIMIT:.0%}): "
+                  "the cores were not steadily its own")
+    why: dict[str, str] = {}
+    if win is None:
+        why = {k: "load not watched" for k in ("other_cores", "steal_cores", "load_average_1m_before",
+                                                "load_average_1m_after")}
+    else:
+        for name in ("other_cores", "steal_cores", "load_average_1m_before", "load_average_1m_after"):
+            if getattr(win, name) is None:
+                why[name] = "not readable on this OS (psutil per-CPU times / os.getloadavg)"
+    if fp32_spread is None:
+        why["fp32_spread"] = "not measured"
+    return MeasurementLoad(
+        reliable=reason is None, reason=reason, cores=win.cores if win else 0,
+        other_cores=win.other_cores if win else None, steal_cores=win.steal_cores if win else None,
+        load_average_1m_before=win.load_average_1m_before if win else None,
+        load_average_1m_after=win.load_average_1m_after if win else None,
+        fp32_spread=fp32_spread, attempts=attempts, unavailable=why)

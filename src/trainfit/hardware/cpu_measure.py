@@ -37,8 +37,9 @@ import json
 import time
 from collections.abc import Callable
 
-from trainfit.core.profile import BenchmarkInfo, CpuInfo, MeasurementLoad
+from trainfit.core.profile import BenchmarkInfo, CpuInfo
 from trainfit.hardware import cpu_load
+from trainfit.hardware.cpu_load import FP32_REPEATS, judge
 from trainfit.hardware.sources import Sources, read_text
 
 CACHE_FOLDER = "cpu-rates"
@@ -48,10 +49,6 @@ MAX_ATTEMPTS = 3
 RETRY_PAUSE_SECONDS = 2.0
 # No new try starts after this (the profile's benchmark probe is given 45 s in all).
 ATTEMPTS_BUDGET_SECONDS = 15.0
-FP32_REPEATS = 5
-# 1 - median / best of the fp32 repeats above which a measurement is disturbed even when no other
-# process shows (a VM's slow spells: the matmul rate drops by up to a third for seconds).
-SPREAD_LIMIT = 0.30
 # A flagged measurement is reused this long, and only while the machine is still busy.
 PROVISIONAL_SECONDS = 600.0
 QUIET_SAMPLE_SECONDS = 0.25
@@ -106,31 +103,6 @@ def measure_cpu(cpu: CpuInfo) -> BenchmarkInfo:
     return BenchmarkInfo(mem, round(max(fp32_runs), 1), bf16, {}, None, None, None, round(time.perf_counter() - t0, 2),
                          reasons, measured_at=_iso(time.time()), scope="cpu", cpu_dropout_ns_per_element=dropout_ns,
                          load_check=judge(None, round(spread(fp32_runs), 3), 1), **step_rates)
-
-
-def judge(win: cpu_load.LoadWindow | None, fp32_spread: float | None, attempts: int) -> MeasurementLoad:
-    """Whether a measurement is this machine's rates: nothing else ran on its cores (`win`) and its
-    fp32 repeats agree (`fp32_spread`)."""
-    reason = win.busy_reason if win is not None else None
-    if reason is None and fp32_spread is not None and fp32_spread > SPREAD_LIMIT:
-        reason = (f"its repeated fp32 matmul timings varied by {fp32_spread:.0%} (limit {SPREAD_LIMIT:.0%}): "
-                  "the cores were not steadily its own")
-    why: dict[str, str] = {}
-    if win is None:
-        why = {k: "load not watched" for k in ("other_cores", "steal_cores", "load_average_1m_before",
-                                                "load_average_1m_after")}
-    else:
-        for name in ("other_cores", "steal_cores", "load_average_1m_before", "load_average_1m_after"):
-            if getattr(win, name) is None:
-                why[name] = "not readable on this OS (psutil per-CPU times / os.getloadavg)"
-    if fp32_spread is None:
-        why["fp32_spread"] = "not measured"
-    return MeasurementLoad(
-        reliable=reason is None, reason=reason, cores=win.cores if win else 0,
-        other_cores=win.other_cores if win else None, steal_cores=win.steal_cores if win else None,
-        load_average_1m_before=win.load_average_1m_before if win else None,
-        load_average_1m_after=win.load_average_1m_after if win else None,
-        fp32_spread=fp32_spread, attempts=attempts, unavailable=why)
 
 
 def _spread(bench: BenchmarkInfo) -> float | None:

@@ -323,7 +323,7 @@ def _check_series(series: Any, where: str) -> None:
 
 
 class MachineScript:
-    """A scripted machine for `trainfit train` (TRAINFIT_FAKE_MACHINE, trainfit.train.faults):
+    """A scripted machine for `trainfit train` (TRAINFIT_FAKE_MACHINE, trainfit.train.recovery.faults):
 
         {"interval_seconds": 0.05,                 the monitor's sampling interval
          "safety": {"check_seconds": 0.05, ...},   SafetyThresholds fields for this run

@@ -1,5 +1,5 @@
 """One reading of the machine while training runs: the contract between the sampler
-(hardware/sampling.py), the monitor (train/monitor.py), the safety policies (train/safety.py) and
+(hardware/sampling.py), the monitor (train/monitor/live.py), the safety policies (train/monitor/safety.py) and
 `trainfit report`.
 
 Every field is measured or None; a None field has its reason in `unavailable` (the profile's

@@ -2,7 +2,7 @@
 it is; absent in the folder of a run monitored with MonitorCallback / monitor_training, whose
 metrics.jsonl the monitor wrote), summary.json (optional: a run that crashed or is still running
 has none yet; its `run_plan` event then says what it was planned to do) and
-metrics.jsonl, whose three kinds of record (train/events.py) are sorted into logged steps, machine
+metrics.jsonl, whose three kinds of record (train/monitor/events.py) are sorted into logged steps, machine
 samples (hardware/sample_types.py) and events.
 
 metrics.jsonl is read line by line (no size limit; what is kept per line is small). A line that
@@ -198,7 +198,7 @@ def _classify(path: Path, n: int, rec: dict[str, Any], data: RunData) -> None:
 def _event(n: int, kind: str, rec: dict[str, Any], where: str) -> Event:
     time = _time(rec.get("time"), where, required=False)
     step = _integer(rec.get("step"), where, "step")
-    if step is None and "from_step" in rec:  # the resume / restart record (train/runner.trim_metrics)
+    if step is None and "from_step" in rec:  # the resume / restart record (train/run_dir.trim_metrics)
         step = _integer(rec.get("from_step"), where, "from_step")
     reason = rec.get("reason")
     if reason is not None and not isinstance(reason, str):

@@ -18,7 +18,7 @@ from trainfit.report.run_data import RunData
 # NVML clock-event reasons that are not a slowdown (idle, a clock the user set, display, sync).
 BENIGN_THROTTLE_REASONS = frozenset({"gpu_idle", "idle", "applications_clocks_setting", "display_clock_setting",
                                      "sync_boost", "none"})
-# A safety pause (train/safety.py) -> the events that end it: resumed, or stopped for good.
+# A safety pause (train/monitor/safety.py) -> the events that end it: resumed, or stopped for good.
 PAUSE_ENDS = {"thermal_pause": ("thermal_resume", "thermal_stop"), "battery_pause": ("power_resume", "battery_stop")}
 
 

@@ -112,7 +112,7 @@ def _gpu_names() -> list[str]:
     return []
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_calibration(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -132,7 +132,7 @@ def _median(values: list[float]) -> float | None:
 
 def load_calibration(fingerprint: str, path: Path | None = None) -> Calibration | None:
     """The calibration stored for this machine, or None when it has never been verified."""
-    machines = _read(path or calibration_path())["machines"]
+    machines = read_calibration(path or calibration_path())["machines"]
     entry = machines.get(fingerprint)
     if not isinstance(entry, dict) or not entry:
         return None
@@ -202,7 +202,7 @@ def record_sample(fingerprint: str, device: str, sample: dict[str, Any], path: P
 
     path = path or calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = _read(path)
+    data = read_calibration(path)
     rec = data["machines"].setdefault(fingerprint, {}).setdefault(device, {"samples": []})
     rec["samples"] = (rec.get("samples", []) + [{"time": time.time(), **sample}])[-MAX_SAMPLES:]
     return write_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -12,8 +12,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainfit.train.events import append_record
-from trainfit.train.monitor import eta_seconds, peak_rss_bytes
+from trainfit.train.monitor.events import append_record
+from trainfit.train.monitor.live import eta_seconds, peak_rss_bytes
 
 
 def device_memory() -> dict[str, int]:
@@ -129,7 +129,7 @@ class RunPlan(TrainerCallback):
         if self._written or self.path is None or not state.is_world_process_zero:
             return
         self._written = True
-        from trainfit.train.events import event
+        from trainfit.train.monitor.events import event
 
         d = {**self.details, "max_steps": state.max_steps}
         pred = d.get("predicted") or {}

@@ -6,7 +6,7 @@ is made concrete for the device, the split and precision earlier recoveries chos
 for the device the run landed on, and the data keys this machine cannot honour are adjusted;
 during the run, a recovery splits the micro-batch or changes the precision. Each of these goes
 through InForce.change, which records the fields that changed (dotted paths, old -> new) and why,
-as a `config_change` event in metrics.jsonl (train/events.py), so the events file and
+as a `config_change` event in metrics.jsonl (train/monitor/events.py), so the events file and
 `trainfit report` show what the run really trained with.
 
 Changes made before the run's first optimizer step are held back and written when that step
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainfit.train.events import append_record, event
+from trainfit.train.monitor.events import append_record, event
 
 if TYPE_CHECKING:
     from trainfit.config.run_config import RunConfig

@@ -71,7 +71,7 @@ def start_model_dir(prev: Phase, prev_dir: Path, log: Log) -> Path:
     """The directory the next phase loads: prev's final/ (full weights) or its adapter merged into
     its base (prev/merged/, made once, atomically)."""
     from trainfit.export.peft_config import uses_lora
-    from trainfit.train.runner import is_complete_model_dir
+    from trainfit.train.trainer_setup import is_complete_model_dir
 
     final = prev_dir / "final"
     if not uses_lora(prev.config):
@@ -106,7 +106,7 @@ def merge_adapter(cfg: RunConfig, adapter_dir: Path, dest: Path) -> None:
 
     tokenizer = load_tokenizer(adapter_dir, key="the phase's final tokenizer")
     base = build_model(cfg, tokenizer).model
-    if cfg.training.precision in ("bf16", "fp16"):  # what the run trained against (runner.make_model)
+    if cfg.training.precision in ("bf16", "fp16"):  # what the run trained against (trainer_setup.make_model)
         base = base.to(torch.bfloat16 if cfg.training.precision == "bf16" else torch.float16)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     merged.save_pretrained(str(dest))
@@ -125,7 +125,8 @@ def run_pipeline(p: PipelineConfig, out: str | Path, *, resume: bool = False, st
     """Run the phases in order; the Python twin of `trainfit train META.yaml`. `stop_after` stops
     the phase being run at that optimizer step (with a checkpoint), as for one run; a phase whose
     schedule ends first finishes and the next one starts. Returns the pipeline summary."""
-    from trainfit.train.runner import run_training, world
+    from trainfit.train.environment import world
+    from trainfit.train.runner import run_training
 
     log = log or (lambda m: None)
     rank, _ = world()
@@ -178,7 +179,7 @@ def run_pipeline(p: PipelineConfig, out: str | Path, *, resume: bool = False, st
 def _start_state(p: PipelineConfig, out: Path, resume: bool, say: Log) -> dict:
     """The state to continue from (--resume) or a new one; refuses before any training when OUT
     holds another pipeline, or a run in a phase's directory without --resume."""
-    from trainfit.train.runner import world
+    from trainfit.train.environment import world
 
     state = read_state(out)
     if state is not None and not resume:
@@ -215,7 +216,7 @@ def _hand_off(prev: Phase, out: Path, rank: int, say: Log) -> Path:
     """The start model of the phase after `prev`: made by the main process; the others wait for it
     (the runner's final/ is written by the main process too)."""
     from trainfit.export.peft_config import uses_lora
-    from trainfit.train.runner import is_complete_model_dir
+    from trainfit.train.trainer_setup import is_complete_model_dir
 
     if rank == 0 or not uses_lora(prev.config):
         return start_model_dir(prev, out / prev.name, say)

@@ -28,21 +28,15 @@ ratio of the balanced pick as a calibration sample, the step times as `probe_ste
 plan of the same model and settings finds them and needs no probe. A measurement taken on a busy
 machine (calibration.check_load) ranks this plan's settings but is not reused later.
 
-Run as `python -m trainfit.train.probe --child` it is the measuring child (JSON lines on stdin
-and stdout); everything else here imports no torch.
+The measuring child is trainfit.train.probe_child (`python -m trainfit.train.probe_child --child`,
+JSON lines on stdin and stdout); the stored measurements are trainfit.train.probe_store. Nothing
+here imports torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
-import os
-import queue
-import statistics
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +45,8 @@ from typing import Any, Callable
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.plan.measured import setup_label
 from trainfit.core.setup import TrainingSetup
+from trainfit.train.probe_session import ProbeJob, ProbeSession
+from trainfit.train.probe_store import load_probe_steps, store_measurements
 
 DEFAULT_PROBE_SECONDS = 30.0
 # A random init of a larger model on a CPU takes longer than a probe has (~1 s per 100M parameters
@@ -61,34 +57,12 @@ MAX_BUILD_PARAMS = 300_000_000
 # a few x on small shapes, so slicing on its word alone would slice models that need none).
 SLICE_PIECES = 3
 MIN_SHARE_SECONDS = 3.0  # below this a setting is not started
-# The child stops a setting itself at the end of its time share; the parent stops the child only
-# this share later (a micro-batch still running): a stopped child is started again, paying torch's
-# import and a cold first setting again (page faults, thread pools) for the next setting measured.
-OVERRUN_SHARE = 0.5
-TIMED_MICRO_BATCHES = 4
-TIMED_OPTIMIZER_STEPS = 3
-# Warm-up, per setting: micro-batches (each with an optimizer step) until one is no longer much faster
-# than the one before and its page faults stopped growing the memory. The first setting of a fresh
-# process (6 x 256 Llama, micro-batch 16 x 256 tokens, bf16 autocast) faulted in 160-176k then
-# 93-119k minor page faults (~0.4-0.7 GB) in its first two micro-batches, 6-17k in the third and
-# ~0 after, its first two taking 1.85 and 1.68 CPU-seconds against 1.06 settled (load 2.3): with one
-# warm-up micro-batch the second was timed, and the first setting measured read slow against
-# those measured after it (0.69 s/step where the benchmark's sweep measured 0.54).
-WARMUP_MAX = 4
-WARMUP_SHARE = 0.5  # at most this share of a setting's time goes to its warm-up
-SETTLED_SPEEDUP = 0.9  # a warm-up micro-batch faster than this x the one before: still warming up
-SETTLED_FAULT_PAGES = 4096  # 16 MiB of 4 KiB pages: memory no longer growing
-UNTIMED_SPREAD = 0.25  # the spread given a step figure from fewer than two timed micro-batches
 # The finalists (the speed model's pick and a setting measured faster) are measured again,
 # interleaved with their first measurement (A B B A), at most this many times per probe.
 MAX_RECHECKS = 3
 MAX_PAIR_RECHECKS = 2  # a pair still within the noise after one re-measurement gets a second
-STORED_MAX_AGE_SECONDS = 30 * 24 * 3600
-MAX_STORED_STEPS = 200
 
 Log = Callable[[str], None]
-
-
 
 
 def missing_extra() -> str | None:
@@ -97,17 +71,6 @@ def missing_extra() -> str | None:
         if importlib.util.find_spec(module) is None:
             return f"the train extra is not installed ({module} missing: pip install 'trainfit[train]')"
     return None
-
-
-@dataclass(frozen=True)
-class ProbeJob:
-    """One setting to measure: what the child builds and how long it may take."""
-
-    index: int
-    spec: ModelSpec  # the model to build (the whole model, or a slice of its layers)
-    setup: TrainingSetup
-    share_seconds: float
-    device: str  # torch device type: "cpu", "cuda", "mps"
 
 
 def slice_for(spec: ModelSpec, setup: TrainingSetup, hardware, share_seconds: float) -> tuple[ModelSpec, float]:
@@ -134,172 +97,6 @@ def spec_params(spec: ModelSpec) -> int:
         return int(total_params(spec))
     except Exception:  # an unusual spec: size it by its layers (never blocks the probe)
         return spec.num_layers * 12 * spec.hidden_size ** 2
-
-
-@dataclass
-class SettingResult:
-    index: int
-    step_seconds: float | None = None
-    lower_bound: bool = False
-    how: str = ""
-    error: str | None = None
-    micro_seconds: list[float] = field(default_factory=list)  # timed (after the warm-up)
-    optimizer_seconds: list[float] = field(default_factory=list)
-    warm_micro: list[float] = field(default_factory=list)
-    warm_optimizer: list[float] = field(default_factory=list)
-    warm_faults: list[int] = field(default_factory=list)  # minor page faults of each warm-up micro-batch
-    wall_seconds: float = 0.0
-    spread: float = 0.0  # relative spread of the timed micro-batches (micro_spread)
-
-
-class ProbeSession:
-    """The measuring child process: started once, restarted after a setting had to be stopped."""
-
-    def __init__(self, log: Log, warm_spec: ModelSpec | None = None) -> None:
-        self.log = log
-        self.warm_spec = warm_spec  # its model code is imported while the child starts
-        self.proc: subprocess.Popen | None = None
-        self.started = False
-        self.lines: queue.Queue = queue.Queue()
-
-    def launch(self) -> None:
-        """Start the child now (its torch import overlaps the planning); `ready` waits for it."""
-        if self.proc is None:
-            self._spawn()
-
-    def ready(self, deadline: float) -> bool:
-        """The child is up and has imported torch (started again when it was stopped)."""
-        if self.proc is None:
-            self._spawn()
-        if self.started:
-            return True
-        while True:
-            event = self._next(deadline)
-            if event is None:
-                self.close()
-                return False
-            if event.get("event") == "ready":
-                self.started = True
-                return True
-
-    def _spawn(self) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
-        src = str(Path(__file__).resolve().parents[2])  # the trainfit this process runs, for the child too
-        env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-        from trainfit.core.serde import to_jsonable
-
-        warm = [json.dumps(to_jsonable(self.warm_spec))] if self.warm_spec is not None else []
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainfit.train.probe", "--child", *warm], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        self.lines = queue.Queue()
-        self.started = False
-        threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True).start()
-
-    @staticmethod
-    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                lines.put(json.loads(line))
-            except ValueError:
-                continue
-        lines.put({"event": "exit"})
-
-    def _next(self, deadline: float) -> dict | None:
-        try:
-            event = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            return None
-        return None if event.get("event") == "exit" else event
-
-    def close(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()  # our own child, by its handle
-            self.proc.wait()
-            self.proc = None
-            self.started = False
-
-    def measure(self, job: ProbeJob, deadline: float) -> SettingResult:
-        """Run one setting for its time share, counted from when its model is built (the build
-        pays imports once per architecture), and never past `deadline` (monotonic)."""
-        from trainfit.core.serde import to_jsonable
-
-        res = SettingResult(job.index)
-        started = time.monotonic()
-        if not self.ready(deadline):
-            res.error = "the probe process did not start in time (importing torch)"
-            return res
-        assert self.proc is not None and self.proc.stdin is not None
-        body = {"index": job.index, "spec": to_jsonable(job.spec), "setup": to_jsonable(job.setup),
-                "share_seconds": job.share_seconds, "device": job.device}
-        self.proc.stdin.write(json.dumps(body) + "\n")
-        self.proc.stdin.flush()
-        built_at = None
-        while True:
-            event = self._next(deadline if built_at is None else
-                               min(deadline, built_at + job.share_seconds * (1 + OVERRUN_SHARE)))
-            if event is None:  # stopped at its time share (or the child died): what it finished counts
-                stopped = self.proc is not None and self.proc.poll() is None
-                code = None if stopped or self.proc is None else self.proc.poll()
-                self.close()
-                res.wall_seconds = time.monotonic() - started
-                if not stopped:  # e.g. killed by the kernel for memory: a finding, not a time-out
-                    res.error = f"the probe process ended (exit code {code}) while running this setting"
-                return _finish(res, job, built_at, stopped=stopped)
-            kind = event.get("event")
-            if kind == "built":
-                built_at = time.monotonic()
-            elif kind in ("micro", "optimizer"):
-                timed = res.micro_seconds if kind == "micro" else res.optimizer_seconds
-                warm = res.warm_micro if kind == "micro" else res.warm_optimizer
-                (warm if event.get("warmup") else timed).append(event["seconds"])
-                if kind == "micro" and event.get("warmup") and event.get("faults") is not None:
-                    res.warm_faults.append(event["faults"])
-            elif kind == "error":
-                res.error = event.get("message", "failed")
-                res.wall_seconds = time.monotonic() - started
-                return res
-            elif kind == "done":
-                res.wall_seconds = time.monotonic() - started
-                return _finish(res, job, built_at, stopped=False)
-
-
-def _finish(res: SettingResult, job: ProbeJob, built_at: float | None, *, stopped: bool) -> SettingResult:
-    """Step time from what finished: accumulation x median micro-batch + median optimizer step
-    (the warm-up ones only when no timed one finished: they run slower, so the figure errs high)."""
-    accum = job.setup.grad_accum
-    micro = res.micro_seconds or res.warm_micro
-    optim = res.optimizer_seconds or res.warm_optimizer
-    tail = " (stopped at its time share)" if stopped else ""
-    if micro:
-        res.step_seconds = accum * statistics.median(micro) + (statistics.median(optim) if optim else 0.0)
-        res.lower_bound = not optim  # the optimizer step left out
-        # fewer than two timed micro-batches show no spread: counted as large, not as none
-        res.spread = micro_spread(res.micro_seconds) if len(res.micro_seconds) >= 2 else UNTIMED_SPREAD
-        res.how = (f"{len(res.warm_micro)} warm-up + {len(res.micro_seconds)} timed micro-batches, "
-                   f"{len(res.optimizer_seconds)} timed optimizer steps, spread {res.spread:.0%}"
-                   if res.micro_seconds else "the warm-up micro-batches only") + tail
-        return res
-    if built_at is not None and stopped:
-        # No micro-batch finished within the share: one takes at least as long as it ran.
-        res.step_seconds = accum * (time.monotonic() - built_at)
-        res.lower_bound = True
-        res.how = "no micro-batch finished within its time share: at least this slow"
-        return res
-    res.error = res.error or "stopped before the model was built (time share too short)"
-    return res
-
-
-def micro_spread(seconds: list[float]) -> float:
-    """Relative spread of one setting's timed micro-batches: twice their median absolute deviation
-    over their median (the interquartile range of normal noise; unlike the range or the
-    interquartile range of four, a single stall, another process taking the core, moves it little)."""
-    if len(seconds) < 2:
-        return 0.0
-    mid = statistics.median(seconds)
-    return 2 * statistics.median(abs(x - mid) for x in seconds) / mid if mid > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +221,7 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
     load_end = _load()
     where = None
     if run.new:
-        where = (_store(req, result, fingerprint, key, calibration_file, [d for _, d in decisions]) if store
+        where = (store_measurements(req, result, fingerprint, key, calibration_file, [d for _, d in decisions]) if store
                  else "not stored (store=False)")
     if run.new:
         skipped = None
@@ -626,300 +423,3 @@ def _device_key(hw) -> str:
 
     device = rules_for(hw).device
     return device_key(device, hw.gpus[0].name if hw.gpus else None)
-
-
-# ---------------------------------------------------------------------------------------------
-# storing what it learned
-def _store(req, result, fingerprint: str, key: str, path: Path | None, decisions: list) -> str:
-    """This probe's measurements (each setting's median and spread) as `probe_steps`, its decisions
-    as `probe_decisions`, and the balanced (else first) pick's measured / predicted ratio as a
-    calibration sample (a busy machine's flagged and never applied: calibration.py)."""
-    from trainfit.core.speed import predict_step
-    from trainfit.train import calibration as cal
-
-    load = cal.check_load()
-    mine = [m for m in req.measured_steps if m.source == "probe"]
-    where = record_probe_steps(fingerprint, key, mine, load, path, decisions=decisions)
-    measured = {(m.model_id, m.setup): m for m in req.measured_steps}
-    picks = sorted((mp for mp in result.modes if mp.fits and mp.setup is not None),
-                   key=lambda mp: mp.mode != "balanced")
-    for mp in picks:
-        m = measured.get((mp.model_id, mp.setup))
-        if m is None or m.lower_bound:
-            continue
-        predicted = predict_step(mp.model, mp.setup, req.hardware).step_seconds
-        cal.record_verify_sample(fingerprint, key, {
-            "model": mp.model_id, "method": mp.setup.method, "memory_ratio": None,
-            "step_time_ratio": m.step_seconds / predicted, "micro_batch": mp.setup.micro_batch,
-            "seq_len": mp.setup.seq_len, "source": "plan probe"}, path, load=load)
-        break
-    return str(where) + (f" (busy machine: {load.reason})" if load.contended else "")
-
-
-def record_probe_steps(fingerprint: str, key: str, steps: list, load, path: Path | None = None,
-                       decisions: list = ()) -> Path:
-    from trainfit.core.serde import to_jsonable
-    from trainfit.files import write_atomic
-    from trainfit.train import calibration as cal
-
-    path = path or cal.calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = cal._read(path)
-    rec = data["machines"].setdefault(fingerprint, {}).setdefault(key, {"samples": []})
-    now = time.time()
-    entries = [{"time": now, "model": m.model_id, "setup": to_jsonable(m.setup), "step_seconds": m.step_seconds,
-                "predicted_step_seconds": m.predicted_step_seconds, "lower_bound": m.lower_bound,
-                "spread": m.spread, "samples_seconds": list(m.samples or (m.step_seconds,)),
-                "load_average_1m": load.load_average_1m, "cores": load.cores, "contended": load.contended}
-               for m in steps]
-    rec["probe_steps"] = (rec.get("probe_steps", []) + entries)[-MAX_STORED_STEPS:]
-    if decisions:  # why each pick is what it is, with the evidence (read by people, not by the planner)
-        rec["probe_decisions"] = (rec.get("probe_decisions", []) + [
-            {"time": now, "mode": d.mode, "action": d.action, "text": d.text, "faster_by": d.faster_by,
-             "spread": d.spread, "repeats": d.repeats, "contended": load.contended} for d in decisions]
-        )[-MAX_STORED_STEPS:]
-    return write_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
-def load_probe_steps(fingerprint: str, key: str, path: Path | None = None) -> list:
-    """An earlier plan's probe measurements on this machine (recent, taken while it was not busy)."""
-    from trainfit.core.plan.measured import MeasuredStep
-    from trainfit.core.serde import from_jsonable
-    from trainfit.train import calibration as cal
-
-    rec = cal._read(path or cal.calibration_path())["machines"].get(fingerprint, {}).get(key, {})
-    out: dict[tuple, Any] = {}
-    for e in rec.get("probe_steps", []) if isinstance(rec, dict) else []:
-        try:
-            if e.get("contended") or time.time() - e["time"] > STORED_MAX_AGE_SECONDS:
-                continue
-            setup = from_jsonable(TrainingSetup, e["setup"])
-            samples = tuple(float(x) for x in e.get("samples_seconds", ()))
-            out[(e["model"], setup)] = MeasuredStep(e["model"], setup, float(e["step_seconds"]),
-                                                     float(e["predicted_step_seconds"]), bool(e["lower_bound"]),
-                                                     source="stored", spread=float(e.get("spread", 0.0)),
-                                                     samples=samples)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue  # an entry from another version: ignored, never fatal
-    return list(out.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# the child: builds and times one setting per line on stdin
-def _emit(**event) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
-def child_main(warm_spec: str | None = None) -> int:
-    import torch  # noqa: F401  (the imports are most of the start-up time: before "ready")
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    transformers.logging.set_verbosity_error()
-    _warm_up_torch()
-    if warm_spec is not None:  # import the model's code now, while the parent still plans
-        try:
-            from trainfit.core.serde import from_jsonable
-            from trainfit.train.hf_config import build_hf_config
-
-            AutoModelForCausalLM._model_mapping[type(build_hf_config(from_jsonable(ModelSpec, json.loads(warm_spec))))]
-        except Exception:  # only a head start: the setting's own build reports any real problem
-            pass
-    _emit(event="ready")
-    for line in sys.stdin:
-        job = json.loads(line)
-        try:
-            _run_setting(job)
-        except Exception as exc:  # one setting that cannot run here must not end the probe
-            _emit(event="error", index=job.get("index"), message=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                  if str(exc) else type(exc).__name__)
-    return 0
-
-
-def _warm_up_torch() -> None:
-    """A few small ops in each precision, forward and backward: the first setting measured must not
-    pay the process's one-time set-up (thread pools, oneDNN / cuBLAS handles) that the others skip."""
-    import torch
-
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        x = torch.randn(256, 256, device=device, requires_grad=True)
-        for dtype in (torch.bfloat16, None):
-            with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                y = torch.nn.functional.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])
-                (x @ x + y[0, 0]).float().sum().backward()
-
-
-def _run_setting(job: dict) -> None:
-    import contextlib
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from trainfit.core.serde import from_jsonable
-    from trainfit.train.hf_config import build_hf_config
-
-    spec = from_jsonable(ModelSpec, job["spec"])
-    s = from_jsonable(TrainingSetup, job["setup"])
-    index = job["index"]
-    device = torch.device(job["device"] if job["device"] != "cuda" or torch.cuda.is_available() else "cpu")
-    if s.quant != "none" or s.offload != "none" or s.zero_stage or s.num_gpus > 1:
-        raise ValueError("the probe runs one process on one device without quantisation or offload")
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    attn = {"flash": "flash_attention_2"}.get(s.attention, s.attention)
-    hf_cfg = build_hf_config(spec)
-    hf_cfg._attn_implementation = attn
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn)
-    if s.precision in ("bf16", "fp16"):
-        model = model.to(torch.bfloat16 if s.precision == "bf16" else torch.float16)
-    model = model.to(device)
-    ref = None
-    if s.method == "dpo" and s.dpo_reference == "separate":
-        ref = copy.deepcopy(model).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-    if s.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        from trainfit.export.peft_config import lora_kwargs
-
-        model = get_peft_model(model, LoraConfig(**lora_kwargs(s.lora, dora=s.dora)))
-    if s.grad_checkpointing != "none":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if s.lora is not None:
-            model.enable_input_require_grads()
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _optimizer(s, params, device)
-    half = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(s.precision)
-    autocast = (lambda: torch.autocast(device.type, dtype=half)) if half is not None else contextlib.nullcontext
-    rows = s.micro_batch * (2 if s.method == "dpo" else 1)  # DPO: chosen + rejected
-    vocab = getattr(hf_cfg.get_text_config(), "vocab_size", spec.vocab_size)
-    batch = torch.randint(0, vocab, (rows, s.seq_len), device=device)
-    sync()
-    _emit(event="built", index=index)
-    share = float(job["share_seconds"])
-    built_at = time.monotonic()
-    deadline = built_at + share
-
-    def micro() -> float:
-        t = time.perf_counter()
-        with autocast():
-            loss = model(input_ids=batch, labels=batch).loss
-            if s.method == "dpo":
-                with torch.no_grad():
-                    if ref is not None:
-                        ref_loss = ref(input_ids=batch, labels=batch).loss
-                    elif s.lora is not None and s.dpo_reference == "lora-base":
-                        with model.disable_adapter():
-                            ref_loss = model(input_ids=batch, labels=batch).loss
-                    else:
-                        ref_loss = torch.zeros((), device=device)
-                loss = -torch.nn.functional.logsigmoid(0.1 * (ref_loss - loss))
-        loss.backward()
-        sync()
-        return time.perf_counter() - t
-
-    def step() -> float:
-        t = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        return time.perf_counter() - t
-
-    _warm_up_setting(index, micro, step, built_at, share)
-    micro_s, optim_s = [], []
-    while len(micro_s) < TIMED_MICRO_BATCHES or len(optim_s) < TIMED_OPTIMIZER_STEPS:
-        spent_micro = statistics.median(micro_s) if micro_s else 0.0
-        now = time.monotonic()
-        if now >= deadline or (micro_s and optim_s and now + spent_micro > deadline):
-            break  # its share is spent: stop here rather than be stopped (a restart costs the next setting)
-        micro_s.append(micro())
-        _emit(event="micro", index=index, seconds=micro_s[-1], warmup=False)
-        if len(optim_s) < TIMED_OPTIMIZER_STEPS:
-            optim_s.append(step())
-            _emit(event="optimizer", index=index, seconds=optim_s[-1], warmup=False)
-    _emit(event="done", index=index, micro_seconds=micro_s, optimizer_seconds=optim_s)
-    del params, batch
-    _release(model, ref, optimizer, device)
-
-
-def _warm_up_setting(index: int, micro, step, built_at: float, share_seconds: float) -> None:
-    """Untimed micro-batches and optimizer steps until the setting runs settled (settled_after), at
-    most WARMUP_MAX and WARMUP_SHARE of its time share (the rest is for the timed ones)."""
-    previous: tuple[float, int | None] | None = None
-    for _ in range(WARMUP_MAX):
-        faults0 = _page_faults()
-        seconds = micro()
-        faults = None if faults0 is None else _page_faults() - faults0  # type: ignore[operator]
-        _emit(event="micro", index=index, seconds=seconds, warmup=True, faults=faults)
-        _emit(event="optimizer", index=index, seconds=step(), warmup=True)
-        if settled_after(previous, (seconds, faults)):
-            return
-        if time.monotonic() - built_at > WARMUP_SHARE * share_seconds:
-            return
-        previous = (seconds, faults)
-
-
-def settled_after(previous: tuple[float, int | None] | None, latest: tuple[float, int | None]) -> bool:
-    """A warm-up micro-batch (seconds, minor page faults) shows the setting settled: it was not much
-    faster than the one before (SETTLED_SPEEDUP) and its page faults no longer grew the memory (at
-    most half the previous one's, or under SETTLED_FAULT_PAGES). The first one never does."""
-    if previous is None:
-        return False
-    (before, faults_before), (now, faults_now) = previous, latest
-    if now < SETTLED_SPEEDUP * before:
-        return False
-    if faults_now is None or faults_before is None:
-        return True
-    return faults_now <= max(SETTLED_FAULT_PAGES, faults_before / 2)
-
-
-def _page_faults() -> int | None:
-    """Minor page faults of this process so far (None where the platform has no getrusage)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def _release(*objects) -> None:
-    import gc
-
-    import torch
-
-    device = objects[-1]
-    del objects
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _optimizer(s: TrainingSetup, params: list, device):
-    import torch
-
-    if s.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-5, fused=True if device.type == "cuda" else None)
-    if s.optimizer in ("sgd", "sgd-momentum"):
-        return torch.optim.SGD(params, lr=1e-5, momentum=0.9 if s.optimizer == "sgd-momentum" else 0.0)
-    if s.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw-32bit"):
-        import bitsandbytes as bnb
-
-        cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
-               "paged-adamw-32bit": bnb.optim.PagedAdamW32bit}[s.optimizer]
-        return cls(params, lr=1e-5)
-    raise ValueError(f"optimizer {s.optimizer} is not one the probe runs")
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"] and len(sys.argv) <= 3:
-        raise SystemExit(child_main(*sys.argv[2:]))
-    raise SystemExit("usage: python -m trainfit.train.probe --child (the plan's measuring process)")

@@ -99,8 +99,9 @@ def verify_run(cfg: RunConfig, *, warmup: int = DEFAULT_WARMUP_STEPS, timed: int
                calibration_file: Path | None = None, log=None) -> VerifyReport:
     """Run warmup + timed + counted steps of `cfg` in a scratch directory and compare."""
     from trainfit.train import calibration as cal
-    from trainfit.train.monitor import peak_rss_bytes
-    from trainfit.train.runner import resolve_device, run_training
+    from trainfit.train.monitor.live import peak_rss_bytes
+    from trainfit.train.environment import resolve_device
+    from trainfit.train.runner import run_training
 
     steps = warmup + timed + counted
     probe_cfg = dataclasses.replace(

@@ -304,7 +304,7 @@ def _check_tuning(spec: dict, where: str) -> None:
     import inspect
 
     from trainfit.core.plan.modes import SafetyThresholds
-    from trainfit.train.monitor import LeakDetector
+    from trainfit.train.monitor.leaks import LeakDetector
 
     valid = {"safety": {f.name for f in dataclasses.fields(SafetyThresholds)} - {"mode"},
              "leak_detector": set(inspect.signature(LeakDetector).parameters)}

@@ -2,7 +2,7 @@
 
 A `Monitor` owns a daemon thread that takes one `Sample` (hardware/sampling.py) every
 `interval_seconds`, appends its record to metrics.jsonl (`{"event": "sample", "step": N, ...}`,
-through train/events.append_record, which every writer of that file uses), keeps a bounded
+through train/monitor/events.append_record, which every writer of that file uses), keeps a bounded
 history and hands each sample to its subscribers (the safety policies subscribe; a subscriber that
 raises becomes one `monitor_subscriber_error` event and keeps receiving samples).
 
@@ -11,206 +11,33 @@ tokens, samples; the step time is measured between calls) and `monitor.update(..
 metrics. Everything slow (sampling, writing, the leak fit, the dashboard) happens in other
 threads; the per-step hook costs a few microseconds (bench/monitor_overhead.py).
 
-Memory leak: once a second the thread asks for one memory reading at the next step end (torch's
-CUDA allocator when this process has initialised CUDA, else the process RSS). Readings
-at the same batch shape, after a warm-up, are fitted (Theil-Sen slope, Kendall's tau for
-consistency, see LeakDetector); a consistent rise with enough total growth gives one
-`memory_leak` event naming the growth per step and per hour, repeated only when the rate changes
-materially.
-
-Three ways in:
-* any Transformers Trainer: `Trainer(..., callbacks=[MonitorCallback(metrics_path=...)])`;
-* any PyTorch loop: `with monitor_training("run/metrics.jsonl", total_steps=N) as mon: ... mon.step(loss=...)`;
-* `trainfit train`: the runner adds `build_monitor(...)` to its callbacks.
+The leak fit lives in leaks.py, MonitorCallback / monitor_training / build_monitor (the three ways
+in) in callback.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import dataclasses
 import logging
 import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainfit.hardware.sample_types import Sample
-from trainfit.train.events import append_record, event
+from trainfit.train.monitor.events import append_record, event
+from trainfit.train.monitor.leaks import LeakDetector
 
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
-GIB = 1 << 30
 DEFAULT_INTERVAL_SECONDS = 1.0
 RECENT_STEPS = 20  # step times the ETA and the speed figures take the median of
 
-
-# ---- memory-leak detection (pure) -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LeakFinding:
-    """A consistent rise of the memory read at step ends, at one batch shape."""
-
-    bytes_per_step: float  # Theil-Sen slope over the window
-    bytes_per_hour: float | None  # at the current step time (None when it is unknown)
-    seconds_per_step: float | None
-    growth_bytes: int  # since the first readings after the warm-up
-    since_step: int
-    current_bytes: int
-    window_readings: int
-    window_steps: int  # steps the window spans
-    consistency: float  # Kendall's tau of the window: 1 = every later reading higher
-    memory_kind: str  # "cuda_allocated" or "process_rss"
-    shape: Any
-    steps_to_full: float | None  # at this rate, steps until the free memory is used up
-
-    def reason(self) -> str:
-        what = {"cuda_allocated": "GPU memory allocated by torch",
-                "process_rss": "process memory (RSS)"}.get(self.memory_kind, self.memory_kind)
-        at = f" at the same batch shape ({_shape_text(self.shape)})" if self.shape is not None else ""
-        text = (f"{what} read at step ends rises {_mib(self.bytes_per_step)} per step{at}, "
-                f"consistently over the last {self.window_readings} readings ({self.window_steps} steps)")
-        if self.bytes_per_hour is not None and self.seconds_per_step:
-            text += f": about {_size(self.bytes_per_hour)} per hour at {self.seconds_per_step:.3g} s per step"
-        text += f"; +{_size(self.growth_bytes)} since step {self.since_step}, now {_size(self.current_bytes)}"
-        if self.steps_to_full is not None:
-            text += f"; the free memory runs out in about {self.steps_to_full:,.0f} steps at this rate"
-            if self.seconds_per_step:
-                text += f" (~{_duration(self.steps_to_full * self.seconds_per_step)})"
-        return text + (". A leak: tensors kept across steps (e.g. a loss appended to a list without .item()), "
-                       "a growing cache, or a fragmenting allocator.")
-
-    def details(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["shape"] = list(self.shape) if isinstance(self.shape, tuple) else self.shape
-        d["mib_per_step"] = round(self.bytes_per_step / MIB, 3)
-        d["mib_per_hour"] = round(self.bytes_per_hour / MIB, 1) if self.bytes_per_hour is not None else None
-        return d
-
-
-def theil_sen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
-    """(median of the pairwise slopes, Kendall's tau) of (x, y) points. The slope ignores up to
-    29 % of wild readings; tau is (rising pairs - falling pairs) / pairs, 1 for a strict rise."""
-    slopes: list[float] = []
-    rising = falling = 0
-    n = len(points)
-    for i in range(n):
-        xi, yi = points[i]
-        for j in range(i + 1, n):
-            xj, yj = points[j]
-            if xj == xi:
-                continue
-            slopes.append((yj - yi) / (xj - xi))
-            if yj > yi:
-                rising += 1
-            elif yj < yi:
-                falling += 1
-    if not slopes:
-        return None, 0.0
-    return statistics.median(slopes), (rising - falling) / len(slopes)
-
-
-class LeakDetector:
-    """Memory read at step ends, one series per key (batch shape, memory kind).
-
-    A series reports a leak when, after `warmup_steps` steps and with at least `min_points`
-    readings in its window of the last `window` readings:
-    * the rise is consistent: Kendall's tau >= `min_consistency` and a positive Theil-Sen slope;
-    * it is large: the level (median of the last 5 readings) is above the baseline (median of
-      the first 5 after the warm-up) by at least max(`min_growth_bytes`, `min_growth_fraction`
-      x baseline);
-    * it is still happening: the current slope, over the steps since the baseline, accounts for at
-      least half of that growth (a jump early on followed by a flat line is not a leak);
-    * its rate has settled: the slope of the window's second half is within 15 % of the window's.
-    It is reported again only when the rate changes by more than `rate_change` (50 %).
-    """
-
-    def __init__(self, *, warmup_steps: int = 10, window: int = 50, min_points: int = 30,
-                 min_growth_bytes: int = 64 * MIB, min_growth_fraction: float = 0.02,
-                 min_consistency: float = 0.6, rate_change: float = 0.5) -> None:
-        self.warmup_steps = warmup_steps
-        self.window = window
-        self.min_points = min(min_points, window)
-        self.min_growth_bytes = min_growth_bytes
-        self.min_growth_fraction = min_growth_fraction
-        self.min_consistency = min_consistency
-        self.rate_change = rate_change
-        self._series: dict[Any, dict[str, Any]] = {}
-        self._dirty: set[Any] = set()
-
-    def add(self, step: int, value_bytes: int, key: Any = None) -> None:
-        s = self._series.get(key)
-        if s is None:
-            s = self._series[key] = {"first_step": step, "baseline": [], "reported": None,
-                                     "window": collections.deque(maxlen=self.window)}
-        if step < s["first_step"] + self.warmup_steps:
-            return
-        if len(s["baseline"]) < 5:
-            s["baseline"].append((step, value_bytes))
-        s["window"].append((step, value_bytes))
-        self._dirty.add(key)
-
-    @property
-    def pending(self) -> bool:
-        """Readings arrived since the last check."""
-        return bool(self._dirty)
-
-    def check(self, *, seconds_per_step: float | None = None,
-              headroom_bytes: Callable[[str], int | None] | None = None) -> list[LeakFinding]:
-        """Findings to report now (new leaks, or a leak whose rate changed materially) for the
-        series that got readings since the last check."""
-        out = []
-        for key in list(self._dirty):
-            self._dirty.discard(key)
-            f = self._check_series(key, seconds_per_step, headroom_bytes)
-            if f is not None:
-                out.append(f)
-        return out
-
-    def _check_series(self, key: Any, seconds_per_step: float | None,
-                      headroom_bytes: Callable[[str], int | None] | None) -> LeakFinding | None:
-        s = self._series[key]
-        window = list(s["window"])
-        if len(window) < self.min_points:
-            return None
-        slope, tau = theil_sen(window)
-        if slope is None or slope <= 0 or tau < self.min_consistency:
-            return None
-        base_step = s["baseline"][0][0]
-        baseline = statistics.median(v for _, v in s["baseline"])
-        level = statistics.median(v for _, v in window[-5:])
-        growth = level - baseline
-        if growth < max(self.min_growth_bytes, self.min_growth_fraction * baseline):
-            return None
-        last_step = window[-1][0]
-        if slope * (last_step - base_step) < growth / 2:
-            return None
-        recent, _ = theil_sen(window[len(window) // 2:])
-        if recent is None or abs(recent / slope - 1) > 0.15:
-            return None  # the rate is changing: report it once it has settled
-        reported = s["reported"]
-        if reported is not None and abs(slope / reported - 1) <= self.rate_change:
-            return None
-        s["reported"] = slope
-        kind = key[1] if isinstance(key, tuple) and len(key) == 2 else "memory"
-        shape = key[0] if isinstance(key, tuple) and len(key) == 2 else None
-        free = headroom_bytes(kind) if headroom_bytes else None
-        per_hour = slope * 3600 / seconds_per_step if seconds_per_step else None
-        return LeakFinding(
-            bytes_per_step=slope, bytes_per_hour=per_hour, seconds_per_step=seconds_per_step,
-            growth_bytes=int(growth), since_step=base_step, current_bytes=int(window[-1][1]),
-            window_readings=len(window), window_steps=last_step - window[0][0], consistency=round(tau, 3),
-            memory_kind=kind, shape=shape, steps_to_full=(free / slope if free is not None and free > 0 else None))
-
-
-# ---- the monitor ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class StepPoint:
@@ -627,6 +454,11 @@ class Monitor:
     def current_step(self) -> int:
         return self._step
 
+    @current_step.setter
+    def current_step(self, step: int) -> None:
+        """Count on from `step` (a resumed run, from its checkpoint)."""
+        self._step = step
+
     def _recent_step_seconds(self) -> list[float]:
         with self._lock:
             return [p.step_seconds for p in list(self._steps)[-RECENT_STEPS:] if p.step_seconds is not None]
@@ -700,278 +532,3 @@ def _as_float(value: Any) -> float | None:
         return float(value.item() if hasattr(value, "item") else value)
     except Exception:
         return None
-
-
-# ---- Transformers Trainer ---------------------------------------------------------------------
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def warn_on_leak(say: Callable[[str], None] = _say) -> Callable[[dict[str, Any]], None]:
-    """An on_event handler that prints memory_leak events as warnings."""
-    def on_event(rec: dict[str, Any]) -> None:
-        if rec.get("event") == "memory_leak":
-            say(f"warning: possible memory leak: {rec['reason']}")
-    return on_event
-
-
-# What MonitorCallback does not do outside `trainfit train` (docs/monitoring.md says the same).
-PROTECTION_NOTE = (
-    "trainfit MonitorCallback: monitoring only (machine samples, ETA, loss lines and leak warnings in "
-    "metrics.jsonl). Out-of-memory recovery, the precision fallback, memory-pressure shrinking and thermal / "
-    "battery pauses need `trainfit train`: they restart the Trainer with another split or precision, which a "
-    "callback cannot do. For NaN / inf gradients add trainfit.train.safety.NonFiniteGuard() to the callbacks "
-    "(skips those updates, never saves non-finite weights).")
-
-
-class _MonitorCallbackLogic:
-    """Runs a Monitor for any Transformers Trainer (main process only).
-
-    the first on_step_begin starts the sampling thread (and the dashboard when asked), on_step_end feeds the
-    step (samples = per-device batch x accumulation x processes; tokens from the Trainer's
-    num_input_tokens_seen when it counts them), on_log feeds the logged loss and, with `tokens_fn`
-    (the running token count, called at logging steps only), the token rate; on_train_end stops both.
-
-    total_steps: where this training stops when earlier than the Trainer's max_steps (e.g. a
-    --max-steps stop); the ETA counts to min(total_steps, max_steps).
-    dashboard: False, True, or a function monitor -> object with start() / stop().
-    shape: the batch shape for the leak detector, e.g. (micro_batch, seq_len).
-    progress: a trainfit Progress callback whose rich bar the dashboard should share (rich draws
-    two live displays on one console as one).
-    managed: set by `trainfit train`, whose runner protects the training itself. Otherwise the
-    callback says once, when training starts, what it does not do (PROTECTION_NOTE).
-    """
-
-    def __init__(self, metrics_path: str | os.PathLike | None = None, *, monitor: Monitor | None = None,
-                 interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
-                 dashboard: Any = False, tokens_fn: Callable[[], float] | None = None, shape: Any = None,
-                 progress: Any = None, say: Callable[[str], None] | None = _say, enabled: bool = True,
-                 managed: bool = False, **monitor_kwargs: Any) -> None:
-        self.enabled = enabled
-        self.say = say
-        self.managed = managed
-        monitor_kwargs.setdefault("write_steps", True)  # a folder `trainfit report` reads
-        on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
-        self.monitor = monitor if monitor is not None else Monitor(
-            metrics_path, interval_seconds=interval_seconds, total_steps=total_steps, on_event=on_event,
-            **monitor_kwargs)
-        self.stop_step = total_steps
-        self.dashboard = dashboard
-        self.tokens_fn = tokens_fn
-        self.shape = shape
-        self.progress = progress
-        self._dash: Any = None
-        self._samples_per_step: float | None = None
-        self._active = False
-        self._started = False  # once per training attempt (on_train_end resets it)
-
-    def on_step_begin(self, args, state, control, **kw):
-        # Started with the first step, not at train begin: a resumed checkpoint (weights, optimizer,
-        # RNG states) is loaded by then, so a resume that fails while loading writes nothing.
-        if not self._active and not self._started:
-            self._started = True
-            self._begin(args, state)
-
-    def _begin(self, args, state) -> None:
-        if not self.enabled or not state.is_world_process_zero or self._active:
-            return
-        if state.max_steps and state.max_steps > 0:
-            self.monitor.total_steps = (min(self.stop_step, state.max_steps) if self.stop_step is not None
-                                        else state.max_steps)
-        self._samples_per_step = float(args.per_device_train_batch_size * args.gradient_accumulation_steps
-                                       * max(args.world_size, 1))
-        self.monitor._step = state.global_step  # a resumed run counts on from its checkpoint
-        if not self.managed and self.say is not None:
-            self.say(PROTECTION_NOTE)
-            self.managed = True  # once
-        self.monitor.start()
-        self._active = True
-        # a training that raises never reaches on_train_end: stop the display and the thread at exit
-        atexit.register(self.close)
-        if self.dashboard:
-            self._start_dashboard()
-
-    def _start_dashboard(self) -> None:
-        try:
-            if callable(self.dashboard) and not isinstance(self.dashboard, bool):
-                self._dash = self.dashboard(self.monitor)
-            else:
-                from trainfit.train.dashboard import Dashboard
-
-                bar = getattr(self.progress, "_bar", None)  # share the progress bar's console
-                self._dash = Dashboard(self.monitor, console=getattr(bar, "console", None))
-            self._dash.start()
-        except Exception as exc:  # a display problem must not stop the training
-            self._dash = None
-            self.monitor.emit("monitor_error", f"the dashboard could not start: {type(exc).__name__}: {exc}")
-
-    def on_step_end(self, args, state, control, **kw):
-        if not self._active:
-            return
-        seen = getattr(state, "num_input_tokens_seen", 0) or None
-        self.monitor.step(state.global_step, samples=self._samples_per_step, tokens_seen=seen, shape=self.shape)
-
-    def on_log(self, args, state, control, logs=None, **kw):
-        if not self._active or not logs:
-            return
-        metrics = {k: logs[k] for k in ("loss", "learning_rate", "grad_norm") if logs.get(k) is not None}
-        tokens = None
-        if self.tokens_fn is not None:
-            try:
-                tokens = float(self.tokens_fn())
-            except Exception:
-                tokens = None
-        if metrics or tokens is not None:
-            self.monitor.update(state.global_step, tokens_seen=tokens, **metrics)
-
-    def on_train_end(self, args, state, control, **kw):
-        self.close()
-        self._started = False
-
-    def close(self) -> None:
-        """Stop the dashboard and the monitor (also safe when training failed half-way)."""
-        if not self._active:
-            return
-        self._active = False
-        atexit.unregister(self.close)
-        if self._dash is not None:
-            try:
-                self._dash.stop()
-            except Exception:
-                pass
-            self._dash = None
-        self.monitor.stop()
-
-
-_CALLBACK_CLASS: type | None = None
-
-
-def monitor_callback_class() -> type:
-    """MonitorCallback: built on first use, so that importing this module (e.g. for
-    monitor_training around a plain PyTorch loop) does not import transformers (seconds)."""
-    global _CALLBACK_CLASS
-    if _CALLBACK_CLASS is None:
-        from transformers import TrainerCallback
-
-        _CALLBACK_CLASS = type("MonitorCallback", (_MonitorCallbackLogic, TrainerCallback),
-                               {"__module__": __name__, "__doc__": _MonitorCallbackLogic.__doc__})
-    return _CALLBACK_CLASS
-
-
-def __getattr__(name: str) -> Any:  # `from trainfit.train.monitor import MonitorCallback`
-    if name == "MonitorCallback":
-        return monitor_callback_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ---- any PyTorch loop -------------------------------------------------------------------------
-
-@contextmanager
-def monitor_training(metrics_path: str | os.PathLike | None = None, *,
-                     interval_seconds: float = DEFAULT_INTERVAL_SECONDS, total_steps: int | None = None,
-                     dashboard: bool | str = False, predicted_peak_bytes: int | None = None,
-                     say: Callable[[str], None] | None = _say, **monitor_kwargs: Any) -> Iterator[Monitor]:
-    """Monitor a hand-written training loop:
-
-        with monitor_training("run/metrics.jsonl", total_steps=1000) as mon:
-            for batch in data:
-                loss = train_step(batch)
-                mon.step(loss=loss, tokens=batch.numel(), samples=len(batch))
-
-    dashboard: True / "on" shows it, "auto" when stderr is a terminal, False / "off" never.
-    """
-    on_event = monitor_kwargs.pop("on_event", None) or (warn_on_leak(say) if say is not None else None)
-    monitor_kwargs.setdefault("write_steps", True)  # a folder `trainfit report` reads
-    mon = Monitor(metrics_path, interval_seconds=interval_seconds, total_steps=total_steps,
-                  predicted_peak_bytes=predicted_peak_bytes, on_event=on_event, **monitor_kwargs)
-    mon.start()
-    dash = None
-    if dashboard_wanted(dashboard, interactive=_stderr_is_tty()):
-        from trainfit.train.dashboard import Dashboard
-
-        try:
-            dash = Dashboard(mon)
-            dash.start()
-        except Exception as exc:
-            dash = None
-            mon.emit("monitor_error", f"the dashboard could not start: {type(exc).__name__}: {exc}")
-    try:
-        yield mon
-    finally:
-        if dash is not None:
-            dash.stop()
-        mon.stop()
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def dashboard_wanted(setting: bool | str, *, interactive: bool) -> bool:
-    """auto: on a terminal only; on / True: always; off / False: never."""
-    if isinstance(setting, bool):
-        return setting
-    return setting == "on" or (setting == "auto" and interactive)
-
-
-# ---- trainfit train ---------------------------------------------------------------------------
-
-def build_monitor(run_dir: str | os.PathLike, *, predicted_peak_bytes: int | None = None,
-                  total_steps: int | None = None, interval_seconds: float | None = None,
-                  interactive: bool = False, settings: Any = None, tokens_fn: Callable[[], float] | None = None,
-                  progress: Any = None, shape: Any = None,
-                  say: Callable[[str], None] | None = _say, **monitor_kwargs: Any) -> Any:
-    """The MonitorCallback (a transformers TrainerCallback) `trainfit train` adds to its Trainer.
-
-    settings: the run config's `monitoring:` section (RunConfig.monitoring); interval_seconds,
-    when given, overrides its interval. total_steps: the --max-steps stop (None: the schedule's
-    end). interactive: the runner's terminal decision (the dashboard's `auto`). tokens_fn: the
-    running token count (called at logging steps). progress: the Progress callback (the dashboard
-    shares its rich console). Samples go to RUN_DIR/metrics.jsonl. monitor_kwargs: more Monitor
-    arguments (sampler, memory_fn, leak_detector, leak_read_seconds, on_event).
-    """
-    enabled = getattr(settings, "enabled", True)
-    interval = interval_seconds if interval_seconds is not None else getattr(
-        settings, "interval_seconds", DEFAULT_INTERVAL_SECONDS)
-    dash = dashboard_wanted(getattr(settings, "dashboard", "auto"), interactive=interactive)
-    return monitor_callback_class()(
-        Path(run_dir) / "metrics.jsonl", interval_seconds=interval, total_steps=total_steps, dashboard=dash,
-        tokens_fn=tokens_fn, shape=shape, progress=progress, say=say, enabled=enabled,
-        predicted_peak_bytes=predicted_peak_bytes, leak_warning=getattr(settings, "leak_warning", True),
-        write_steps=False, managed=True, **monitor_kwargs)
-
-
-# ---- text helpers (also used by the dashboard) ------------------------------------------------
-
-def _mib(n: float) -> str:
-    return f"{n / MIB:.3g} MiB" if abs(n) >= MIB / 10 else f"{n / 1024:.3g} KiB"
-
-
-def _size(n: float) -> str:
-    """Binary units, named as such (GiB = 2^30 bytes)."""
-    if abs(n) >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if abs(n) >= MIB:
-        return f"{n / MIB:.0f} MiB"
-    return f"{n / 1024:.0f} KiB"
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    if s < 86400 * 2:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    return f"{s / 86400:.1f} days"
-
-
-def _shape_text(shape: Any) -> str:
-    if isinstance(shape, (tuple, list)):
-        return " x ".join(str(x) for x in shape)
-    return str(shape)

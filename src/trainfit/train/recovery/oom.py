@@ -32,7 +32,7 @@ device again (a CUDA error is sticky: every later call fails):
 
 non-finite loss (kind "nonfinite") — only when something raised on it (autograd's anomaly mode
 "returned nan values", a library's "loss is nan"); a NaN loss normally raises nothing and is
-watched step by step instead (trainfit.train.recovery.PrecisionPolicy).
+watched step by step instead (trainfit.train.recovery.precision.PrecisionPolicy).
 
 No torch import here: the torch exception types are looked up only when torch is loaded already.
 """

@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from trainfit.hardware.sample_types import Sample
-from trainfit.train.monitor import Monitor, _duration, _size
+from trainfit.train.monitor.live import Monitor
+from trainfit.train.monitor.units import duration_text, size_text
 
 SPARK = "▁▂▃▄▅▆▇█"
 # Clock-event reasons that hold the GPU back for heat or power (the others are informational).
@@ -141,9 +142,9 @@ class Dashboard:
         if st.get("loss") is not None:
             progress.append(f"loss {st['loss']:.4f}" + (f" (step {st['loss_step']})" if st.get("loss_step") else ""))
         eta = st.get("eta_seconds")
-        progress.append(f"ETA {_duration(eta)}" if eta is not None else "ETA -")
+        progress.append(f"ETA {duration_text(eta)}" if eta is not None else "ETA -")
         if st.get("elapsed_seconds") is not None:
-            progress.append(f"elapsed {_duration(st['elapsed_seconds'])}")
+            progress.append(f"elapsed {duration_text(st['elapsed_seconds'])}")
         rows.append(("progress", Text(" · ".join(progress))))
         if latest is not None:
             for g in latest.gpus:
@@ -173,7 +174,7 @@ class Dashboard:
         predicted = self.monitor.predicted_peak_bytes
         if not readings:
             why = "no memory reading yet" if not samples else "memory not readable"
-            return [("memory", Text(why + (f" · predicted peak {_size(predicted)}" if predicted else ""),
+            return [("memory", Text(why + (f" · predicted peak {size_text(predicted)}" if predicted else ""),
                                     style="dim"))]
         values = [v for v, _ in readings]
         now, kind = readings[-1]
@@ -182,9 +183,9 @@ class Dashboard:
         over = predicted is not None and high > predicted
         line = Text()
         line.append(sparkline(values, top), style="red" if over else "cyan")
-        line.append(f"  {_size(now)} now, {_size(high)} max ({kind})")
+        line.append(f"  {size_text(now)} now, {size_text(high)} max ({kind})")
         if predicted:
-            line.append(f" · predicted peak {_size(predicted)}", style="bold")
+            line.append(f" · predicted peak {size_text(predicted)}", style="bold")
         rows: list[tuple[str, Any]] = [("memory", line)]
         if predicted:
             width = 40
@@ -222,7 +223,7 @@ class Dashboard:
         if g.sm_clock_mhz is not None:
             parts.append((f"{g.sm_clock_mhz:,.0f} MHz", ""))
         if g.memory_used_bytes is not None and g.memory_total_bytes:
-            parts.append((f"{_size(g.memory_used_bytes)} / {_size(g.memory_total_bytes)} used", ""))
+            parts.append((f"{size_text(g.memory_used_bytes)} / {size_text(g.memory_total_bytes)} used", ""))
         hot = [r for r in g.throttle_reasons if r in HOT_REASONS]
         if hot:
             parts.append(("throttle: " + ", ".join(hot), "red bold"))
@@ -249,16 +250,16 @@ class Dashboard:
             parts.append((f"{h.cpu_percent:.0f} % busy", ""))
         if h.ram_used_bytes is not None and h.ram_total_bytes:
             share = h.ram_used_bytes / h.ram_total_bytes
-            parts.append((f"RAM {_size(h.ram_used_bytes)} / {_size(h.ram_total_bytes)}",
+            parts.append((f"RAM {size_text(h.ram_used_bytes)} / {size_text(h.ram_total_bytes)}",
                           "red bold" if share > 0.9 else ""))
         if h.swap_used_bytes:
-            parts.append((f"swap {_size(h.swap_used_bytes)}", "yellow"))
+            parts.append((f"swap {size_text(h.swap_used_bytes)}", "yellow"))
         if h.cpu_throttle_events:
             parts.append((f"{h.cpu_throttle_events:,} throttle events since boot", "dim"))
         if h.on_ac is False:
             battery = f"ON BATTERY {h.battery_percent:.0f} %" if h.battery_percent is not None else "ON BATTERY"
             if h.battery_seconds_left is not None:
-                battery += f" ({_duration(h.battery_seconds_left)} left)"
+                battery += f" ({duration_text(h.battery_seconds_left)} left)"
             parts.append((battery, "red bold" if (h.battery_percent or 100) < 20 else "yellow"))
         elif h.battery_percent is not None:
             parts.append((f"AC power, battery {h.battery_percent:.0f} %", ""))
