@@ -446,13 +446,12 @@ def _hf_model(spec, setup: TrainingSetup, device: str, workdir: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainfit.core.memory.estimate import EAGER_ONLY
     from trainfit.train.hf_config import build_hf_config
 
     cfg = build_hf_config(spec)  # with the model's own dropout, which the prediction counts too
     cfg.use_cache = False
     attn = {"flash": "flash_attention_2"}.get(setup.attention, setup.attention)
-    if spec.architecture in EAGER_ONLY:
+    if spec.capabilities.eager_attention_only:
         attn = "eager"  # as the memory model assumes: transformers runs these with eager attention only
     torch.manual_seed(0)
     if setup.method == "qlora" or setup.quant != "none":

@@ -41,8 +41,6 @@ FUNCTIONS_OVER: dict[str, int] = {
 # ALLOW-LIST, to empty: private names imported from another module today (importer, "module::name").
 PRIVATE_IMPORTS: set[tuple[str, str]] = {
     ("cli/plan_pipeline.py", "cli/cmd_plan.py::_data"),
-    ("core/model_loader_families.py", "core/model_loader.py::_activation"),
-    ("core/model_loader_families.py", "core/model_loader.py::_ACTS"),
     ("core/plan/measured.py", "core/run_prediction.py::_scaled"),
     ("hardware/memory.py", "hardware/storage.py::_disk_of"),
     ("hardware/memory.py", "hardware/storage.py::_mount_of"),

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from trainfit.core.model_catalog import all_models  # noqa: E402
 from trainfit.core.model_shapes import shape_for_params  # noqa: E402
-from trainfit.core.params import BUILDABLE_ARCHITECTURES, count_params, linear_layers  # noqa: E402
+from trainfit.core.params import count_params, linear_layers  # noqa: E402
 from trainfit.train.hf_config import build_model, shrink  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def _distinct(models):
 
 # Entries trainfit's trainer builds from a ModelSpec (hf_config); the other families are built
 # from their shipped config.json in test_architecture_params.py.
-CATALOG = _distinct([m for m in all_models() if m.architecture in BUILDABLE_ARCHITECTURES])
+CATALOG = _distinct([m for m in all_models() if m.capabilities.buildable])
 
 
 def _linear_shapes(model):

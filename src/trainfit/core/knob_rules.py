@@ -416,7 +416,7 @@ def _image_model(s, ctx):
     if model.vision is None:
         return [("image_size", f"--image-size / --images-per-example: {model.id} has no vision tower", "they apply "
                  "to vision-language models such as qwen2-vl-2b", " (")]
-    if s.image_size and model.architecture != "qwen2_vl":
+    if s.image_size and not model.capabilities.vision_tower:
         return [("image_size", f"--image-size: only Qwen2-VL's dynamic resolution is modelled; for {model.id} leave "
                  "it out (its default tokens per image are used)", "", "")]
     return []

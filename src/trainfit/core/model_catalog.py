@@ -11,8 +11,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from trainfit.core.model_capabilities import SUPPORTED_ARCHITECTURES, capabilities_of
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.core.params import vision_params
 from trainfit.core.serde import SerdeError, from_jsonable
 from trainfit.errors import BadInputError, UnavailableError, close_matches, short_repr
 
@@ -58,7 +59,7 @@ def parse_catalog(text: str, origin: str = CATALOG_FILE, *, cache: bool = False)
 
 def _expand(raw: dict[str, Any], defaults: dict[str, Any]) -> list[ModelSpec]:
     arch = raw.get("architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if not capabilities_of(arch).supported:
         raise ValueError(f"key 'architecture': {arch!r} is not one of {', '.join(SUPPORTED_ARCHITECTURES)}")
     for key in ("family", "source"):
         if not raw.get(key):
@@ -92,9 +93,9 @@ def _validate(s: ModelSpec) -> None:
         raise ValueError(f"key 'num_kv_heads': {s.num_kv_heads} does not divide num_heads {s.num_heads}")
     if s.num_experts and not 0 < s.experts_per_token <= s.num_experts:
         raise ValueError(f"key 'experts_per_token': must be 1..num_experts ({s.num_experts})")
-    if bool(s.num_experts) != (s.architecture in MOE):
+    if bool(s.num_experts) != s.capabilities.moe:
         raise ValueError(f"key 'num_experts': {s.architecture} {'needs' if not s.num_experts else 'has no'} experts")
-    if (s.vision is not None) != (s.architecture == "qwen2_vl"):
+    if (s.vision is not None) != s.capabilities.vision_tower:
         raise ValueError("key 'vision': only qwen2_vl entries have (and need) a vision tower")
     if s.vision is not None and s.vision.params != vision_params(s):
         raise ValueError(f"key 'vision.params': {s.vision.params} but the tower's shapes give {vision_params(s)}")

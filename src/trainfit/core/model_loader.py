@@ -14,17 +14,16 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
-from trainfit.core.model_loader_families import FAMILY_FIELDS
 from trainfit.core.dropout_config import dropout_fields
-from trainfit.core.params import MOE, SUPPORTED_ARCHITECTURES, vision_params
+from trainfit.core.model_capabilities import SUPPORTED_ARCHITECTURES, capabilities_of
+from trainfit.core.model_loader_families import FAMILY_FIELDS, activation
+from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
+from trainfit.core.params import vision_params
 from trainfit.errors import BadInputError, short_repr
 from trainfit.validate import parse_json, read_text_file
 
 # Per model_type: config defaults transformers applies when a key is absent.
 _TIE_DEFAULT = {"gemma": True, "gemma2": True, "gemma3_text": True, "gpt2": True}
-_ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-         "gelu_new": "gelu_new", "relu": "relu"}
 _ST_DTYPES: dict[str, StoredDtype] = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8",
                                       "F8_E4M3": "fp8", "F8_E5M2": "fp8"}
 _CFG_DTYPES: dict[str, StoredDtype] = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
@@ -94,10 +93,11 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
                          **FAMILY_FIELDS[model_type](cfg), **dropout_fields(data, model_type, origin))
         check_plausible(spec, origin, explicit_head_dim=True)
         return spec
-    text = _Cfg(data["text_config"], f"{origin} text_config") if model_type == "qwen2_vl" and isinstance(
+    caps = capabilities_of(model_type)
+    text = _Cfg(data["text_config"], f"{origin} text_config") if caps.vision_tower and isinstance(
         data.get("text_config"), dict) else cfg
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _common_fields(text, model_type)
-    if model_type in MOE:
+    if caps.moe:
         fields.update(_moe_fields(cfg, model_type))
     tie_cfg = cfg if cfg.get("tie_word_embeddings") is not None else text
     fields["tie_embeddings"] = tie_cfg.bool("tie_word_embeddings", _TIE_DEFAULT.get(model_type, False))
@@ -108,7 +108,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
         fields.update(parallel_attention=True, block_norms=2)
     spec = ModelSpec(id=model_id, architecture=model_type, stored_dtype=_config_dtype(cfg, text),
                      source=origin, **fields)
-    if model_type == "qwen2_vl":
+    if caps.vision_tower:
         spec = _with_vision(spec, cfg)
     check_plausible(spec, origin, explicit_head_dim=text.get("head_dim") is not None)
     return spec
@@ -159,34 +159,22 @@ def check_plausible(spec: ModelSpec, origin: str, *, explicit_head_dim: bool = T
                             "any real model has")
 
 
-def _activation(cfg: _Cfg, key: str, default: str) -> str:
-    name = cfg.get(key, default)
-    if not isinstance(name, str):
-        raise BadInputError(f"{cfg.origin}: key '{key}' must be a string, got {short_repr(name)}")
-    if name in _ACTS:
-        return _ACTS[name]
-    if name.startswith("gelu"):
-        return "gelu"
-    raise BadInputError(f"{cfg.origin}: key '{key}': activation {short_repr(name)} is not supported",
-                        hint=f"supported: {', '.join(_ACTS)}")
-
-
 def _common_fields(cfg: _Cfg, model_type: str) -> dict[str, Any]:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     kv = cfg.int("num_key_value_heads", heads)
+    caps = capabilities_of(model_type)
     gated = model_type not in ("phi", "gpt_neox")
-    act_key = ("hidden_activation" if model_type in ("gemma", "gemma2", "gemma3_text") and cfg.get("hidden_activation")
-               else "hidden_act")
+    act_key = caps.hf_activation_key if cfg.get(caps.hf_activation_key) else "hidden_act"
     if model_type == "phi" and cfg.get("qk_layernorm"):
         raise BadInputError(f"{cfg.origin}: key 'qk_layernorm': phi with q/k LayerNorm is not supported")
     sliding = cfg.get("sliding_window")
-    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_vl") and not cfg.get("use_sliding_window", False):
+    if caps.sliding_window_switch and not cfg.get("use_sliding_window", False):
         sliding = None  # Qwen configs carry a window but use it only with use_sliding_window
     return dict(
         vocab_size=cfg.int("vocab_size"), hidden_size=hidden, num_layers=cfg.int("num_hidden_layers"),
         num_heads=heads, num_kv_heads=kv, head_dim=cfg.int("head_dim", hidden // heads),
         intermediate_size=cfg.int("intermediate_size"),
-        activation=_activation(cfg, act_key, "gelu_new" if model_type == "phi" else "silu"), gated_mlp=gated,
+        activation=activation(cfg, act_key, "gelu_new" if model_type == "phi" else "silu"), gated_mlp=gated,
         position="rope", max_position_embeddings=cfg.int("max_position_embeddings", 2048),
         norm="layernorm" if model_type in ("phi", "gpt_neox") else "rmsnorm",
         sliding_window=sliding if isinstance(sliding, int) and not isinstance(sliding, bool) else None,
@@ -200,7 +188,7 @@ def _gpt2_fields(cfg: _Cfg) -> dict[str, Any]:
     return dict(
         vocab_size=cfg.int("vocab_size"), hidden_size=hidden, num_layers=cfg.int("n_layer"), num_heads=heads,
         num_kv_heads=heads, head_dim=hidden // heads, intermediate_size=cfg.int("n_inner", 4 * hidden),
-        activation=_activation(cfg, "activation_function", "gelu_new"), gated_mlp=False, position="learned",
+        activation=activation(cfg, "activation_function", "gelu_new"), gated_mlp=False, position="learned",
         max_position_embeddings=cfg.int("n_positions", 1024), norm="layernorm",
     )
 

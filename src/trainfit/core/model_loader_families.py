@@ -6,20 +6,32 @@ Each reader applies the defaults transformers' configuration_<arch>.py applies w
 absent (transformers 5: models/falcon/configuration_falcon.py, models/gpt_bigcode/...,
 models/bloom/..., models/t5/..., models/mt5/..., models/bert/..., models/roberta/...; Qwen v1:
 https://huggingface.co/Qwen/Qwen-7B/blob/main/configuration_qwen.py). `cfg` is model_loader's
-_Cfg, which names the file and the key in every error.
+_Cfg, which names the file and the key in every error. model_loader imports this module (never
+the other way round); `activation` and ACTIVATIONS are shared with it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from trainfit.errors import BadInputError
+from trainfit.errors import BadInputError, short_repr
+
+# config.json activation names -> ModelSpec's (transformers' ACT2FN names they stand for).
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_new": "gelu_new", "relu": "relu"}
 
 
-def _act(cfg, key: str, default: str) -> str:
-    from trainfit.core.model_loader import _activation
-
-    return _activation(cfg, key, default)
+def activation(cfg, key: str, default: str) -> str:
+    """The ModelSpec activation a config key names (any other gelu variant: gelu)."""
+    name = cfg.get(key, default)
+    if not isinstance(name, str):
+        raise BadInputError(f"{cfg.origin}: key '{key}' must be a string, got {short_repr(name)}")
+    if name in ACTIVATIONS:
+        return ACTIVATIONS[name]
+    if name.startswith("gelu"):
+        return "gelu"
+    raise BadInputError(f"{cfg.origin}: key '{key}': activation {short_repr(name)} is not supported",
+                        hint=f"supported: {', '.join(ACTIVATIONS)}")
 
 
 def _heads(cfg, hidden: int, heads: int) -> int:
@@ -61,7 +73,7 @@ def falcon_fields(cfg) -> dict[str, Any]:
     return dict(
         vocab_size=cfg.int("vocab_size", 65024), hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=kv, head_dim=_heads(cfg, hidden, heads),
-        intermediate_size=cfg.int("ffn_hidden_size", 4 * hidden), activation=_act(cfg, "activation", "gelu"),
+        intermediate_size=cfg.int("ffn_hidden_size", 4 * hidden), activation=activation(cfg, "activation", "gelu"),
         gated_mlp=False, tie_embeddings=cfg.bool("tie_word_embeddings", True),
         position="alibi" if cfg.bool("alibi", False) else "rope",
         max_position_embeddings=cfg.int("max_position_embeddings", 2048), norm="layernorm",
@@ -76,7 +88,7 @@ def gpt_bigcode_fields(cfg) -> dict[str, Any]:
         vocab_size=cfg.int("vocab_size", 50257), hidden_size=hidden, num_layers=cfg.int("n_layer", 12),
         num_heads=heads, num_kv_heads=1 if cfg.bool("multi_query", True) else heads,
         head_dim=_heads(cfg, hidden, heads), intermediate_size=cfg.int("n_inner", 4 * hidden),
-        activation=_act(cfg, "activation_function", "gelu_pytorch_tanh"), gated_mlp=False,
+        activation=activation(cfg, "activation_function", "gelu_pytorch_tanh"), gated_mlp=False,
         tie_embeddings=cfg.bool("tie_word_embeddings", True), position="learned",
         max_position_embeddings=cfg.int("n_positions", 1024), norm="layernorm",
         qkv_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=False,
@@ -128,18 +140,16 @@ def t5_fields(cfg) -> dict[str, Any]:
     gated = proj.startswith("gated-")
     act_name = proj.split("-")[-1]
     act = "gelu_new" if act_name == "gelu" and gated else act_name  # T5Config: gated-gelu runs gelu_new
-    from trainfit.core.model_loader import _ACTS
-
-    if act not in _ACTS:
+    if act not in ACTIVATIONS:
         raise BadInputError(f"{cfg.origin}: key 'feed_forward_proj': activation {act_name!r} is not supported",
-                            hint=f"supported: {', '.join(_ACTS)}")
+                            hint=f"supported: {', '.join(ACTIVATIONS)}")
     encoder = cfg.int("num_layers", 6)
     decoder = cfg.int("num_decoder_layers", encoder)
     heads = cfg.int("num_heads", 8)
     return dict(
         vocab_size=cfg.int("vocab_size", 32128), hidden_size=cfg.int("d_model", 512), num_layers=encoder + decoder,
         num_heads=heads, num_kv_heads=heads, head_dim=cfg.int("d_kv", 64), intermediate_size=cfg.int("d_ff", 2048),
-        activation=_ACTS[act], gated_mlp=gated, tie_embeddings=True, position="none",
+        activation=ACTIVATIONS[act], gated_mlp=gated, tie_embeddings=True, position="none",
         # Relative positions: no learned table bounds the length; n_positions where published.
         max_position_embeddings=cfg.int("n_positions", 512), norm="rmsnorm",
         qkv_bias=False, o_bias=False, mlp_bias=False, lm_head_bias=False,
@@ -157,7 +167,7 @@ def bert_fields(cfg) -> dict[str, Any]:
     return dict(
         vocab_size=cfg.int("vocab_size", 30522), hidden_size=hidden, num_layers=cfg.int("num_hidden_layers", 12),
         num_heads=heads, num_kv_heads=heads, head_dim=_heads(cfg, hidden, heads),
-        intermediate_size=cfg.int("intermediate_size", 3072), activation=_act(cfg, "hidden_act", "gelu"),
+        intermediate_size=cfg.int("intermediate_size", 3072), activation=activation(cfg, "hidden_act", "gelu"),
         gated_mlp=False, tie_embeddings=cfg.bool("tie_word_embeddings", True), position="learned",
         max_position_embeddings=cfg.int("max_position_embeddings", 512), norm="layernorm",
         # The MLM decoder's bias is a separate parameter (cls.predictions.bias), counted with the head.

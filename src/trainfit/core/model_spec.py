@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trainfit.core.model_capabilities import ModelCapabilities, capabilities_of
+
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "gelu_new"]
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "alibi", "none"]
@@ -80,3 +82,9 @@ class ModelSpec:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     embedding_dropout: float = 0.0
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """What the architecture does differently (core/model_capabilities.py). A property, not a
+        field: never serialised, never given in a catalog entry or a saved spec."""
+        return capabilities_of(self.architecture)

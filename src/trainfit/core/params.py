@@ -14,44 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainfit.core.model_capabilities import SUPPORTED_ARCHITECTURES
 from trainfit.core.model_spec import ModelSpec
 from trainfit.errors import BadInputError
 
 LayerKind = Literal["linear", "lm_head", "expert", "router"]
 
-# Architectures whose block is Llama-shaped: q/k/v/o projections + gated MLP + RMSNorm.
-# Granite (IBM Granite 3.x, PowerLM) adds scalar multipliers on the embeddings, residual branches,
-# attention scores and logits: no parameters, nothing saved for backward.
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_vl", "granite", "smollm3", "olmo2",
-              "gemma3_text")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
-# RMSNorm of queries and keys in every attention block: per head (Qwen3: q_norm / k_norm of head_dim
-# each) or over the whole projection (OLMo 2: q_norm of heads x head_dim, k_norm of kv heads x head_dim).
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "gemma3_text")
-# Decoder-only families with a fused query_key_value / c_attn projection and a plain (or, for
-# Qwen v1, gated) MLP: their layouts are below, written from transformers' modeling_<arch>.py
-# (Qwen v1: the published remote-code modeling_qwen.py, never run here).
-FUSED_QKV_DECODERS = ("falcon", "gpt_bigcode", "bloom", "qwen")
-ENCODER_DECODERS = ("t5", "mt5")  # transformers' T5ForConditionalGeneration / MT5ForConditionalGeneration
-ENCODERS = ("bert", "roberta")  # ...ForMaskedLM (the same head as ...ForCausalLM)
-SUPPORTED_ARCHITECTURES = (LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox") + FUSED_QKV_DECODERS
-                           + ENCODER_DECODERS + ENCODERS)
-# What `trainfit train` can build from a ModelSpec (trainfit.train.hf_config); the others are
-# estimated, not built.
-BUILDABLE_ARCHITECTURES = LLAMA_LIKE + MOE + ("phi", "phi3", "gpt2", "gpt_neox")
-
-# PEFT (>= 0.18, with transformers >= 5) still accepts Mixtral's transformers-4 module names and
-# maps them onto the fused parameters: gate -> router, w1 + w3 -> experts.gate_up_proj with rank
-# doubled (both are required), w2 -> experts.down_proj. Source: peft/utils/
-# transformers_weight_conversion.py (_MOE_TARGET_MODULE_MAPPING, _MOE_FUSED_TARGETS).
-MIXTRAL_V4_NAMES = {"gate": "mlp.gate", "w1": "mlp.experts.gate_up_proj", "w3": "mlp.experts.gate_up_proj",
-                    "w2": "mlp.experts.down_proj"}
-# PEFT (>= 0.21) maps the transformers-4 expert names of Qwen3-MoE the same way (its conversion table
-# files qwen3_moe under qwen2_moe, whose v4 names are the router "gate" and the experts' gate_proj /
-# up_proj / down_proj; Qwen2-MoE itself is not remapped: its gate/up/down_proj are the shared expert's).
-QWEN3_MOE_V4_NAMES = {"gate": "mlp.gate", "gate_proj": "mlp.experts.gate_up_proj",
-                      "up_proj": "mlp.experts.gate_up_proj", "down_proj": "mlp.experts.down_proj"}
-MOE_V4_NAMES = {"mixtral": (MIXTRAL_V4_NAMES, ("w1", "w3")), "qwen3_moe": (QWEN3_MOE_V4_NAMES, ("gate_proj", "up_proj"))}
+# Block layouts with one fused q/k/v projection and a plain (or, for Qwen v1, gated) MLP, written
+# below from transformers' modeling_<arch>.py (Qwen v1: the published remote-code modeling_qwen.py).
+FUSED_QKV_LAYOUTS = ("self_attention_query_key_value", "c_attn_c_fc", "c_attn_w1_w2")
 
 # Qwen2-VL patch embedding is a Conv3d over (3 channels x 2 frames x patch x patch), no bias.
 # Source: transformers/models/qwen2_vl/modeling_qwen2_vl.py (PatchEmbed), config temporal_patch_size=2.
@@ -73,7 +44,7 @@ class LinearLayer:
     # "expert": a slice of a fused 3D expert parameter (transformers >= 5 stores MoE experts as
     # experts.gate_up_proj / experts.down_proj tensors); "router": the MoE router weight (a plain
     # parameter, not an nn.Linear, in transformers >= 5). PEFT reaches both via target_parameters,
-    # and for Mixtral and Qwen3-MoE also via the transformers-4 module names (see MOE_V4_NAMES).
+    # and for Mixtral and Qwen3-MoE also via the transformers-4 module names (ModelCapabilities.peft_v4_names).
     kind: LayerKind = "linear"
 
     @property
@@ -135,7 +106,7 @@ def _norm_params(spec: ModelSpec, width: int) -> int:
 
 
 def _check_arch(spec: ModelSpec) -> None:
-    if spec.architecture not in SUPPORTED_ARCHITECTURES:
+    if not spec.capabilities.supported:
         raise BadInputError(
             f"model {spec.id!r}: architecture {spec.architecture!r} is not supported",
             hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
@@ -168,18 +139,18 @@ def _block(spec: ModelSpec) -> _Block:
     _check_arch(spec)
     h, d = spec.hidden_size, spec.head_dim
     q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
-    arch = spec.architecture
+    caps = spec.capabilities
     ffn = spec.intermediate_size
     norm1 = _norm_params(spec, h)
-    if arch in FUSED_QKV_DECODERS:
+    if caps.block_layout in FUSED_QKV_LAYOUTS:
         return _fused_qkv_block(spec)
-    if arch in ENCODER_DECODERS:
+    if caps.encoder_decoder:
         return _t5_block(spec)
-    if arch in ENCODERS:
+    if caps.encoder:
         return _encoder_block(spec)
-    if arch in LLAMA_LIKE or arch in MOE:
+    if caps.block_layout == "llama_like":
         return _llama_like_block(spec)
-    if arch == "phi3":  # fused qkv and gate/up projections
+    if caps.block_layout == "qkv_proj_gate_up_proj":  # fused qkv and gate/up projections
         attn = [
             _lin("qkv_proj", "self_attn.qkv_proj", h, q_out + 2 * kv_out, spec.qkv_bias),
             _lin("o_proj", "self_attn.o_proj", q_out, h, spec.o_bias),
@@ -189,7 +160,7 @@ def _block(spec: ModelSpec) -> _Block:
             _lin("down_proj", "mlp.down_proj", ffn, h, spec.mlp_bias),
         ]
         return _Block(attn, mlp, [], 0, 2 * norm1, 0)
-    if arch == "phi":  # parallel attention + MLP behind one LayerNorm
+    if caps.block_layout == "parallel_dense_fc":  # parallel attention + MLP behind one LayerNorm
         attn = [
             _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
             _lin("k_proj", "self_attn.k_proj", h, kv_out, spec.qkv_bias),
@@ -198,7 +169,7 @@ def _block(spec: ModelSpec) -> _Block:
         ]
         mlp = [_lin("fc1", "mlp.fc1", h, ffn, spec.mlp_bias), _lin("fc2", "mlp.fc2", ffn, h, spec.mlp_bias)]
         return _Block(attn, mlp, [], 0, norm1, 0)
-    if arch == "gpt2":  # Conv1D modules (PEFT treats them as linear, fan_in_fan_out)
+    if caps.block_layout == "conv1d_c_attn":  # Conv1D modules (PEFT treats them as linear, fan_in_fan_out)
         attn = [
             _lin("c_attn", "attn.c_attn", h, q_out + 2 * kv_out, spec.qkv_bias),
             _lin("c_proj", "attn.c_proj", q_out, h, spec.o_bias),
@@ -220,8 +191,9 @@ def _block(spec: ModelSpec) -> _Block:
 
 def _llama_like_block(spec: ModelSpec) -> _Block:
     """Llama's block (q/k/v/o, gated MLP) and the MoE ones (router, fused experts, a shared expert)."""
-    h, d, ffn, arch = spec.hidden_size, spec.head_dim, spec.intermediate_size, spec.architecture
+    h, d, ffn, caps = spec.hidden_size, spec.head_dim, spec.intermediate_size, spec.capabilities
     q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
+    norm1 = _norm_params(spec, h)
     attn = [
         _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
         _lin("k_proj", "self_attn.k_proj", h, kv_out, spec.qkv_bias),
@@ -229,13 +201,13 @@ def _llama_like_block(spec: ModelSpec) -> _Block:
         _lin("o_proj", "self_attn.o_proj", q_out, h, spec.o_bias),
     ]
     # q_norm / k_norm: per head (Qwen3) or over the whole projection (OLMo 2).
-    extra = (q_out + kv_out if arch == "olmo2" else 2 * d) if arch in QK_NORM_ARCHITECTURES else 0
+    extra = (q_out + kv_out if caps.qk_norm == "whole_projection" else 2 * d) if caps.qk_norm != "none" else 0
     # Gemma-2 and Gemma 3 add pre/post feed-forward norms around the MLP: four per block.
-    norms = _norm_params(spec, h) * (4 if arch in ("gemma2", "gemma3_text") else 2)
+    norms = norm1 * caps.norms_per_block
     mlp: list[LinearLayer] = []
     experts: list[LinearLayer] = []
     router = 0
-    if arch in MOE:
+    if caps.moe:
         e, ffn_e = spec.num_experts, spec.moe_intermediate_size or ffn
         router = e * h
         experts = [
@@ -269,14 +241,14 @@ def _fused_qkv_block(spec: ModelSpec) -> _Block:
     https://huggingface.co/Qwen/Qwen-7B/blob/main/modeling_qwen.py (QWenAttention c_attn with
     bias, c_proj without when no_bias; QWenMLP w1, w2 of intermediate_size/2, c_proj).
     """
-    h, d, arch = spec.hidden_size, spec.head_dim, spec.architecture
+    h, d, layout = spec.hidden_size, spec.head_dim, spec.capabilities.block_layout
     q_out, kv_out, ffn = spec.num_heads * d, spec.num_kv_heads * d, spec.intermediate_size
     qkv_b, o_b, m_b = spec.qkv_bias, spec.o_bias, spec.mlp_bias
     norm1 = _norm_params(spec, h)
     qkv = q_out + 2 * kv_out
-    if arch in ("gpt_bigcode", "qwen"):
+    if layout in ("c_attn_c_fc", "c_attn_w1_w2"):
         attn = [_lin("c_attn", "attn.c_attn", h, qkv, qkv_b), _lin("c_proj", "attn.c_proj", q_out, h, o_b)]
-        if arch == "gpt_bigcode":
+        if layout == "c_attn_c_fc":
             mlp = [_lin("c_fc", "mlp.c_fc", h, ffn, m_b), _lin("c_proj", "mlp.c_proj", ffn, h, m_b)]
         else:  # Qwen v1: c_proj(w1(x) * silu(w2(x)))
             mlp = [_lin("w1", "mlp.w1", h, ffn, m_b), _lin("w2", "mlp.w2", h, ffn, m_b),
@@ -318,42 +290,41 @@ def _encoder_block(spec: ModelSpec) -> _Block:
     attn = [_lin(x, f"attention.self.{x}", h, inner, True) for x in ("query", "key", "value")]
     attn.append(_lin("dense", "attention.output.dense", inner, h, True))
     mlp = [_lin("dense", "intermediate.dense", h, ffn, True), _lin("dense", "output.dense", ffn, h, True)]
-    head = "cls.predictions.transform.dense" if spec.architecture == "bert" else "lm_head.dense"
+    head = spec.capabilities.mlm_head_transform
     return _Block(attn, mlp, [], 0, 2 * 2 * h, 0, (_lin("dense", head, h, h, True),))
 
 
 def _lm_head(spec: ModelSpec) -> LinearLayer:
-    if spec.architecture == "bert":  # the MLM decoder; its bias is cls.predictions.bias (tied)
-        return _lin("decoder", "cls.predictions.decoder", spec.hidden_size, spec.vocab_size, True, 1, "lm_head")
-    if spec.architecture == "roberta":
-        return _lin("decoder", "lm_head.decoder", spec.hidden_size, spec.vocab_size, True, 1, "lm_head")
+    decoder = spec.capabilities.mlm_decoder
+    if decoder:  # the MLM decoder; BERT's bias is cls.predictions.bias (tied)
+        return _lin("decoder", decoder, spec.hidden_size, spec.vocab_size, True, 1, "lm_head")
     return _lin("lm_head", "lm_head", spec.hidden_size, spec.vocab_size, spec.lm_head_bias, 1, "lm_head")
 
 
 def _other_params(spec: ModelSpec) -> int:
     """Parameters outside the blocks, embeddings, final norm and lm_head (see ParamBreakdown.other)."""
-    h, arch = spec.hidden_size, spec.architecture
-    if arch == "bloom":
+    h, caps = spec.hidden_size, spec.capabilities
+    if caps.embedding_layernorm:
         return 2 * h  # word_embeddings_layernorm
-    if arch in ENCODER_DECODERS:
+    if caps.encoder_decoder:
         return 2 * spec.relative_attention_buckets * spec.num_heads  # first encoder + first decoder block
-    if arch in ENCODERS:
+    if caps.encoder:
         # token-type embeddings, embeddings LayerNorm, head transform LayerNorm, output bias
         return spec.type_vocab_size * h + 2 * h + 2 * h + spec.vocab_size
     return 0
 
 
 def _final_norm_params(spec: ModelSpec) -> int:
-    if spec.architecture in ENCODERS:
+    if spec.capabilities.encoder:
         return 0  # post-LN: every block ends in its own LayerNorm
-    if spec.architecture in ENCODER_DECODERS:
+    if spec.capabilities.encoder_decoder:
         return 2 * spec.hidden_size  # encoder and decoder final_layer_norm (weight only)
     return _norm_params(spec, spec.hidden_size)
 
 
 def _vision_linears(spec: ModelSpec) -> list[LinearLayer]:
     v = spec.vision
-    if v is None or spec.architecture != "qwen2_vl":
+    if v is None or not spec.capabilities.vision_tower:
         return []
     merge_sq = max(1, v.patches_per_image // max(1, v.tokens_per_image))
     d, ffn, merged = v.hidden_size, v.intermediate_size, v.hidden_size * merge_sq
@@ -373,7 +344,7 @@ def vision_params(spec: ModelSpec) -> int:
     v = spec.vision
     if v is None:
         return 0
-    if spec.architecture != "qwen2_vl":
+    if not spec.capabilities.vision_tower:
         return v.params
     d = v.hidden_size
     patch = QWEN2VL_IN_CHANNELS * QWEN2VL_TEMPORAL_PATCH * v.patch_size**2 * d
@@ -406,7 +377,7 @@ def count_params(spec: ModelSpec) -> ParamBreakdown:
     mlp = sum(x.params for x in b.mlp)
     experts = sum(x.params for x in b.experts if x.kind == "expert")
     cross = other = 0
-    if spec.architecture in ENCODER_DECODERS:
+    if spec.capabilities.encoder_decoder:
         # The feed-forward linears are listed per side (their paths differ); per block they are alike.
         mlp = (3 if spec.gated_mlp else 2) * h * spec.intermediate_size
         cross = sum(x.params for x in b.extra if "EncDecAttention" in x.path) + spec.decoder_layers * h
@@ -416,7 +387,7 @@ def count_params(spec: ModelSpec) -> ParamBreakdown:
     embedding = v * h
     position = spec.max_position_embeddings * h if spec.position == "learned" else 0
     # An untied BERT / RoBERTa MLM decoder keeps its own bias next to the head's (counted in other).
-    head_bias = spec.lm_head_bias or spec.architecture in ENCODERS
+    head_bias = spec.lm_head_bias or spec.capabilities.encoder
     lm_head = 0 if spec.tie_embeddings else v * h + (v if head_bias else 0)
     final_norm = _final_norm_params(spec)
     vision = vision_params(spec)
@@ -489,7 +460,7 @@ def lora_plan(spec: ModelSpec, target_modules: list[str] | str,
     layers = linear_layers(spec)
     modules = [x for x in layers if x.kind in ("linear", "lm_head")]
     params = [x for x in layers if x.kind in ("expert", "router")]
-    v4_names, fused_pair = MOE_V4_NAMES.get(spec.architecture, ({}, ()))
+    v4_names, fused_pair = dict(spec.capabilities.peft_v4_names), spec.capabilities.peft_v4_fused_pair
     target_modules = canonical_targets(target_modules)
     if target_modules == list(LLAMA_ATTENTION) and not all(any(x.name == n for x in modules) for n in LLAMA_ATTENTION):
         # LoraSettings' default (q, k, v, o) means "the attention projections": on a model that
@@ -564,11 +535,11 @@ def lora_position(layer: LinearLayer) -> str:
 def norm_readers(spec: ModelSpec) -> tuple[int, int]:
     """(linear modules reading the attention-norm output, those reading the MLP-norm output):
     q, k, v: 3; a fused qkv: 1; gate + up: 2. Phi's one LayerNorm feeds q, k, v and fc1."""
-    arch = spec.architecture
-    if arch == "phi":
+    caps = spec.capabilities
+    if caps.parallel_block:
         return 4, 0
-    attn = 1 if arch in ("gpt2", "phi3", "gpt_neox") + FUSED_QKV_DECODERS else 3
-    mlp = 2 if (spec.gated_mlp and arch != "phi3") else 1
+    attn = 1 if caps.fused_qkv else 3
+    mlp = 2 if (spec.gated_mlp and not caps.fused_gate_up) else 1
     return attn, mlp
 
 
@@ -578,7 +549,7 @@ def module_names(spec: ModelSpec) -> list[str]:
     for layer in linear_layers(spec):
         if layer.kind in ("linear", "lm_head") and layer.name not in seen:
             seen.append(layer.name)
-    seen += [k for k in MOE_V4_NAMES.get(spec.architecture, ({}, ()))[0] if k not in seen]
+    seen += [k for k, _ in spec.capabilities.peft_v4_names if k not in seen]
     return seen
 
 

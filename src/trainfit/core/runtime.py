@@ -48,7 +48,7 @@ made for the run a user will actually launch (and published measurements can be 
   model under autocast (activations.dtype_bytes). RMSNorm models (Llama, Mistral, Qwen, Gemma) cast
   the norm output back to the input dtype themselves, so their stream stays 16-bit, as measured
   (fms-acceleration's Mistral 7B QLoRA allocated within 1 %). log_softmax is on the same fp32 list,
-  so a transformers < 4.49 loss on 16-bit logits (LEGACY_16BIT_LOSS) runs in fp32 under it.
+  so a transformers < 4.49 loss on 16-bit logits (own_forward_16bit_loss) runs in fp32 under it.
   fms-acceleration's SantaCoder QLoRA (--bf16, LayerNorm, 4-bit c_attn/c_fc/c_proj): allocated
   -56 % without this rule, -11 % with it.
 * FSDP gradient accumulation without a reduce-scatter per micro-batch (TrainingSetup.fsdp_no_sync).
@@ -84,7 +84,7 @@ made for the run a user will actually launch (and published measurements can be 
   cross_entropy: a second fp32 logits-sized tensor during the loss forward. 4.49.0 pads the labels
   instead and shifts them. gpt_bigcode, bloom, falcon, gpt_neox, opt, mpt and dbrx computed their
   loss in their own forward on the 16-bit logits (no upcast) with the same copy, in 16 bits
-  (LEGACY_16BIT_LOSS). fms-acceleration's reference runs pin 4.48.1: with the copy, their Mistral 7B
+  (own_forward_16bit_loss). fms-acceleration's reference runs pin 4.48.1: with the copy, their Mistral 7B
   LoRA peak allocated is predicted within 1 % (4.5-6.2 % under without it). Before 4.46 the forward
   itself upcast the logits it returns (modeling_llama.py 4.45.2: `self.lm_head(...).float()`), so
   the 16-bit logits are freed at once and the returned ones are fp32 (TrainingSetup.logits_returned_fp32).
@@ -151,19 +151,12 @@ TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION = (4, 53, 0)
 # trainfit exports FSDP2 (Accelerate fsdp_version 2) for transformers >= 5 and FSDP1 before, which
 # is also Accelerate's default there (export/fsdp.py).
 TRANSFORMERS_FSDP2_VERSION = (5, 0, 0)
-# Model code of those releases that lets use_cache stay on under gradient checkpointing (4.48.1:
-# every other supported architecture sets use_cache = False there itself).
-CACHE_UNDER_CHECKPOINT_ARCHS = ("gpt_bigcode",)
 BITSANDBYTES = ("nf4", "nf4-dq", "int8")  # quantised while loading, by replacing nn.Linear modules
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = BITSANDBYTES  # bitsandbytes' layers, which a plugin can swap in for the lm_head
 PEFT_PREPARED_QUANTS = BITSANDBYTES  # PEFT skips GPTQ (and AQLM, EETQ, HQQ, torchao)
 # FSDP strategies that shard parameters (and so gradients) over the ranks.
 SHARDED_STRATEGIES = ("full-shard", "shard-grad-op")
-# Causal LMs whose own forward in transformers 4.48 (and before) runs CrossEntropyLoss on the shifted
-# 16-bit logits, with no fp32 upcast (modeling_<type>.py, "shift_logits = lm_logits[..., :-1,
-# :].contiguous()"); the others went through ForCausalLMLoss, which upcasts first.
-LEGACY_16BIT_LOSS = frozenset({"gpt_bigcode", "bloom", "falcon", "gpt_neox", "opt", "mpt", "dbrx"})
 
 
 @dataclass(frozen=True)
@@ -213,7 +206,7 @@ class Runtime:
     def kv_cache_kept(self, spec: ModelSpec) -> bool:
         """A checkpointed forward keeps the key/value cache (cache_under_checkpointing in model code
         without its own override)."""
-        return self.kv_cache_under_checkpointing and spec.architecture in CACHE_UNDER_CHECKPOINT_ARCHS
+        return self.kv_cache_under_checkpointing and spec.capabilities.cache_under_checkpointing
 
     def logits_upcast_by_forward(self, spec: ModelSpec) -> bool:
         """The model's forward returns fp32 logits: transformers < 4.46, except the architectures whose
@@ -224,12 +217,12 @@ class Runtime:
         """The loss of a transformers < 4.49 run (logits_shift_copy) is computed on 16-bit logits: the
         architecture's own forward skips the upcast, and in pure 16-bit precision no autocast runs
         log_softmax in fp32 (autocast_16bit_weights does)."""
-        return self.legacy_16bit_loss_setup and spec.architecture in LEGACY_16BIT_LOSS
+        return self.legacy_16bit_loss_setup and spec.capabilities.own_forward_16bit_loss
 
     def legacy_loss_under_autocast(self, spec: ModelSpec) -> bool:
         """The same own-forward loss of a transformers < 4.49 run under autocast: the shifted copy is
         made of the 16-bit logits, and autocast then casts it to fp32 for cross_entropy."""
-        return self.legacy_autocast_loss_setup and spec.architecture in LEGACY_16BIT_LOSS
+        return self.legacy_autocast_loss_setup and spec.capabilities.own_forward_16bit_loss
 
 
 # The last setup read and its record: one estimate reads the same (frozen) setup a score of times.
@@ -298,8 +291,8 @@ def _dequant_copies(setup: TrainingSetup) -> int:
 
 def own_forward_loss(spec: ModelSpec) -> bool:
     """The architecture computed its loss in its own forward before transformers 4.49, on the logits
-    as the lm_head returned them: it never upcast them (LEGACY_16BIT_LOSS)."""
-    return spec.architecture in LEGACY_16BIT_LOSS
+    as the lm_head returned them: it never upcast them (ModelCapabilities.own_forward_16bit_loss)."""
+    return spec.capabilities.own_forward_16bit_loss
 
 
 # -- version rules: the knobs a library release decides -------------------------------------------

@@ -27,7 +27,7 @@ TEMPLATES = {"qwen2": "qwen", "qwen2.5": "qwen", "qwen3": "qwen3", "llama3": "ll
 
 def template(plan: ToolPlan) -> str:
     spec = plan.spec
-    return TEMPLATES.get(spec.family) or ("qwen" if spec.architecture in ("qwen2", "qwen3") else "default")
+    return TEMPLATES.get(spec.family) or spec.capabilities.llama_factory_template or "default"
 
 
 def dataset_info(plan: ToolPlan) -> dict[str, Any]:

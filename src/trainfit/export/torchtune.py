@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainfit.core.model_capabilities import TORCHTUNE_ARCHITECTURES
 from trainfit.errors import BadInputError
 from trainfit.export.bundle import yaml_text
 from trainfit.export.tools import ToolPlan, data_files, data_format, lora_targets, model_path, run_dir
@@ -25,8 +26,10 @@ from trainfit.export.tools import ToolPlan, data_files, data_format, lora_target
 # HF module name -> torchtune's LORA_ATTN_MODULES key (torchtune.modules.peft).
 ATTN_KEYS = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
 MLP_NAMES = {"gate_proj", "up_proj", "down_proj"}
-BUILDERS = {"llama": "torchtune.models.llama3_2", "qwen2": "torchtune.models.qwen2"}
-MODEL_TYPES = {"llama": "LLAMA3_2", "qwen2": "QWEN2"}
+# The builder (torchtune.models.<builder>) is ModelCapabilities.torchtune_builder; the checkpointer's
+# model_type is its upper case. Llama 3.2's builder carries Llama 3's RoPE scaling and defaults;
+# Qwen2's takes Qwen2's BPE tokenizer files.
+LLAMA3_BUILDER, QWEN2_BUILDER = "llama3_2", "qwen2"
 DTYPES = {"fp32": "fp32", "bf16": "bf16", "bf16-mixed": "bf16", "fp16": "fp16", "fp16-mixed": "fp16"}
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
               "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit",
@@ -72,26 +75,27 @@ def _local_config(cfg) -> dict[str, Any]:
 
 def model_section(plan: ToolPlan) -> dict[str, Any]:
     cfg, spec = plan.cfg, plan.spec
-    arch = spec.architecture
-    if arch not in BUILDERS:
-        raise BadInputError(f"--for torchtune: architecture {arch!r} has no torchtune builder here "
-                            f"(written for: {', '.join(BUILDERS)})", hint="plan --for trl, axolotl or llama-factory")
+    builder = spec.capabilities.torchtune_builder
+    if not builder:
+        raise BadInputError(f"--for torchtune: architecture {spec.architecture!r} has no torchtune builder here "
+                            f"(written for: {', '.join(TORCHTUNE_ARCHITECTURES)})",
+                            hint="plan --for trl, axolotl or llama-factory")
     local = _local_config(cfg)
     scaling = local.get("rope_scaling") or {}
-    if arch == "llama" and spec.family not in ("llama3.1", "llama3.2") and scaling.get("rope_type") != "llama3":
+    llama = builder == LLAMA3_BUILDER
+    if llama and spec.family not in ("llama3.1", "llama3.2") and scaling.get("rope_type") != "llama3":
         # torchtune's llama3_2 builder always applies Llama 3's RoPE scaling: right for Llama 3.1 / 3.2 only
         raise BadInputError(f"--for torchtune: {spec.id} is a Llama without Llama 3.1's RoPE scaling; this export "
                             "covers Llama 3.1 / 3.2 and Qwen2 / 2.5", hint="plan --for trl, axolotl or llama-factory")
     adapters = cfg.method in ("lora", "qlora")
-    name = ("lora_" if adapters else "") + ("llama3_2" if arch == "llama" else "qwen2")
-    model: dict[str, Any] = {"_component_": f"{BUILDERS[arch]}.{name}"}
+    name = ("lora_" if adapters else "") + builder
+    model: dict[str, Any] = {"_component_": f"torchtune.models.{builder}.{name}"}
     if adapters:
         lo = cfg.training.lora
         model.update(lora_keys(plan))
         model.update(lora_rank=lo.rank if lo else 16, lora_alpha=float(lo.alpha if lo else 32),
                      lora_dropout=lo.dropout if lo else 0.05, use_dora=bool(cfg.training.dora),
                      quantize_base=cfg.method == "qlora")
-    llama = arch == "llama"
     model.update(vocab_size=spec.vocab_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
                  num_kv_heads=spec.num_kv_heads, embed_dim=spec.hidden_size, intermediate_dim=spec.intermediate_size,
                  max_seq_len=spec.max_position_embeddings,
@@ -115,7 +119,7 @@ def _checkpoint_files(cfg) -> list[str] | dict[str, str]:
 
 def tokenizer_section(plan: ToolPlan, ckpt: str) -> dict[str, Any]:
     t = plan.cfg.training
-    if plan.spec.architecture == "qwen2":
+    if plan.spec.capabilities.torchtune_builder == QWEN2_BUILDER:
         # Qwen2.5's tokenizer also needs its tool-call tokens; a Qwen2-architecture checkpoint of
         # another family (or a local one) gets Qwen2's, which needs only <|im_start|> / <|im_end|>.
         name = "qwen2_5.qwen2_5_tokenizer" if plan.spec.family == "qwen2.5" else "qwen2.qwen2_tokenizer"
@@ -148,7 +152,7 @@ def files(plan: ToolPlan) -> tuple[dict[str, str], list[str]]:
     doc: dict[str, Any] = {"output_dir": out, "model": model_section(plan), "tokenizer": tokenizer_section(plan, ckpt)}
     doc["checkpointer"] = {"_component_": "torchtune.training.FullModelHFCheckpointer", "checkpoint_dir": ckpt,
                            "checkpoint_files": _checkpoint_files(cfg), "recipe_checkpoint": None,
-                           "output_dir": out, "model_type": MODEL_TYPES[plan.spec.architecture]}
+                           "output_dir": out, "model_type": plan.spec.capabilities.torchtune_builder.upper()}
     doc["resume_from_checkpoint"] = False
     if cfg.method in ("lora", "qlora"):
         doc["save_adapter_weights_only"] = True

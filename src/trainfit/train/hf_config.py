@@ -12,19 +12,18 @@ import dataclasses
 from typing import Any
 
 from trainfit.core.dropout_config import config_kwargs as dropout_config_kwargs
+from trainfit.core.model_capabilities import BUILDABLE_ARCHITECTURES
 from trainfit.core.model_spec import ModelSpec, VisionTowerSpec
-from trainfit.core.params import BUILDABLE_ARCHITECTURES, QWEN2VL_TEMPORAL_PATCH, vision_params
+from trainfit.core.params import QWEN2VL_TEMPORAL_PATCH, vision_params
 from trainfit.errors import BadInputError, require_extra
 
 # ModelSpec activation -> the name transformers' ACT2FN uses.
 _ACT = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "gelu_new": "gelu_new"}
 
-# Architectures whose attention derives head_dim = hidden / heads (no head_dim key).
-_HEAD_DIM_DERIVED = ("phi", "phi3", "gpt2", "gpt_neox")
-
 
 def _check(spec: ModelSpec) -> None:
-    if spec.architecture not in BUILDABLE_ARCHITECTURES:
+    caps = spec.capabilities
+    if not caps.buildable:
         # Falcon, GPTBigCode, BLOOM, Qwen v1, T5 and BERT are estimated (trainfit.core.params)
         # but not built from a ModelSpec here.
         raise BadInputError(
@@ -32,12 +31,12 @@ def _check(spec: ModelSpec) -> None:
             "(it is supported by estimate / plan / cloud)",
             hint=f"trainable architectures: {', '.join(BUILDABLE_ARCHITECTURES)}",
         )
-    if spec.architecture in _HEAD_DIM_DERIVED and spec.head_dim * spec.num_heads != spec.hidden_size:
+    if caps.hf_head_dim_derived and spec.head_dim * spec.num_heads != spec.hidden_size:
         raise BadInputError(
             f"model {spec.id!r}: {spec.architecture} needs head_dim * num_heads == hidden_size "
             f"({spec.head_dim} * {spec.num_heads} != {spec.hidden_size})"
         )
-    if spec.architecture in ("gpt2", "gpt_neox") and spec.num_kv_heads != spec.num_heads:
+    if caps.hf_no_grouped_query and spec.num_kv_heads != spec.num_heads:
         raise BadInputError(f"model {spec.id!r}: {spec.architecture} has no grouped-query attention "
                             f"(num_kv_heads must equal num_heads)")
 
@@ -53,41 +52,37 @@ def _text_kwargs(spec: ModelSpec) -> dict[str, Any]:
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_embeddings,
     )
-    arch = spec.architecture
-    if arch not in _HEAD_DIM_DERIVED:
+    caps = spec.capabilities
+    if not caps.hf_head_dim_derived:
         kw["head_dim"] = spec.head_dim
     act = _ACT[spec.activation]
-    if arch in ("gemma", "gemma2", "gemma3_text"):
-        kw["hidden_activation"] = act
-    else:
-        kw["hidden_act"] = act
-    if arch in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "smollm3", "olmo2"):
+    kw[caps.hf_activation_key] = act
+    if caps.hf_attention_bias:
         kw["attention_bias"] = spec.qkv_bias
-    if arch == "llama":
+    if caps.hf_mlp_bias:
         kw["mlp_bias"] = spec.mlp_bias
-    if arch == "gpt_neox":
-        kw["attention_bias"] = spec.qkv_bias
-    if arch in ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "phi3", "qwen2_vl", "qwen2_moe", "qwen3_moe"):
+    if caps.hf_sliding_window:
         kw["sliding_window"] = spec.sliding_window
-        if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_vl"):
+        if caps.sliding_window_switch:
             kw["use_sliding_window"] = spec.sliding_window is not None
-    if arch == "gemma2":
+    if caps.hf_query_pre_attn_scalar:
         kw["query_pre_attn_scalar"] = spec.head_dim
-        kw["sliding_window"] = spec.sliding_window or 4096
-    if arch == "mixtral":
+    if caps.hf_sliding_window_default:
+        kw["sliding_window"] = spec.sliding_window or caps.hf_sliding_window_default
+    if caps.hf_moe_keys == "num_local_experts":
         kw["num_local_experts"] = spec.num_experts
         kw["num_experts_per_tok"] = spec.experts_per_token
         kw["intermediate_size"] = spec.moe_intermediate_size or spec.intermediate_size
-    if arch == "qwen2_moe":
+    if caps.hf_moe_keys == "num_experts_shared":
         kw.update(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
                   moe_intermediate_size=spec.moe_intermediate_size or spec.intermediate_size,
                   shared_expert_intermediate_size=spec.shared_experts * (spec.moe_intermediate_size or 0),
                   decoder_sparse_step=1, mlp_only_layers=[])
-    if arch == "qwen3_moe":
+    if caps.hf_moe_keys == "num_experts":
         kw.update(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
                   moe_intermediate_size=spec.moe_intermediate_size or spec.intermediate_size,
                   decoder_sparse_step=1, mlp_only_layers=[])
-    if arch == "gpt2":
+    if caps.hf_n_embd_keys:
         kw = dict(vocab_size=spec.vocab_size, n_positions=spec.max_position_embeddings, n_embd=spec.hidden_size,
                   n_layer=spec.num_layers, n_head=spec.num_heads, n_inner=spec.intermediate_size,
                   activation_function=act, tie_word_embeddings=spec.tie_embeddings)
@@ -120,7 +115,7 @@ def build_hf_config(spec: ModelSpec):
     from transformers import AutoConfig
 
     kw = _text_kwargs(spec)
-    if spec.architecture == "qwen2_vl":
+    if spec.capabilities.vision_tower:
         v = spec.vision
         if v is None:
             raise BadInputError(f"model {spec.id!r}: qwen2_vl needs a vision tower (key 'vision')")
@@ -153,7 +148,7 @@ def build_model(spec: ModelSpec, *, device: str = "meta", dtype: str | None = No
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = build_hf_config(spec)
-    auto = AutoModelForImageTextToText if spec.architecture == "qwen2_vl" else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if spec.capabilities.vision_tower else AutoModelForCausalLM
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
     with torch.device(device):
         return auto.from_config(cfg, **kwargs)
@@ -172,7 +167,7 @@ def shrink(spec: ModelSpec, layers: int = 2, hidden: int = 64, *, heads: int = 4
         hidden = heads * 16  # transformers checks hidden % heads == 0 even with an explicit head_dim
     head_dim = hidden // heads
     # Keep head_dim > hidden/heads where the original does (Gemma-2 head_dim 256 > 2304/8).
-    if spec.head_dim * spec.num_heads > spec.hidden_size and spec.architecture not in _HEAD_DIM_DERIVED:
+    if spec.head_dim * spec.num_heads > spec.hidden_size and not spec.capabilities.hf_head_dim_derived:
         head_dim *= 2
     ratio = spec.intermediate_size / spec.hidden_size
     ffn = intermediate or max(8, int(round(hidden * ratio / 8)) * 8)

@@ -91,18 +91,14 @@ def previous_step_bytes(spec: ModelSpec, st: ModelStats, setup: TrainingSetup, c
     return (returned_logits_bytes(spec, setup, compute_bytes) + kept_inputs) * tokens
 
 
-# RMSNorm as y * (1 + weight) computed in fp32 (Gemma's)
-GEMMA_NORM = ("gemma", "gemma2", "gemma3_text")
-
-
 def norms_per_block(spec: ModelSpec) -> int:
-    return spec.block_norms or {"gemma2": 4, "gemma3_text": 4, "phi": 1}.get(spec.architecture, 2)
+    return spec.block_norms or spec.capabilities.norms_per_block
 
 
 def one_shared_norm(spec: ModelSpec) -> bool:
     """One LayerNorm feeding attention and MLP together (phi, falcon-7b's parallel_attn): its
     output is saved once for all of its readers."""
-    return spec.architecture == "phi" or (spec.parallel_attention and norms_per_block(spec) == 1)
+    return spec.capabilities.parallel_block or (spec.parallel_attention and norms_per_block(spec) == 1)
 
 
 def widths(spec: ModelSpec, st: ModelStats) -> Widths:
@@ -139,7 +135,8 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
     bias_trains = setup.method in ("full", "pretrain") or (setup.method == "dpo" and setup.lora is None)
     if spec.relative_attention_buckets and bias_trains:
         return "eager"
-    if (spec.architecture == "falcon" and spec.num_kv_heads == 1 < spec.num_heads and setup.attention != "flash"
+    if (spec.capabilities.sdpa_mqa_math_fallback and spec.num_kv_heads == 1 < spec.num_heads
+            and setup.attention != "flash"
             and setup.model_code != "litgpt"):
         return "eager"
     return setup.attention
@@ -254,13 +251,13 @@ def final_norm_bytes_per_token(spec: ModelSpec, setup: TrainingSetup, full: bool
     if not full and frozen_fp32_under_autocast(setup):
         # the frozen fp32 lm_head's 16-bit copy, kept for its input's gradient (frozen_weight_casts_per_layer)
         saved += 2.0 * spec.vocab_size * hidden / step_tokens(setup)
-    arch = spec.architecture
-    if arch == "falcon" and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
+    caps = spec.capabilities
+    if caps.alibi_sdpa_mask and spec.position == "alibi" and attention_kind(spec, setup) != "eager":
         # The ALiBi bias goes to SDPA as one fp32 (batch, heads, s, s) mask shared by all layers.
         saved += 4 * spec.num_heads * setup.seq_len
-    if arch == "bloom":
+    if caps.embedding_layernorm:
         saved += residual_bytes * hidden + 8  # word_embeddings_layernorm
-    elif arch in ("bert", "roberta"):
+    elif caps.encoder:
         # Embedding LayerNorm, then the MLM head: transform dense input, GELU input, LayerNorm
         # (post-LN encoders have no final norm; the head's LayerNorm takes its place above).
         saved += (residual_bytes * hidden + 8) + (residual_bytes * hidden if full else 0) + 2 * compute_bytes * hidden
@@ -288,7 +285,7 @@ def loss_bytes_per_token(spec: ModelSpec, setup: TrainingSetup) -> tuple[float, 
         # logits, their shifted copy and log_softmax's output, all 16-bit; backward: two grads
         return compute_bytes * vocab, 2 * compute_bytes * vocab, 2 * compute_bytes * vocab
     saved = 4 * vocab
-    if spec.architecture == "gemma2":
+    if spec.capabilities.logit_softcap:
         saved += compute_bytes * vocab
     forward = compute_bytes * vocab + (4 * vocab if compute_bytes != 4 else 0)
     if runtime.logits_upcast_by_forward(spec) and compute_bytes != 4:  # the forward upcast them

@@ -29,9 +29,6 @@ from trainfit.core.setup import LoraSettings, TrainingSetup
 
 C = MemoryComponent
 
-# transformers refuses SDPA/flash for these (attention soft-capping), so eager is what runs.
-EAGER_ONLY = ("gemma2", "bloom")  # bloom: BloomPreTrainedModel has no SDPA path
-
 
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                     hardware: HardwareProfile | None = None) -> MemoryEstimate:
@@ -76,7 +73,7 @@ def _as_run(model: ModelSpec, setup: TrainingSetup) -> tuple[ModelSpec, Training
         notes.append("LitGPT keeps a copy of the tied embeddings as its own lm_head: counted apart")
     if setup.seq_len != text_tokens:
         notes.append(vision.image_note(model, setup, text_tokens))
-    if model.architecture in EAGER_ONLY and setup.attention != "eager":
+    if model.capabilities.eager_attention_only and setup.attention != "eager":
         setup = dataclasses.replace(setup, attention="eager")
         notes.append(f"{model.architecture} supports only eager attention in transformers: estimated with eager")
     if setup.quantize_lm_head and model.tie_embeddings:  # knob_rules refused it for a non-bitsandbytes quant

@@ -24,7 +24,7 @@ def kv_cache_bytes(model: ModelSpec, batch: int, tokens: int, kv_bytes: int) -> 
     window = model.sliding_window
     if window is None or window >= tokens:
         layers_full, layers_swa = model.num_layers, 0
-    elif model.architecture == "gemma2":
+    elif model.capabilities.alternating_sliding_window:
         layers_swa = model.num_layers // 2
         layers_full = model.num_layers - layers_swa
     else:
@@ -48,7 +48,7 @@ def inference_components(model: ModelSpec, st, setup, states) -> tuple[list[Memo
     # One layer over the prompt: normed input, q/k/v (+ GQA repeat for eager), attention output,
     # the MLP's gate/act/up alive together (3 x ffn), residual.
     attn = element_bytes * tokens * (2 * hidden + 2 * query_width + 2 * kv_width)
-    if setup.attention == "eager" or model.architecture == "gemma2":
+    if setup.attention == "eager" or model.capabilities.attention_softcap:
         # scores, the masked/scaled copy and the fp32 softmax coexist (+ its 16-bit copy).
         attn += (tokens * model.num_heads * prompt_tokens * (8 + (element_bytes if element_bytes != 4 else 0))
                  + element_bytes * tokens * 2 * query_width)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.core.memory import dora, model_dropout
-from trainfit.core.memory.activations import (GEMMA_NORM, adapted_expert_weight_bytes, attention_kind, dtype_bytes,
+from trainfit.core.memory.activations import (adapted_expert_weight_bytes, attention_kind, dtype_bytes,
                                               frozen_weight_casts_per_layer, fused_experts_bytes_per_token,
                                               mlp_norm_readers, norms_per_block, one_shared_norm,
                                               quantised_inputs_per_token, routed_width, step_tokens, widths,
@@ -20,7 +20,6 @@ from trainfit.core.memory.activations import (GEMMA_NORM, adapted_expert_weight_
 from trainfit.core.memory.states import trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import QK_NORM_ARCHITECTURES
 from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
@@ -87,10 +86,10 @@ def norm_bytes(layer: Layer) -> float:
     if layer.spec.norm == "layernorm":
         return residual_bytes * hidden + 8
     saved = 4 * hidden + 4  # fp32 input (a copy when the stream is 16-bit) and rsqrt
-    arch = layer.spec.architecture
-    if arch in ("gemma", "gemma2") and not layer.litgpt:
+    caps = layer.spec.capabilities
+    if caps.norm_fp32_output == "always" and not layer.litgpt:
         saved += 4 * hidden  # y * (1 + weight) in fp32 keeps y whatever trains (LitGPT's norm does not)
-    elif arch == "gemma3_text" and layer.full:
+    elif caps.norm_fp32_output == "when_weight_trains" and layer.full:
         saved += 4 * hidden  # Gemma 3's keeps the fp32 y only for its weight's gradient (measured on CPU)
     elif layer.full:
         saved += residual_bytes * hidden
@@ -160,22 +159,23 @@ def attention_core_bytes(layer: Layer) -> float:
     """Saved by the attention itself: q, k, v and the output, and the fused kernels' logsumexp
     (eager attention's scores are counted apart: activations.eager_scores_bytes)."""
     spec, setup, shape, compute_bytes = layer.spec, layer.setup, layer.widths, layer.compute_bytes
-    arch = spec.architecture
+    caps = spec.capabilities
     repeated = shape.query if shape.key_value != shape.query else shape.key_value
     if attention_kind(spec, setup) == "eager":
         return compute_bytes * (2 * shape.query + 2 * repeated)
     # Falcon's new decoder architecture broadcasts each key/value group to its query heads
     # (broadcast_to + reshape: copies) before SDPA, which saves them at full width.
     # LitGPT repeat_interleaves them to every query head the same way.
-    kv_saved = shape.query if arch == "falcon" or layer.litgpt else shape.key_value
+    kv_saved = shape.query if caps.kv_broadcast_before_sdpa or layer.litgpt else shape.key_value
     core = compute_bytes * (2 * shape.query + 2 * kv_saved) + 4 * shape.heads
-    if (shape.key_value == shape.query and (layer.litgpt or arch == "gpt_neox")) or arch == "phi3":
+    if ((shape.key_value == shape.query and (layer.litgpt or caps.fused_qkv_v_view == "no_kv_groups"))
+            or caps.fused_qkv_v_view == "always"):
         # LitGPT, GPT-NeoX and Phi-3 split one q+k+v output; without key groups to repeat (or with
         # SDPA's own grouped-query path, which transformers uses for Phi-3), the saved v is a view
         # of it and keeps all of it (q and k are rotated into new tensors).
         core += compute_bytes * (shape.query + shape.key_value)
     attn_out = layer.adapted.get("attn_out", 0)
-    if arch == "phi3" and (layer.full or (attn_out and not layer.adapter_dropout and not layer.adapter_cast_bytes
+    if caps.o_proj_copy and (layer.full or (attn_out and not layer.adapter_dropout and not layer.adapter_cast_bytes
                                           and not layer.autocast)):
         # and its o_proj reads a contiguous copy of the attention output, where Llama's reads a
         # view of the output the attention saves (saved-tensor graph of one layer on CPU, fp32
@@ -191,7 +191,7 @@ def attention_terms(layer: Layer, core: float) -> list[float]:
     """The attention core with the output projection's adapter, and what surrounds the attention:
     casts of the adapter's input, per-head q/k norms, LitGPT's copy, falcon's ALiBi mask."""
     spec, setup, shape, compute_bytes = layer.spec, layer.setup, layer.widths, layer.compute_bytes
-    arch = spec.architecture
+    caps = spec.capabilities
     attn_out = layer.adapted.get("attn_out", 0)
     terms = [core + adapter_inner_bytes(layer, shape.query, attn_out)]
     if layer.autocast and not layer.adapter_dropout and attn_out and not layer.litgpt:
@@ -199,17 +199,17 @@ def attention_terms(layer: Layer, core: float) -> list[float]:
         # matmul, which keeps that 16-bit copy: the attention output is otherwise saved only as the
         # attention's own output (measured on CPU, Llama LoRA all-linear under bf16 autocast)
         terms.append(2 * shape.query * attn_out)
-    if arch in QK_NORM_ARCHITECTURES:
+    if caps.qk_norm != "none":
         # Per-head RMSNorm of the queries and keys before the rotary embedding (Qwen3): each keeps
         # its fp32 input (a copy of a 16-bit projection output), its rsqrt per head and, when its
         # weight trains, the normalised output it multiplies (measured on CPU: Qwen3 -16.8 % -> exact).
         # Gemma 3's y * (1 + weight) keeps the fp32 y when the weight trains.
-        kept = (4 if arch in GEMMA_NORM else compute_bytes) if layer.full else 0
+        kept = (4 if caps.norm_fp32_output != "none" else compute_bytes) if layer.full else 0
         terms.append((4 + kept) * (shape.query + shape.key_value) + 4 * (shape.heads + spec.num_kv_heads))
     if layer.litgpt and attn_out and not layer.adapter_dropout:
         # LitGPT's y.transpose(1, 2).reshape(...) copies the attention output; the adapter keeps it.
         terms.append(compute_bytes * shape.query)
-    if arch == "falcon" and spec.position == "alibi" and layer.autocast and attention_kind(spec, setup) != "eager":
+    if caps.alibi_sdpa_mask and spec.position == "alibi" and layer.autocast and attention_kind(spec, setup) != "eager":
         # ALiBi falcon under autocast: each layer keeps a 16-bit copy of the (batch, heads, s, s)
         # ALiBi mask for SDPA and two more residual-width tensors (measured on CPU, forward-saved
         # bytes of 4 vs 2 layers at s = 256 and 512: a x heads x s + 2 r h per token, exact).

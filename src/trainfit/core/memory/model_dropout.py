@@ -48,7 +48,7 @@ def mask_bytes(setup: TrainingSetup, input_bytes: int) -> int:
 
 def hidden_sites(spec: ModelSpec) -> float:
     """Hidden-width dropouts per block (T5's decoder cross-attention spread over all blocks)."""
-    if spec.architecture == "falcon" and spec.parallel_attention:
+    if spec.capabilities.parallel_shares_hidden_dropout and spec.parallel_attention:
         return 1.0
     if spec.decoder_layers:
         return 2.0 + spec.decoder_layers / spec.num_layers
@@ -121,7 +121,7 @@ def eager_scores_extra_bytes(spec: ModelSpec, setup: TrainingSetup, compute_byte
     16-bit copy of fp32 probabilities it kept before (autocast; HF's eager upcasts except GPT-2's)."""
     if not attention_dropout_runs(spec, setup):
         return 0.0
-    copy_replaced = compute_bytes == 2 and (mixed or spec.architecture != "gpt2")
+    copy_replaced = compute_bytes == 2 and (mixed or not spec.capabilities.eager_probs_in_input_dtype)
     return mask_bytes(setup, compute_bytes) + (0 if copy_replaced else compute_bytes)
 
 

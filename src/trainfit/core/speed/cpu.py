@@ -121,7 +121,6 @@ CPU_VOCAB_PASSES = 3.0
 # capped the same way (attn_logit_softcapping 50, eager attention): six score-sized passes.
 # Counted from transformers' Gemma2ForCausalLM / eager_attention_forward; on the benchmark the two
 # Gemma-2 rows (256k vocabulary, 128 wide) missed by -40 % / -46 % without these terms.
-SOFTCAP_ARCHITECTURES = ("gemma2",)
 CPU_SOFTCAP_VOCAB_TENSORS = 6
 CPU_SOFTCAP_SCORE_PASSES = 6
 # Mixture-of-experts in eager transformers (MixtralExperts / MixtralTopKRouter): the router runs
@@ -313,14 +312,13 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
     per_token_layer = F.elementwise_elements_per_token_layer(spec, setup.torch_compile) * act_bytes
     fwd_equiv = 3.0 + (1.0 if full_ckpt else 0.0)
     elem_bytes = per_token_layer * layers * (tokens * fwd_equiv + ref_tokens)
-    softcap = spec.architecture in SOFTCAP_ARCHITECTURES
     # The path that runs (T5's trainable bias and MQA falcon fall back to SDPA's math path; so does attention
     # dropout on a CPU), which materialises the scores as eager attention does.
     kind = attention_kind(spec, setup)
     scores_materialised = kind == "eager" or model_dropout.sdpa_math_fallback(spec, setup, kind)
     if scores_materialised:
         # The full s x s score matrix is written, softmaxed and read back (fp32 softmax in HF).
-        score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if softcap else 0.0)
+        score_passes = 3.0 + (CPU_SOFTCAP_SCORE_PASSES if spec.capabilities.attention_softcap else 0.0)
         elem_bytes += score_passes * 8.0 * layers * spec.num_heads * min(seq, context) * tokens
     # The model's own dropout: masks drawn in every forward (and recompute), applied again in backward.
     dropped = model_dropout.dropped_elements_per_token(spec, setup, scores_materialised) * (tokens + ref_tokens)
@@ -344,7 +342,7 @@ def cpu_step(spec: ModelSpec, setup: TrainingSetup, rates: DeviceRates, sf: F.St
 
     # Vocabulary: logits and the loss over every vocab entry of every token.
     n16 = CPU_VOCAB_16BIT_TENSORS if precision != "fp32" else 0
-    n32 = CPU_VOCAB_FP32_TENSORS + (CPU_SOFTCAP_VOCAB_TENSORS if softcap else 0)
+    n32 = CPU_VOCAB_FP32_TENSORS + (CPU_SOFTCAP_VOCAB_TENSORS if spec.capabilities.logit_softcap else 0)
     vocab_tensor = spec.vocab_size * tokens * 4.0
     vocab_bytes = (n32 + n16 / 2) * vocab_tensor * CPU_VOCAB_PASSES
     vocab_bytes += 2.0 * vocab_tensor if ref_tokens else 0.0  # reference logits and log-softmax
