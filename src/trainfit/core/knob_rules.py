@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainfit.core.knobs import RUNTIME_KNOBS, flag_of, key_of
-from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
-from trainfit.core.memory.quant_formats import PREQUANTISED
 from trainfit.core.runtime import BNB_QUANTS, LM_HEAD_QUANTS, PEFT_PREPARED_QUANTS, SHARDED_STRATEGIES
+from trainfit.core.setup import FSDP_EQUIVALENT_STAGE, PREQUANTISED
 from trainfit.errors import BadInputError
 
 Front = Literal["model", "run"]

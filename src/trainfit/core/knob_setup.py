@@ -81,7 +81,7 @@ def _lora(v: dict, spec, word) -> LoraSettings:
 def _sharding(v: dict) -> dict:
     """--fsdp implies its ZeRO-equivalent stage; a different explicit --zero is refused by the
     rules (trainfit.core.knob_rules) with the fix."""
-    from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
+    from trainfit.core.setup import FSDP_EQUIVALENT_STAGE
 
     fsdp = v["fsdp_strategy"] or "none"
     zero = v["zero_stage"] if v["zero_stage"] is not None else FSDP_EQUIVALENT_STAGE.get(fsdp, 0)

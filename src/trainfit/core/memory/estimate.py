@@ -21,7 +21,7 @@ from trainfit.core.memory.phases import phase_peaks, training_parts
 from trainfit.core.memory.states import States, model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory.step import training_step
-from trainfit.core import knob_rules  # a module: knob_rules imports core.memory in turn
+from trainfit.core.knob_rules import check_knobs
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
@@ -33,7 +33,7 @@ C = MemoryComponent
 def estimate_memory(model: ModelSpec, setup: TrainingSetup,
                     hardware: HardwareProfile | None = None) -> MemoryEstimate:
     """Memory per device for `setup` on `model`; capacities from `hardware` when given."""
-    knob_rules.check_knobs(setup, model)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
+    check_knobs(setup, model)  # first: its messages name the combination to use (offload without ZeRO, FSDP)
     check_setup(model, setup)
     model, setup, notes = _as_run(model, setup)
     st = model_stats(model)

@@ -34,8 +34,6 @@ from trainfit.core.memory.stats import ModelStats
 from trainfit.core.runtime import SHARDED_STRATEGIES, runtime_of
 from trainfit.core.setup import TrainingSetup
 
-# FSDP strategy -> the ZeRO stage that shards the same states (zero_stage holds it alongside).
-FSDP_EQUIVALENT_STAGE = {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}
 # Strategies that shard parameters or gradients (NO_SHARD keeps DDP's memory).
 
 

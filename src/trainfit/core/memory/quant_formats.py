@@ -25,9 +25,8 @@ from __future__ import annotations
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.runtime import BITSANDBYTES, runtime_of
-from trainfit.core.setup import TrainingSetup
+from trainfit.core.setup import PREQUANTISED, TrainingSetup
 
-PREQUANTISED = ("gptq", "awq")
 BITS = 4
 GROUP_SIZE = 128
 SCALE_BYTES = 2  # float16
