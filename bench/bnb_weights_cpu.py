@@ -29,7 +29,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from trainfit.core.memory.framework_effects import transformers_knobs  # noqa: E402
+from trainfit.core.runtime import transformers_knobs  # noqa: E402
 from trainfit.core.memory.states import model_states  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402

@@ -57,7 +57,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.estimate import peak_phase  # noqa: E402
+from trainfit.core.memory.phases import peak_phase  # noqa: E402
 from trainfit.core.memory.framework_effects import no_sync_gradient_bytes  # noqa: E402
 from trainfit.core.memory.fsdp import compute_bytes, no_sync_applies, root_params  # noqa: E402
 from trainfit.core.memory.states import model_states  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path
 import _cuda_harness as harness
 from _results import write_results
 
-from trainfit.core.memory.estimate import peak_phase
+from trainfit.core.memory.phases import peak_phase
 
 COMMAND = ".venv/bin/python bench/fsdp_phases_cpu.py"
 LORA = harness.LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])

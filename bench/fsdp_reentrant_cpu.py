@@ -1,7 +1,7 @@
 """Reentrant gradient checkpointing around FSDP units, measured on this CPU against the memory model.
 
 Checks the memory model's `reentrant_checkpoint_around_fsdp_units` term
-(trainfit.core.memory.framework_effects `held_layer_input_grads`): transformers before 4.52
+(trainfit.core.runtime, `Runtime.held_layer_input_grads`): transformers before 4.52
 checkpoints each decoder layer's `__call__`, which under FSDP1 is the FSDP unit's call, with a
 reentrant checkpoint by default. In backward the recompute runs FSDP's pre-forward on the
 checkpoint's detached input, a leaf; for a unit whose parameters are all frozen (LoRA with PEFT's
@@ -54,7 +54,7 @@ from _results import write_results  # noqa: E402
 from fsdp_no_sync_cpu import FsdpTensorCounter, _free_port  # noqa: E402
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.estimate import peak_phase  # noqa: E402
+from trainfit.core.memory.phases import peak_phase  # noqa: E402
 from trainfit.core.model_loader import spec_from_config  # noqa: E402
 from trainfit.core.model_spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402

@@ -8,7 +8,7 @@ storage, no compute. It runs one forward pass the way LitGPT's finetune/lora.py 
 (`model(input_ids, lm_head_chunk_size=128)`) and counts the storages alive afterwards with the
 meta_trace counter. Two depths (2 and 4 layers) differ by two decoder layers, so
 (live(4) - live(2)) / 2 / tokens is what one layer saves per token. That figure is compared with
-`core.memory.activations.layer_bytes_per_token` for the same model and LoRA targets, with the
+`core.memory.layer_activations.layer_bytes_per_token` for the same model and LoRA targets, with the
 LitGPT knob and without it.
 
 Attention runs as flash-attention does on a GPU (q, k, v, the output and a fp32 log-sum-exp kept;
@@ -36,7 +36,7 @@ from _results import write_results
 from meta_trace import MetaTrace, flash_function
 from published_memory import load, model_for
 
-from trainfit.core.memory import activations
+from trainfit.core.memory import layer_activations
 from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
@@ -172,7 +172,7 @@ def predicted_per_layer(spec, rank: int, targets: list[str], model_code: str, dr
         setup = TrainingSetup(method="lora", precision="fp32", attention="sdpa", device="cpu", lora=lora,
                               micro_batch=CPU_TOKENS[0], seq_len=CPU_TOKENS[1], model_code=model_code)
     _, where = lora_stats(spec, targets, rank)
-    return activations.layer_bytes_per_token(spec, model_stats(spec), setup, where)[0]
+    return layer_activations.layer_bytes_per_token(spec, model_stats(spec), setup, where)[0]
 
 
 def run(only: str | None = None) -> list[dict]:

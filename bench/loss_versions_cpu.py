@@ -2,7 +2,7 @@
 
 transformers before 4.49 copies the shifted logits before cross_entropy (fp32 after the upcast;
 gpt_bigcode and a few others in 16 bits, without the upcast): TrainingSetup.logits_shift_copy,
-framework_effects.legacy_loss_in_16bit. This runs a few cases of bench/memory_accuracy.py (the same
+trainfit.core.runtime, Runtime.legacy_loss_in_16bit. This runs a few cases of bench/memory_accuracy.py (the same
 live-tensor counter, two full steps) with whichever transformers is importable, sets the knob from
 its version (logits_shift_copy, logits_returned_fp32), and records measured and predicted peaks under
 that version. Run it once with the
@@ -34,7 +34,7 @@ from pathlib import Path
 import memory_accuracy as ma
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.framework_effects import transformers_knobs
+from trainfit.core.runtime import transformers_knobs
 from trainfit.core.model_loader import spec_from_config
 from trainfit.core.setup import LoraSettings
 

@@ -15,24 +15,23 @@ import sys
 import pytest
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.activations import layer_bytes_per_token, loss_bytes_per_token
-from trainfit.core.memory.framework_effects import (
-    bnb_keeps_input_for,
-    cache_under_checkpointing_for,
-    cached_kv_bytes_per_token,
-    checkpoint_around_units_for,
-    experts_fused_for,
-    held_layer_input_grads,
-    legacy_loss_under_autocast,
-    logits_returned_fp32_for,
-    logits_shift_copy_for,
-    no_sync_gradient_bytes,
-    transformers_knobs,
-)
+from trainfit.core.memory.activations import loss_bytes_per_token
+from trainfit.core.memory.layer_activations import layer_bytes_per_token
+from trainfit.core.memory.framework_effects import cached_kv_bytes_per_token, no_sync_gradient_bytes
 from trainfit.core.memory.fsdp import root_params
 from trainfit.core.memory.loss_kernels import loss_terms
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import lora_stats, model_stats
+from trainfit.core.runtime import (
+    bnb_keeps_input_for,
+    cache_under_checkpointing_for,
+    checkpoint_around_units_for,
+    experts_fused_for,
+    logits_returned_fp32_for,
+    logits_shift_copy_for,
+    runtime_of,
+    transformers_knobs,
+)
 from trainfit.core.model_catalog import get_model
 from trainfit.core.model_loader import spec_from_config
 from trainfit.core.setup import LoraSettings, TrainingSetup
@@ -460,7 +459,7 @@ def test_reentrant_checkpoint_around_frozen_fsdp_units_holds_every_layer_input_g
                          attention="flash", lora=LoraSettings(rank=16, target_modules=["q_proj", "k_proj", "v_proj",
                                                                                        "o_proj"]))
     around = dataclasses.replace(base, reentrant_checkpoint_around_fsdp_units=True)
-    assert held_layer_input_grads(around) and not held_layer_input_grads(base)
+    assert runtime_of(around).held_layer_input_grads and not runtime_of(base).held_layer_input_grads
     held = (llama70.num_layers - 1) * 2 * llama70.hidden_size * 2 * 4096
     assert _phases(estimate_memory(llama70, around))["layer backward"] == pytest.approx(
         _phases(estimate_memory(llama70, base))["layer backward"] + held / 2**30, abs=0.01)
@@ -473,7 +472,7 @@ def test_reentrant_checkpoint_around_frozen_fsdp_units_holds_every_layer_input_g
                   dataclasses.replace(around, quant="none", method="lora", fsdp_mixed_units=True),
                   dataclasses.replace(around, fsdp_strategy="none"),
                   dataclasses.replace(around, grad_checkpointing="none")):
-        assert not held_layer_input_grads(other), other
+        assert not runtime_of(other).held_layer_input_grads, other
 
 
 def test_cli_transformers_version_sets_the_checkpoint_placement():
@@ -540,9 +539,9 @@ def test_own_forward_loss_under_autocast_copies_the_16bit_logits():
     fp32 for cross_entropy: the copy is 2 B per vocabulary entry, not the fp32 4 B of ForCausalLMLoss."""
     santacoder = get_model("bigcode/gpt_bigcode-santacoder")
     auto = TrainingSetup(method="full", precision="bf16-mixed", micro_batch=1, seq_len=512, logits_shift_copy=True)
-    assert legacy_loss_under_autocast(santacoder, auto)
-    assert not legacy_loss_under_autocast(get_model("meta-llama/Llama-3.1-8B"), auto)
-    assert not legacy_loss_under_autocast(santacoder, dataclasses.replace(auto, precision="bf16"))
+    assert runtime_of(auto).legacy_loss_under_autocast(santacoder)
+    assert not runtime_of(auto).legacy_loss_under_autocast(get_model("meta-llama/Llama-3.1-8B"))
+    assert not runtime_of(dataclasses.replace(auto, precision="bf16")).legacy_loss_under_autocast(santacoder)
     v = santacoder.vocab_size
     saved, fwd, _ = loss_bytes_per_token(santacoder, auto)
     assert (saved, fwd) == (4 * v, 2 * v + 4 * v + 2 * v)  # log_softmax; logits, fp32 cast, 16-bit shifted copy

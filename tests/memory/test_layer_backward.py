@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from fsdp_no_sync_cpu import FsdpTensorCounter  # noqa: E402  (bench/: the counter with a callback at each peak)
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.memory.estimate import peak_phase  # noqa: E402
+from trainfit.core.memory.phases import peak_phase  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
 from trainfit.core.model_catalog import get_model  # noqa: E402
 from trainfit.core.setup import TrainingSetup  # noqa: E402

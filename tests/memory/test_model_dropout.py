@@ -207,7 +207,7 @@ def test_mps_keeps_noise_like_the_cpu():
 def test_lora_dropout_on_mps_keeps_noise_like_the_cpu():
     """PEFT's LoRA dropout goes through the same ATen dropout: a bool mask on CUDA, noise of the
     input dtype on MPS (one rule for the model's dropout and the adapters')."""
-    from trainfit.core.memory.activations import layer_bytes_per_token
+    from trainfit.core.memory.layer_activations import layer_bytes_per_token
     from trainfit.core.memory.stats import lora_stats, model_stats
 
     spec = dataclasses.replace(get_model("gpt2"), hidden_dropout=0.0, attention_dropout=0.0,

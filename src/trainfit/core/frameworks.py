@@ -293,7 +293,7 @@ TRANSFORMERS_SAYS = {
 def _derived(versions: dict[str, str], hf_trainer: bool) -> list[Behaviour]:
     """Knobs the versions decide: transformers' loss and model code, bitsandbytes' 4-bit matmul, the
     HF Trainer's default AdamW."""
-    from trainfit.core.memory.framework_effects import bnb_keeps_input_for, transformers_knobs
+    from trainfit.core.runtime import bnb_keeps_input_for, transformers_knobs
 
     out = []
     tf = versions.get("transformers")

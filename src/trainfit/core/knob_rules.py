@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainfit.core.knobs import RUNTIME_KNOBS, flag_of, key_of
-from trainfit.core.memory.framework_effects import BNB_QUANTS, LM_HEAD_QUANTS, PEFT_PREPARED_QUANTS
-from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE, SHARDED_STRATEGIES
-from trainfit.core.memory.quant_formats import PREQUANTISED
+from trainfit.core.runtime import BNB_QUANTS, LM_HEAD_QUANTS, PEFT_PREPARED_QUANTS, SHARDED_STRATEGIES
+from trainfit.core.setup import FSDP_EQUIVALENT_STAGE, PREQUANTISED
 from trainfit.errors import BadInputError
 
 Front = Literal["model", "run"]
@@ -269,7 +268,7 @@ def _in_backward_one_gpu(s, ctx):
              "(torchtune's single-device recipe)", "drop --zero/--fsdp/--offload and use --gpus 1")]
 
 
-# -- the runtime knobs (how another tool runs: trainfit.core.memory.framework_effects) ---------------
+# -- the runtime knobs (how another tool runs: trainfit.core.runtime) ---------------------------------
 @rule("runtime-knob-not-run", "run")
 def _runtime_not_run(s, ctx):
     out = []

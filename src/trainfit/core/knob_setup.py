@@ -2,7 +2,7 @@
 
 The knobs with a `field` go onto the setup as they are; the few that stand for several fields or
 depend on the hardware are mapped here: the method and the LoRA knobs, --gpus, --zero / --fsdp,
-the image count, and the library versions (trainfit.core.memory.framework_effects). The rest is
+the image count, and the library versions (trainfit.core.runtime). The rest is
 core.plan.intent's defaults for the hardware. Messages word each knob with `word` (the command
 line's flag by default).
 """
@@ -81,7 +81,7 @@ def _lora(v: dict, spec, word) -> LoraSettings:
 def _sharding(v: dict) -> dict:
     """--fsdp implies its ZeRO-equivalent stage; a different explicit --zero is refused by the
     rules (trainfit.core.knob_rules) with the fix."""
-    from trainfit.core.memory.fsdp import FSDP_EQUIVALENT_STAGE
+    from trainfit.core.setup import FSDP_EQUIVALENT_STAGE
 
     fsdp = v["fsdp_strategy"] or "none"
     zero = v["zero_stage"] if v["zero_stage"] is not None else FSDP_EQUIVALENT_STAGE.get(fsdp, 0)
@@ -97,8 +97,8 @@ def _images(v: dict) -> dict:
 
 
 def _versions(v: dict, word) -> dict:
-    """The library versions as the setup fields they decide (trainfit.core.memory.framework_effects)."""
-    from trainfit.core.memory.framework_effects import bnb_keeps_input_for, transformers_knobs
+    """The library versions as the setup fields they decide (trainfit.core.runtime)."""
+    from trainfit.core.runtime import bnb_keeps_input_for, transformers_knobs
 
     keeps = _from_version(word("bitsandbytes_version"), v["bitsandbytes_version"], bnb_keeps_input_for, False)
     tf_knobs = _from_version(word("transformers_version"), v["transformers_version"], transformers_knobs, {})

@@ -165,7 +165,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("images_per_example", "--images-per-example", "int", "vision-language models: images per example, their "
          "tokens added to each sequence (default 1 with --image-size, else 0)", None, _t("images_per_example"),
          fronts=("estimate", "plan", "run_config"), level="advanced", range=_count(1024, 0)),
-    # How another tool's runtime behaves (trainfit.core.memory.framework_effects); the defaults are
+    # How another tool's runtime behaves (trainfit.core.runtime); the defaults are
     # trainfit's own run.
     Knob("optimizer_impl", "--optimizer-impl", "choice", "how torch's AdamW steps: auto (what trainfit runs: "
          "fused on a GPU), fused, foreach (torch's default on CUDA when a script asks for neither: one more "

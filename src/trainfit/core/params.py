@@ -149,42 +149,7 @@ def _block(spec: ModelSpec) -> _Block:
     if caps.encoder:
         return _encoder_block(spec)
     if caps.block_layout == "llama_like":
-        attn = [
-            _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
-            _lin("k_proj", "self_attn.k_proj", h, kv_out, spec.qkv_bias),
-            _lin("v_proj", "self_attn.v_proj", h, kv_out, spec.qkv_bias),
-            _lin("o_proj", "self_attn.o_proj", q_out, h, spec.o_bias),
-        ]
-        # q_norm / k_norm: per head (Qwen3) or over the whole projection (OLMo 2).
-        extra = (q_out + kv_out if caps.qk_norm == "whole_projection" else 2 * d) if caps.qk_norm != "none" else 0
-        # Gemma-2 and Gemma 3 add pre/post feed-forward norms around the MLP: four per block.
-        norms = norm1 * caps.norms_per_block
-        mlp: list[LinearLayer] = []
-        experts: list[LinearLayer] = []
-        router = 0
-        if caps.moe:
-            e, ffn_e = spec.num_experts, spec.moe_intermediate_size or ffn
-            router = e * h
-            experts = [
-                _lin("gate", "mlp.gate", h, e, False, 1, "router"),
-                _lin("gate_up_proj", "mlp.experts.gate_up_proj", h, 2 * ffn_e, False, e, "expert"),
-                _lin("down_proj", "mlp.experts.down_proj", ffn_e, h, False, e, "expert"),
-            ]
-            if spec.shared_experts:
-                shared = spec.shared_experts * ffn_e
-                mlp = [
-                    _lin("gate_proj", "mlp.shared_expert.gate_proj", h, shared, spec.mlp_bias),
-                    _lin("up_proj", "mlp.shared_expert.up_proj", h, shared, spec.mlp_bias),
-                    _lin("down_proj", "mlp.shared_expert.down_proj", shared, h, spec.mlp_bias),
-                    _lin("shared_expert_gate", "mlp.shared_expert_gate", h, 1, False),
-                ]
-        else:
-            mlp = [
-                _lin("gate_proj", "mlp.gate_proj", h, ffn, spec.mlp_bias),
-                _lin("up_proj", "mlp.up_proj", h, ffn, spec.mlp_bias),
-                _lin("down_proj", "mlp.down_proj", ffn, h, spec.mlp_bias),
-            ]
-        return _Block(attn, mlp, experts, extra, norms, router)
+        return _llama_like_block(spec)
     if caps.block_layout == "qkv_proj_gate_up_proj":  # fused qkv and gate/up projections
         attn = [
             _lin("qkv_proj", "self_attn.qkv_proj", h, q_out + 2 * kv_out, spec.qkv_bias),
@@ -222,6 +187,49 @@ def _block(spec: ModelSpec) -> _Block:
         _lin("dense_4h_to_h", "mlp.dense_4h_to_h", ffn, h, spec.mlp_bias),
     ]
     return _Block(attn, mlp, [], 0, 2 * norm1, 0)
+
+
+def _llama_like_block(spec: ModelSpec) -> _Block:
+    """Llama's block (q/k/v/o, gated MLP) and the MoE ones (router, fused experts, a shared expert)."""
+    h, d, ffn, caps = spec.hidden_size, spec.head_dim, spec.intermediate_size, spec.capabilities
+    q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
+    norm1 = _norm_params(spec, h)
+    attn = [
+        _lin("q_proj", "self_attn.q_proj", h, q_out, spec.qkv_bias),
+        _lin("k_proj", "self_attn.k_proj", h, kv_out, spec.qkv_bias),
+        _lin("v_proj", "self_attn.v_proj", h, kv_out, spec.qkv_bias),
+        _lin("o_proj", "self_attn.o_proj", q_out, h, spec.o_bias),
+    ]
+    # q_norm / k_norm: per head (Qwen3) or over the whole projection (OLMo 2).
+    extra = (q_out + kv_out if caps.qk_norm == "whole_projection" else 2 * d) if caps.qk_norm != "none" else 0
+    # Gemma-2 and Gemma 3 add pre/post feed-forward norms around the MLP: four per block.
+    norms = norm1 * caps.norms_per_block
+    mlp: list[LinearLayer] = []
+    experts: list[LinearLayer] = []
+    router = 0
+    if caps.moe:
+        e, ffn_e = spec.num_experts, spec.moe_intermediate_size or ffn
+        router = e * h
+        experts = [
+            _lin("gate", "mlp.gate", h, e, False, 1, "router"),
+            _lin("gate_up_proj", "mlp.experts.gate_up_proj", h, 2 * ffn_e, False, e, "expert"),
+            _lin("down_proj", "mlp.experts.down_proj", ffn_e, h, False, e, "expert"),
+        ]
+        if spec.shared_experts:
+            shared = spec.shared_experts * ffn_e
+            mlp = [
+                _lin("gate_proj", "mlp.shared_expert.gate_proj", h, shared, spec.mlp_bias),
+                _lin("up_proj", "mlp.shared_expert.up_proj", h, shared, spec.mlp_bias),
+                _lin("down_proj", "mlp.shared_expert.down_proj", shared, h, spec.mlp_bias),
+                _lin("shared_expert_gate", "mlp.shared_expert_gate", h, 1, False),
+            ]
+    else:
+        mlp = [
+            _lin("gate_proj", "mlp.gate_proj", h, ffn, spec.mlp_bias),
+            _lin("up_proj", "mlp.up_proj", h, ffn, spec.mlp_bias),
+            _lin("down_proj", "mlp.down_proj", ffn, h, spec.mlp_bias),
+        ]
+    return _Block(attn, mlp, experts, extra, norms, router)
 
 
 def _fused_qkv_block(spec: ModelSpec) -> _Block:

@@ -30,15 +30,18 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 # PyTorch FSDP's sharding strategies ("none": not FSDP; DeepSpeed ZeRO or DDP by zero_stage). Multi-node
 # HYBRID_SHARD is full-shard with hybrid_shard on (trainfit.core.memory.fsdp).
 FsdpStrategy = Literal["none", "full-shard", "shard-grad-op", "no-shard"]
+# FSDP strategy -> the ZeRO stage that shards the same states (zero_stage holds it alongside).
+FSDP_EQUIVALENT_STAGE = {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}
 # nf4 / nf4-dq / int8: bitsandbytes, quantised while loading; gptq / awq: pre-quantised 4-bit checkpoints
 # (group size 128), loaded as they were published (trainfit.core.memory.quant_formats).
 Quant = Literal["none", "nf4", "nf4-dq", "int8", "gptq", "awq"]
+PREQUANTISED = ("gptq", "awq")  # checkpoints stored quantised (4-bit, group 128: core/memory/quant_formats.py)
 # How the causal-LM loss meets the logits (trainfit.core.memory.loss_kernels): "standard" materialises
 # batch x seq x vocab logits; "chunked" (torchtune) upcasts them to fp32 one piece at a time; "fused"
 # (Liger) holds one chunk of them at a time; "chunked-16bit" keeps every chunk's 16-bit logits but
 # never upcasts them to fp32 (LitGPT).
 LossKernel = Literal["standard", "chunked", "fused", "chunked-16bit"]
-# How torch's AdamW steps (trainfit.core.memory.framework_effects): "auto" is what trainfit runs.
+# How torch's AdamW steps (trainfit.core.runtime): "auto" is what trainfit runs.
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 ModelCode = Literal["transformers", "litgpt"]
 Device = Literal["cuda", "rocm", "mps", "cpu", "xpu"]
@@ -159,7 +162,7 @@ class TrainingSetup:
     image_size: int = 0
     images_per_example: int = 0
     # How the framework that runs the setup behaves where frameworks differ; the defaults are what
-    # trainfit's own runs do (modelled in trainfit.core.memory.framework_effects).
+    # trainfit's own runs do (read by trainfit.core.runtime).
     # AdamW's step: "auto" = torch's fused kernel on a GPU (what trainfit exports), the
     # per-parameter loop on a CPU; "foreach" (torch's choice on CUDA when neither is asked for)
     # holds one moment-sized temporary over all parameters at the step.

@@ -31,18 +31,16 @@ from __future__ import annotations
 
 from trainfit.core.memory.quant_formats import quantised_linear_params, stored_bytes_per_param
 from trainfit.core.memory.stats import ModelStats
+from trainfit.core.runtime import SHARDED_STRATEGIES, runtime_of
 from trainfit.core.setup import TrainingSetup
 
-# FSDP strategy -> the ZeRO stage that shards the same states (zero_stage holds it alongside).
-FSDP_EQUIVALENT_STAGE = {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}
 # Strategies that shard parameters or gradients (NO_SHARD keeps DDP's memory).
-SHARDED_STRATEGIES = ("full-shard", "shard-grad-op")
 
 
 def no_sync_applies(setup: TrainingSetup) -> bool:
     """Micro-batches accumulate unsharded FSDP gradients, no reduce-scatter until the last one
     (TrainingSetup.fsdp_no_sync; the gradient held: framework_effects.no_sync_gradient_bytes)."""
-    return setup.fsdp_no_sync and setup.grad_accum > 1 and setup.fsdp_strategy in SHARDED_STRATEGIES
+    return runtime_of(setup).fsdp_no_sync
 
 
 def compute_bytes(setup: TrainingSetup) -> int:
@@ -81,7 +79,7 @@ def _reduce_gradient_bytes(st: ModelStats, setup: TrainingSetup) -> float:
     (TrainingSetup.fsdp_mixed_units: FSDP keeps gradients for the whole unit). Under no_sync
     accumulation it is part of the whole unsharded gradient counted with the gradients
     (framework_effects.no_sync_gradient_bytes; measured: bench/fsdp_no_sync_cpu.py)."""
-    trains_base = not setup.trains_adapters or setup.fsdp_mixed_units
+    trains_base = not setup.trains_adapters or runtime_of(setup).fsdp_mixed_units
     return unit_bytes(st, setup) if trains_base and not no_sync_applies(setup) else 0.0
 
 
@@ -108,7 +106,7 @@ def gathered_by_phase(st: ModelStats, setup: TrainingSetup) -> dict[str, float] 
     # set_reduce_scatter_max_input_buffers), so a layer's backward runs beside two layers'
     # gradients from the second layer's backward on ("first layer backward": the first has none
     # before it); FSDP1 frees its flat gradient once the reduce-scatter is issued.
-    held_grads = reduce_grad if setup.fsdp_flat_params else 2 * reduce_grad
+    held_grads = reduce_grad if runtime_of(setup).fsdp_flat_params else 2 * reduce_grad
     if setup.fsdp_strategy == "full-shard":
         root = root_params(st) * c
         running = root + 2 * layer

@@ -3,7 +3,7 @@
 * standard: transformers' ForCausalLMLoss materialises batch x seq x vocab logits, upcasts them to
   fp32 and keeps log_softmax's output for backward (activations.loss_bytes_per_token); before
   transformers 4.49 it also copied the shifted logits, and some architectures skipped the upcast
-  (TrainingSetup.logits_shift_copy, framework_effects.legacy_loss_in_16bit). Under torch.compile
+  (TrainingSetup.logits_shift_copy, Runtime.legacy_loss_in_16bit). Under torch.compile
   the model's graph keeps the 16-bit logits instead, and two fp32 per token.
 * fused: Liger-Kernel's fused linear cross-entropy (LigerFusedLinearCrossEntropyFunction,
   github.com/linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py, read
@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainfit.core.memory.framework_effects import legacy_loss_in_16bit
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
 CHUNKS = 8
@@ -77,22 +77,22 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
     """Bytes of the logits + loss for `tokens` tokens of one micro-batch."""
     from trainfit.core.memory.activations import dtype_bytes, loss_bytes_per_token
 
-    r, a, _ = dtype_bytes(spec, setup)
-    v, h = spec.vocab_size, spec.hidden_size
+    residual_bytes, compute_bytes, _ = dtype_bytes(spec, setup)
+    vocab, hidden = spec.vocab_size, spec.hidden_size
     saved, fwd, bwd = loss_bytes_per_token(spec, setup)
     head_bytes = 4 if setup.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2
-    head_grad = v * h * head_bytes if head_trains else 0.0
+    head_grad = vocab * hidden * head_bytes if head_trains else 0.0
     if setup.loss == "fused":
-        chunk = liger_chunk_tokens(tokens, v, h)
-        kept = tokens * (r * h + 4) + head_grad
-        return LossTerms(kept, chunk * v * a, 0.0,
+        chunk = liger_chunk_tokens(tokens, vocab, hidden)
+        kept = tokens * (residual_bytes * hidden + 4) + head_grad
+        return LossTerms(kept, chunk * vocab * compute_bytes, 0.0,
                          f"fused linear cross-entropy (Liger): {chunk} of {tokens} tokens' logits at a time, "
                          "hidden-state grads (+ lm_head grad) kept from the forward")
     if setup.loss == "chunked":
         chunk = chunked_chunk_tokens(tokens)
         if setup.torch_compile:
             # torchtune compiles compute_cross_entropy with the model: each piece keeps its logits.
-            kept, grads = compiled_loss_bytes_per_token(a, v)
+            kept, grads = compiled_loss_bytes_per_token(compute_bytes, vocab)
             fwd_bytes = tokens * kept
             what = "torch.compile keeps each piece's 16-bit logits and its log-sum-exp"
         else:
@@ -100,7 +100,7 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
             # before backward) and, piece by piece, the saved fp32 log_softmax outputs, beside one
             # piece's fp32 upcast.
             kept, grads = saved, bwd
-            fwd_bytes = tokens * (saved + a * v) + chunk * (fwd - a * v)
+            fwd_bytes = tokens * (saved + compute_bytes * vocab) + chunk * (fwd - compute_bytes * vocab)
             what = "every piece's fp32 log_softmax kept for backward"
         # Backward, piece by piece (each piece's saved tensors are freed once its cross-entropy
         # backward has run): one piece's grads; then its logits' grad in the compute dtype and the
@@ -109,27 +109,32 @@ def loss_terms(spec: ModelSpec, setup: TrainingSetup, tokens: int, *, head_train
         # transposed view): from the second piece on, the sum so far, the new grad and their sum. The
         # hidden-state grad fills piece by piece. Measured on CPU, eager, fp32 and bf16:
         # tests/memory/test_dora_loss_vision.py.
-        piece_grads = max(chunk * grads, chunk * (a * v - kept) + head_grad, 3 * head_grad - 2 * chunk * kept)
-        return LossTerms(tokens * kept, fwd_bytes - tokens * kept, piece_grads + tokens * r * h,
+        piece_grads = max(chunk * grads, chunk * (compute_bytes * vocab - kept) + head_grad,
+                          3 * head_grad - 2 * chunk * kept)
+        return LossTerms(tokens * kept, fwd_bytes - tokens * kept, piece_grads + tokens * residual_bytes * hidden,
                          f"chunked cross-entropy (torchtune): {CHUNKS} pieces of {chunk} tokens upcast one at a "
                          f"time; {what}")
     if setup.loss == "chunked-16bit":
         chunk = min(LITGPT_CHUNK_TOKENS, tokens)
         # Backward, one chunk at a time: the grads of its log_softmax and logits, in the compute dtype.
-        return LossTerms(2 * a * v * tokens, chunk * a * v, 2 * chunk * a * v,
+        return LossTerms(2 * compute_bytes * vocab * tokens, chunk * compute_bytes * vocab,
+                         2 * chunk * compute_bytes * vocab,
                          f"16-bit chunked cross-entropy: {tokens} tokens' logits and log_softmax kept in "
-                         f"{a}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
+                         f"{compute_bytes}-byte dtype, no fp32 upcast; backward {chunk} tokens at a time")
     if setup.torch_compile:
         # A compiled model's graph holds its loss: the logits it keeps are the very tensor the model
         # returns, whatever the release's upcasts and shifted copies.
-        kept, grads = compiled_loss_bytes_per_token(a, v)
+        kept, grads = compiled_loss_bytes_per_token(compute_bytes, vocab)
         return LossTerms(tokens * kept, 0.0, tokens * grads,
-                         f"logits + loss: {tokens} tokens x vocab {v} (torch.compile: the {a}-byte logits and "
+                         f"logits + loss: {tokens} tokens x vocab {vocab} (torch.compile: the {compute_bytes}-byte "
+                         "logits and "
                          "their log-sum-exp kept, no fp32 copy)")
-    if legacy_loss_in_16bit(spec, setup):
-        how = f"{a}-byte logits, their shifted copy and log_softmax (transformers < 4.49, no fp32 upcast)"
-    elif setup.logits_shift_copy:
+    if runtime_of(setup).legacy_loss_in_16bit(spec):
+        how = (f"{compute_bytes}-byte logits, their shifted copy and log_softmax (transformers < 4.49, "
+               "no fp32 upcast)")
+    elif runtime_of(setup).logits_shift_copy:
         how = "fp32 log_softmax, its grads; transformers < 4.49 copies the shifted fp32 logits"
     else:
         how = "fp32 log_softmax, its grads"
-    return LossTerms(saved * tokens, fwd * tokens, bwd * tokens, f"logits + loss: {tokens} tokens x vocab {v} ({how})")
+    return LossTerms(saved * tokens, fwd * tokens, bwd * tokens,
+                     f"logits + loss: {tokens} tokens x vocab {vocab} ({how})")

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
-from trainfit.core.setup import TrainingSetup
+from trainfit.core.runtime import BITSANDBYTES, runtime_of
+from trainfit.core.setup import PREQUANTISED, TrainingSetup
 
-PREQUANTISED = ("gptq", "awq")
-BITSANDBYTES = ("nf4", "nf4-dq", "int8")  # quantised while loading, by replacing nn.Linear modules
 BITS = 4
 GROUP_SIZE = 128
 SCALE_BYTES = 2  # float16
@@ -42,7 +41,7 @@ def packed_bytes_per_param() -> float:
 def experts_left_dense(st: ModelStats, setup: TrainingSetup) -> bool:
     """bitsandbytes leaves the MoE experts 16-bit: transformers >= 5 holds them as fused 3-D
     parameters, not the nn.Linear modules it replaces (TrainingSetup.experts_fused)."""
-    return bool(st.experts) and setup.experts_fused and setup.quant in BITSANDBYTES
+    return bool(st.experts) and runtime_of(setup).experts_fused and setup.quant in BITSANDBYTES
 
 
 def dense_experts_text(st: ModelStats) -> str:

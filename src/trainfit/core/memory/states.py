@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainfit.core.memory.framework_effects import dequant_copies, kbit_upcast_applies, quantised_lm_head
 from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes, root_params
 from trainfit.core.memory.paged_states import paged_state_bytes
 from trainfit.core.memory.quant_formats import (PREQUANTISED, experts_left_dense, group_index_bytes,
@@ -29,6 +28,7 @@ from trainfit.core.memory.quant_formats import (PREQUANTISED, experts_left_dense
                                                 quantised_linear_params)
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.model_spec import ModelSpec
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
 NF4_BLOCK = 64
@@ -92,7 +92,7 @@ def base_weight_bytes(setup: TrainingSetup) -> int:
     p = setup.precision
     if setup.quant == "none":
         return 4 if p in ("fp32", "bf16-mixed", "fp16-mixed") else 2
-    return 4 if p == "fp32" or kbit_upcast_applies(setup) else 2
+    return 4 if p == "fp32" or runtime_of(setup).kbit_upcast else 2
 
 
 def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = None) -> tuple[float, float, float]:
@@ -103,7 +103,8 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
         dense = 2  # inference loads the checkpoint in the 16-bit dtype
     if setup.quant == "none":
         return st.total * dense, 0.0, 0.0
-    head = quantised_lm_head(spec, setup) if spec else 0  # Lightning's plugin quantises the lm_head too
+    # Lightning's plugin quantises the lm_head too
+    head = runtime_of(setup).quantised_lm_head_params(spec) if spec else 0
     # MoE experts: quantised per expert (transformers 4's nn.Linear each), or left 16-bit with the
     # rest when transformers >= 5 fuses them (quant_formats.experts_left_dense).
     dense_experts = experts_left_dense(st, setup)
@@ -122,7 +123,7 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
     else:
         overhead = blocks * 1 + (blocks / DQ_BLOCK) * 4
     # An fp16 QuantState under bf16 compute: the de-quantised weight and its cast (framework_effects.py)
-    return linear * 0.5 + rest, overhead, largest * 2 * dequant_copies(setup)
+    return linear * 0.5 + rest, overhead, largest * 2 * runtime_of(setup).dequant_copies
 
 
 def trained_param_bytes(setup: TrainingSetup) -> int:
@@ -235,7 +236,7 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
     master weights; gradients sharded in that dtype; no DDP buckets; the floor is the gathered units."""
     n = fsdp_shards(setup)
     grads = trainable * float(pbytes) / n
-    mixed_units = lora_mode and setup.fsdp_mixed_units
+    mixed_units = lora_mode and runtime_of(setup).fsdp_mixed_units
     if mixed_units:
         # Adapters inside their frozen layer's unit (framework_effects.py): the flat gradient covers
         # every decoder weight, in the flat parameter's dtype; the root unit (embeddings, lm_head)

@@ -68,22 +68,23 @@ def tower_trains(setup: TrainingSetup) -> bool:
 
 def tower_saved_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int) -> float:
     """Saved activations of the vision tower for `sequences` examples of one micro-batch."""
-    v = spec.vision
-    if v is None or not setup.images_per_example or not tower_trains(setup):
+    tower = spec.vision
+    if tower is None or not setup.images_per_example or not tower_trains(setup):
         return 0.0
     from trainfit.core.memory.activations import dtype_bytes
 
-    r, a, _ = dtype_bytes(spec, setup)
+    residual_bytes, compute_bytes, _ = dtype_bytes(spec, setup)
     tokens = tokens_per_image(spec, setup.image_size)
     patches = tokens * MERGE * MERGE
     images = sequences * setup.images_per_example
-    d, f = v.hidden_size, v.intermediate_size
-    per_patch_block = 2 * (r * d + 8) + 7 * a * d + 4 * v.num_heads + 3 * a * f
+    hidden, ffn = tower.hidden_size, tower.intermediate_size
+    per_patch_block = (2 * (residual_bytes * hidden + 8) + 7 * compute_bytes * hidden + 4 * tower.num_heads
+                       + 3 * compute_bytes * ffn)
     if setup.attention == "eager":
-        per_patch_block += v.num_heads * patches * (4 if a == 4 else 6)
-    merger_per_token = 4 * r * d + 3 * a * 4 * d
+        per_patch_block += tower.num_heads * patches * (4 if compute_bytes == 4 else 6)
+    merger_per_token = 4 * residual_bytes * hidden + 3 * compute_bytes * 4 * hidden
     if setup.grad_checkpointing == "full":
-        blocks = v.num_layers * r * d + per_patch_block  # block inputs + one block recomputed
+        blocks = tower.num_layers * residual_bytes * hidden + per_patch_block  # block inputs + one block recomputed
     else:
-        blocks = v.num_layers * per_patch_block
+        blocks = tower.num_layers * per_patch_block
     return images * (patches * blocks + tokens * merger_per_token)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.memory.fsdp import no_sync_applies
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.rates import DeviceRates
 
@@ -118,7 +118,7 @@ def communication(setup: TrainingSetup, rates: DeviceRates, *, n_stored: float, 
     elif setup.zero_stage == 2:
         per_micro = ring * trainable * grad_bytes / link + latency
         gather = ring * n_stored * 2.0 / link  # updated bf16 params, after the step
-        reducing = 1 if no_sync_applies(setup) else accum  # micro-batches that reduce-scatter
+        reducing = 1 if runtime_of(setup).fsdp_no_sync else accum  # micro-batches that reduce-scatter
         exposed = reducing * max(per_micro - DDP_OVERLAP * bwd_share * micro_s, 0.0) + gather
         total_traffic = reducing * per_micro + gather
     else:
@@ -129,7 +129,7 @@ def communication(setup: TrainingSetup, rates: DeviceRates, *, n_stored: float, 
         per_micro = gather + ring * trainable * grad_bytes / link + latency
         floor = PCIE_MIN_EXPOSED if rates.link_kind == "pcie-p2p" and nodes <= 1 else MIN_EXPOSED
         window = ZERO3_OVERLAP * micro_s
-        gathering = accum - 1 if no_sync_applies(setup) else 0  # micro-batches without a reduce-scatter
+        gathering = accum - 1 if runtime_of(setup).fsdp_no_sync else 0  # micro-batches without a reduce-scatter
         exposed = ((accum - gathering) * max(per_micro - window, floor * per_micro)
                    + gathering * max(gather - window, floor * gather))
         total_traffic = (accum - gathering) * per_micro + gathering * gather

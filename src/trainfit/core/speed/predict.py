@@ -20,12 +20,12 @@ import math
 
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.activations import attention_kind
-from trainfit.core.memory.framework_effects import dequant_copies, fp32_stream_over_16bit_weights
 from trainfit.core.memory.paged_states import pages_states
-from trainfit.core.memory.quant_formats import BITSANDBYTES, experts_left_dense
+from trainfit.core.memory.quant_formats import experts_left_dense
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.model_spec import ModelSpec
 from trainfit.core.profile import HardwareProfile
+from trainfit.core.runtime import BITSANDBYTES, runtime_of
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
 from trainfit.core.speed.cpu import cpu_step
@@ -230,7 +230,7 @@ def _gpu_elementwise_seconds(spec: ModelSpec, setup: TrainingSetup, sf: F.StepFl
     # An fp32 residual stream over 4-bit linears (PEFT's k-bit preparation, or autocast's fp32
     # LayerNorm output) runs every norm, residual, rotary and activation in fp32 and casts around
     # each 4-bit linear (framework_effects.py).
-    fp32_stream = fp32_stream_over_16bit_weights(spec, setup)
+    fp32_stream = runtime_of(setup).fp32_stream_over_16bit_weights(spec)
     per_token_layer = _gpu_elementwise_elements(spec, setup.torch_compile) * (4.0 if fp32_stream else act_bytes)
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
     ref_tokens = tokens if sf.reference_flops else 0
@@ -258,8 +258,8 @@ def _dequant_seconds(setup: TrainingSetup, n_quant: float, w_bytes: float, passe
         # Every 4-bit weight is dequantised to bf16 before each use (forward, backward, recompute).
         # Measured, this costs far more than the 2.6 bytes it moves: see NF4_DEQUANT_BYTES_PER_WEIGHT.
         # An fp16 QuantState under bf16 compute casts each de-quantised weight once more: read 2 B,
-        # write 2 B (framework_effects.dequant_copies).
-        cast = 4.0 if dequant_copies(setup) == 2 else 0.0
+        # write 2 B (Runtime.dequant_copies).
+        cast = 4.0 if runtime_of(setup).dequant_copies == 2 else 0.0
         dequant_s = passes * n_quant * (NF4_DEQUANT_BYTES_PER_WEIGHT + cast) / bw
     elif setup.quant == "int8":
         # bitsandbytes int8: read 1 byte, write 2 per weight and use (no published figure to fit).
