@@ -14,7 +14,7 @@ optimizer state) runs several times with the same config, only the checkpoint ca
   interval set beyond the run).
 
 `trainfit train` adds the policy itself (runner -> safety_callbacks with the config's
-`safety.mode`); the variants change the mode's thresholds (core.plan.modes.SAFETY) in this process.
+`safety.mode`); the variants change the mode's thresholds (core.safety_thresholds.SAFETY) in this process.
 
 Every checkpoint write (`_save_checkpoint`: Trainer files, fsync, manifest, rename, rotation) is
 timed from outside the policy; the figure is total checkpoint seconds / trainer wall seconds.
@@ -91,20 +91,20 @@ def timed_saves():
 def run_variant(raw: dict, work: Path, tag: str, mode: str | None, overrides: dict, times: list[float]) -> dict:
     from trainfit.config.run_config import parse_run_config
     from trainfit.train.runner import run_training
-    from trainfit.core.plan import modes
+    from trainfit.core import safety_thresholds
 
     cfg = parse_run_config(raw, source="bench")
     run_dir = work / tag
     run_dir.mkdir(parents=True)  # the runner makes it too; events need it from the first step
-    original = modes.SAFETY["balanced"]
+    original = safety_thresholds.SAFETY["balanced"]
     off = {"max_loss_seconds": 1e12, "interruption_seconds": 1e12}  # the policy never saves
-    modes.SAFETY["balanced"] = dataclasses.replace(original, **(overrides if mode else off))
+    safety_thresholds.SAFETY["balanced"] = dataclasses.replace(original, **(overrides if mode else off))
     gaps = gap_meter()
     times.clear()
     try:
         result = run_training(cfg, run_dir, quiet=True, extra_callbacks=[gaps])
     finally:
-        modes.SAFETY["balanced"] = original
+        safety_thresholds.SAFETY["balanced"] = original
     wall = result.summary["wall_seconds"]
     steps = result.step_seconds
     # training seconds between checkpoints (the work a crash just before a checkpoint would lose)

@@ -14,7 +14,7 @@ import pytest
 
 from trainfit.core.checkpoint_cadence import cadence_interval, checkpoint_seconds, combined_interruption_seconds
 from trainfit.core.cloud_catalog import load_cloud_catalog, parse_interruptions
-from trainfit.core.plan.modes import safety_thresholds
+from trainfit.core.safety_thresholds import safety_thresholds
 from trainfit.core.spot import (InterruptionFigure, estimate_spot, expected_spot_run, mean_hours_from_events,
                                 mean_hours_from_share)
 from trainfit.errors import BadInputError

@@ -12,7 +12,7 @@ import pytest
 
 from trainfit.core.model_shapes import parse_shape
 from trainfit.core.plan import measured as mm
-from trainfit.core.plan.planner import PlanRequest, plan
+from trainfit.core.plan.planner import PlanRequest, plan, plan_searched
 from trainfit.core.speed import predict_step
 from trainfit.train import calibration as cal
 from trainfit.train import probe
@@ -66,7 +66,7 @@ class NoMeasuring(FakeSession):
 
 def best_by_truth(req, step, mode="balanced"):
     """The truly fastest setting that fits the mode (exhaustive, by the truth)."""
-    _, fitting = mm.plan_searched(dataclasses.replace(req, modes=(mode,)))[1][mode]
+    _, fitting = plan_searched(dataclasses.replace(req, modes=(mode,)))[1][mode]
     return min((c.setup for c in fitting), key=lambda s: step(SPEC, s, req.hardware))
 
 
@@ -75,7 +75,7 @@ def test_a_measured_step_replaces_the_prediction_and_scales_its_kernel_class(req
     s = base.setup
     predicted = base.speed.step_seconds
     m = mm.MeasuredStep(SPEC.id, s, predicted * 3.0, predicted)
-    again, searches = mm.plan_searched(dataclasses.replace(req, measured_steps=(m,)))
+    again, searches = plan_searched(dataclasses.replace(req, measured_steps=(m,)))
     searched = dict((c.setup, c.speed.step_seconds) for c in searches["balanced"][1])
     assert searched[s] == pytest.approx(predicted * 3.0)
     sibling = next(x for x in searched if x != s and mm.kernel_class(x) == mm.kernel_class(s))

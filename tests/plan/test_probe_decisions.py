@@ -9,7 +9,7 @@ import pytest
 
 from trainfit.core.model_shapes import parse_shape
 from trainfit.core.plan import measured as mm
-from trainfit.core.plan.planner import PlanRequest, plan
+from trainfit.core.plan.planner import PlanRequest, plan, plan_searched
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import predict_step
 from trainfit.train import probe
@@ -98,7 +98,7 @@ def test_repeats_pool_to_their_median_and_their_disagreement_counts_as_spread():
 
 
 def test_a_kept_pick_is_ranked_first_by_the_final_plan(req):
-    searched, searches = mm.plan_searched(req)
+    searched, searches = plan_searched(req)
     pick = searched.modes[1].setup
     second = next(c.setup for c in searches["balanced"][1] if c.setup != pick)
     p = searched.modes[1].speed.step_seconds
@@ -167,7 +167,7 @@ def test_without_the_recheck_the_cold_first_measurement_would_have_switched(req)
     is what the re-measurement above corrects."""
     session = NoisySession(req.hardware)
     steps = []
-    for s in (plan(req).modes[1].setup, *[c.setup for c in mm.plan_searched(req)[1]["balanced"][1][1:3]]):
+    for s in (plan(req).modes[1].setup, *[c.setup for c in plan_searched(req)[1]["balanced"][1][1:3]]):
         job = probe_session.ProbeJob(len(session.jobs), SPEC, s, 5.0, "cpu")
         steps.append(mm.MeasuredStep(SPEC.id, s, session.measure(job, 0).step_seconds, 1.0))
     raw = plan(dataclasses.replace(req, measured_steps=tuple(steps)))
@@ -187,7 +187,7 @@ def test_with_noise_and_a_skewed_speed_model_the_probe_still_ends_on_the_measure
     skewed = dataclasses.replace(req, speed_skew=(mm.SpeedSkew(knob, value, skew),))
     session = NoisySession(req.hardware, truth=truth, first_bias=0.1, noise=0.04)
     result, report = probe.confirm_plan(skewed, seconds=60, session=session, store=False)
-    _, searches = mm.plan_searched(dataclasses.replace(req, modes=("balanced",)))
+    _, searches = plan_searched(dataclasses.replace(req, modes=("balanced",)))
     best = min((c.setup for c in searches["balanced"][1]), key=lambda s: truth(SPEC, s, req.hardware))
     assert result.modes[1].setup == best
     decision = next(p for p in report.picks if p["mode"] == "balanced")["decision"]
@@ -259,7 +259,7 @@ def test_plan_searched_searches_each_mode_once_and_gives_the_searches_plan_used(
     calls = []
     real = mode_plan.search_model
     monkeypatch.setattr(mode_plan, "search_model", lambda *a, **k: calls.append(a[1].mode) or real(*a, **k))
-    result, searches = mm.plan_searched(req)
+    result, searches = plan_searched(req)
     assert sorted(calls) == sorted(mp.mode for mp in result.modes)
     from trainfit.core.plan.hardware_rules import rules_for
     from trainfit.core.plan.modes import targets

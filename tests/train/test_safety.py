@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainfit.core.plan.modes import MODES, safety_thresholds
+from trainfit.core.plan.modes import MODES
+from trainfit.core.safety_thresholds import safety_thresholds
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
 from trainfit.train.recovery import checkpoints as ck
 from trainfit.core.checkpoint_cadence import cadence_interval

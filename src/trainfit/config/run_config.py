@@ -212,7 +212,7 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class SafetyConfig:
-    # thresholds of the thermal / power / checkpoint-cadence policies (core.plan.modes.SAFETY)
+    # thresholds of the thermal / power / checkpoint-cadence policies (core.safety_thresholds.SAFETY)
     mode: Literal["conservative", "balanced", "extreme"] = "balanced"
     # Mean hours between interruptions of the machine (a spot / preemptible one; written by
     # `trainfit plan --flavor ID --spot`): the cadence policy combines it with the mode's risk.

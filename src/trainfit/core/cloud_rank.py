@@ -269,7 +269,7 @@ def chosen_setting(req: CloudRequest, catalog: CloudCatalog, flavor_id: str):
 
 def _spot_fields(req: CloudRequest, flavor: Flavor, best: _Best, terms: SpotTerms) -> dict:
     """The expected run on the spot machine (core.spot), with the balanced mode's cadence rule."""
-    from trainfit.core.plan.modes import safety_thresholds
+    from trainfit.core.safety_thresholds import safety_thresholds
     from trainfit.core.spot import checkpoint_bytes_for, estimate_spot
 
     est = estimate_spot(work_seconds=best.seconds, checkpoint_size_bytes=checkpoint_bytes_for(best.setup, best.memory),

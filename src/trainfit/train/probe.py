@@ -176,7 +176,7 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
     interleaved, and `core.plan.measured.decide` keeps the speed model's pick unless another setting
     was measured faster by more than the two measurements' spread."""
     from trainfit.core.plan import measured as mm
-    from trainfit.core.plan.planner import plan
+    from trainfit.core.plan.planner import plan, plan_searched
     from trainfit.train import calibration as cal
 
     t0 = time.monotonic()
@@ -185,14 +185,14 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
     session = session or ProbeSession(log, warm_spec=req.model)
     if unavailable is None:
         session.launch()
-    model_only, searches = mm.plan_searched(req)  # what the speed model alone picks
+    model_only, searches = plan_searched(req)  # what the speed model alone picks
     fingerprint = cal.machine_fingerprint(req.hardware)
     key = _device_key(req.hardware)
     stored = load_probe_steps(fingerprint, key, calibration_file)
     result = model_only
     if stored:
         req = mm.with_measurements(req, stored)
-        result, searches = mm.plan_searched(req)
+        result, searches = plan_searched(req)
     run = _Measuring(session, log, t0 + seconds)
     reason, confirmed = unavailable, False
     try:
@@ -211,7 +211,7 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
     decisions: list = []
     if req.measured_steps:  # the final ranking: unmeasured classes at this machine's typical error
         req = dataclasses.replace(req, measured_settle=True)
-        result, searches = mm.plan_searched(req)
+        result, searches = plan_searched(req)
         decisions = _decisions(req, result, searches, model_only, run.failed)
         pins = tuple((mp.mode, mp.model_id, d.pick) for mp, d in decisions if d.pin)
         if pins:  # kept: the speed model's pick ranks first where nothing beat it beyond the noise
@@ -245,6 +245,7 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
 def _explore(run: _Measuring, req, result, searches, model_only, reason: str | None, seconds: float):
     """Rounds until the shortlist is empty (confirmed) or the time is up (reason): measure its best
     setting, plan again. Returns (req, result, searches, confirmed, reason)."""
+    from trainfit.core.plan.planner import plan_searched
     from trainfit.core.plan import measured as mm
 
     while True:
@@ -266,7 +267,7 @@ def _explore(run: _Measuring, req, result, searches, model_only, reason: str | N
                 return req, result, searches, False, reason
             continue  # the ones that cannot run here are left out of the next shortlist
         req = mm.with_measurements(req, got)
-        result, searches = mm.plan_searched(req)
+        result, searches = plan_searched(req)
 
 
 def _measure_round(run: _Measuring, req, todo: list, reserve: float) -> list:
@@ -333,6 +334,7 @@ def _recheck_finalists(run: _Measuring, req, result, searches, model_only):
     """Measure each finalist pair again, the one measured last first (A B, then B A, then A B: a
     drift in the machine's speed, or a cold first measurement, weighs on both alike);
     `with_measurements` pools the repeats (median, spread)."""
+    from trainfit.core.plan.planner import plan_searched
     from trainfit.core.plan import measured as mm
 
     models = {mp.model_id: mp.model for mp in result.modes if mp.fits and mp.model is not None}
@@ -356,7 +358,7 @@ def _recheck_finalists(run: _Measuring, req, result, searches, model_only):
         if not got:
             break
         req = mm.with_measurements(req, got)
-        result, searches = mm.plan_searched(req)
+        result, searches = plan_searched(req)
     return req, result, searches
 
 

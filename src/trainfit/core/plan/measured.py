@@ -292,7 +292,7 @@ def with_measurements(req, steps) -> object:
     return dataclasses.replace(req, measured_steps=tuple(keep.values()))
 
 
-# The searches behind a plan's picks, recorded while `plan_searched` plans (mode_plan.plan_model
+# The searches behind a plan's picks, recorded while `planner.plan_searched` plans (mode_plan.plan_model
 # notes each mode's search), so the probe does not search every mode a second time.
 _SEARCHES: ContextVar[dict | None] = ContextVar("trainfit_plan_searches", default=None)
 
@@ -303,20 +303,15 @@ def note_search(mode: str, model: ModelSpec, result) -> None:
         found[(mode, model.id)] = (model, result.fitting)
 
 
-def plan_searched(req):
-    """(plan, mode -> (its model, its ranked fitting candidates)): `plan(req)` and the search behind
-    each mode that fits, from the same planning (not searched a second time)."""
-    from trainfit.core.plan.planner import plan
+def recording_searches():
+    """(token, found): from here on each mode's search is noted in `found` until
+    `stop_recording(token)`."""
+    found: dict = {}
+    return _SEARCHES.set(found), found
 
-    token = _SEARCHES.set({})
-    try:
-        result = plan(req)
-        found = _SEARCHES.get() or {}
-    finally:
-        _SEARCHES.reset(token)
-    searches = {mp.mode: found[(mp.mode, mp.model.id)] for mp in result.modes
-                if mp.fits and mp.model is not None and (mp.mode, mp.model.id) in found}
-    return result, searches
+
+def stop_recording(token) -> None:
+    _SEARCHES.reset(token)
 
 
 def pinned(req, mode: str, model: ModelSpec, result):

@@ -82,7 +82,7 @@ def plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mode
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
     spot_reasons: list[str] = []
     if req.spot is not None:  # plan --flavor ID --spot: cadence and expected cost with interruptions
-        from trainfit.core.spot import plan_figures
+        from trainfit.core.plan.spot_figures import plan_figures
 
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainfit.core.plan import lengths
+from trainfit.core.plan import lengths, measured
 from trainfit.core.plan.figures_text import GIB
 from trainfit.core.plan.hardware_rules import rules_for
 from trainfit.core.plan.mode_plan import plan_model
@@ -32,7 +32,7 @@ from trainfit.errors import UnavailableError
 # The library's entry: plan(PlanRequest) -> Plan. The request and result types are named here too,
 # where callers have always imported them from.
 __all__ = ["PLAN_METHODS", "MemoryUnknownError", "ModePlan", "Plan", "PlanRequest", "RunFigures", "check_request",
-           "plan"]
+           "plan", "plan_searched"]
 
 
 class MemoryUnknownError(UnavailableError):
@@ -70,3 +70,16 @@ def plan(req: PlanRequest) -> Plan:
     if rates["warning"]:
         notes.append(rates["warning"])
     return Plan(req.method, req.hardware.source, rules.label, modes, notes, req.hardware.memory.usable_bytes, rates)
+
+
+def plan_searched(req):
+    """(plan, mode -> (its model, its ranked fitting candidates)): `plan(req)` and the search behind
+    each mode that fits, from the same planning (not searched a second time)."""
+    token, found = measured.recording_searches()
+    try:
+        result = plan(req)
+    finally:
+        measured.stop_recording(token)
+    searches = {mp.mode: found[(mp.mode, mp.model.id)] for mp in result.modes
+                if mp.fits and mp.model is not None and (mp.mode, mp.model.id) in found}
+    return result, searches

@@ -4,7 +4,7 @@ checkpoint frequency from the run-time estimate, and a clean stop on SIGINT / SI
 Each policy is a Transformers TrainerCallback that acts at optimizer-step boundaries through the
 Trainer's own control flags (`should_save`, `should_training_stop`); nothing here runs a training
 loop. Thresholds come from the run's safety mode (`safety.mode` in the run config; balanced when
-absent), as data with their sources in trainfit.core.plan.modes.SAFETY.
+absent), as data with their sources in trainfit.core.safety_thresholds.SAFETY.
 
 * ThermalPolicy: a GPU reporting a heat throttle reason (sw_thermal / hw_thermal / hw_slowdown) or
   within the mode's margin of its slowdown threshold, or (CPU training) a CPU sensor over the
@@ -57,7 +57,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from trainfit.core.plan.modes import safety_thresholds
+from trainfit.core.safety_thresholds import safety_thresholds
 from trainfit.train.monitor.machine_policies import MemoryPressurePolicy, PowerPolicy, ThermalPolicy
 from trainfit.train.monitor.run_policies import CadencePolicy, SignalPolicy, StopAtTrainEnd
 from trainfit.train.monitor.safety_context import EventsSince, Log, SafetyContext, SampleFn
