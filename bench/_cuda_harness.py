@@ -128,7 +128,7 @@ def cuda_grid() -> list[Case]:
     on Llama-1B (precision, micro-batch, sequence, checkpointing, optimizer), 8B rows near and past
     80 GB (to compare OOM verdicts), and the 1-GPU ZeRO-3 / FSDP offload cases."""
     cases: list[Case] = []
-    from trainfit.core.model_catalog import get_model
+    from trainfit.core.models.catalog import get_model
 
     for short, (alias, layers) in ARCHITECTURES.items():
         arch_key = get_model(alias).architecture
@@ -250,7 +250,7 @@ def grid(device: str, quick: bool = False, only: str | None = None) -> list[Case
 # Model specs: the catalog's shapes (CUDA) or a tiny shrunk copy with the same features (CPU).
 
 def case_spec(case: Case, device: str):
-    from trainfit.core.model_catalog import get_model
+    from trainfit.core.models.catalog import get_model
 
     spec = get_model(case.model)
     if case.layers is not None:
@@ -302,7 +302,7 @@ def detect_hardware(device: str) -> tuple[str, dict]:
         info.update(gpu=None, nvml=f"unavailable: {exc}")
         print(f"NVML unavailable ({exc}): predicting for {FALLBACK_GPU}; pass --hardware to choose", file=sys.stderr)
         return FALLBACK_GPU, info
-    from trainfit.core.gpu_catalog import find_gpu
+    from trainfit.core.machines.gpu_catalog import find_gpu
 
     found = find_gpu(info["gpu"], info.get("gpu_memory_total_bytes"))
     if found is None:
@@ -313,7 +313,7 @@ def detect_hardware(device: str) -> tuple[str, dict]:
 
 def predict(case: Case, device: str, hardware_spec: str) -> dict:
     """trainfit's prediction for the case's TrainingSetup on `hardware_spec`."""
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
     from trainfit.core.memory import estimate_memory
     from trainfit.core.speed import predict_step
 
@@ -1043,7 +1043,7 @@ def main(kind: str, argv: list[str] | None = None) -> int:
     if kind == "speed":  # rows meant to run out of memory time nothing
         cases = [c for c in cases if not c.memory_only]
     if args.hardware:
-        from trainfit.core.hardware_spec import resolve_hardware
+        from trainfit.core.machines.hardware_spec import resolve_hardware
         from trainfit.errors import BadInputError
 
         try:

@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from trainfit.core.runtime import transformers_knobs  # noqa: E402
 from trainfit.core.memory.states import model_states  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
 from trainfit.core.setup import TrainingSetup  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -14,7 +14,7 @@ optimizer state) runs several times with the same config, only the checkpoint ca
   interval set beyond the run).
 
 `trainfit train` adds the policy itself (runner -> safety_callbacks with the config's
-`safety.mode`); the variants change the mode's thresholds (core.safety_thresholds.SAFETY) in this process.
+`safety.mode`); the variants change the mode's thresholds (core.run.safety_thresholds.SAFETY) in this process.
 
 Every checkpoint write (`_save_checkpoint`: Trainer files, fsync, manifest, rename, rotation) is
 timed from outside the policy; the figure is total checkpoint seconds / trainer wall seconds.
@@ -91,7 +91,7 @@ def timed_saves():
 def run_variant(raw: dict, work: Path, tag: str, mode: str | None, overrides: dict, times: list[float]) -> dict:
     from trainfit.config.run_config import parse_run_config
     from trainfit.train.runner import run_training
-    from trainfit.core import safety_thresholds
+    from trainfit.core.run import safety_thresholds
 
     cfg = parse_run_config(raw, source="bench")
     run_dir = work / tag

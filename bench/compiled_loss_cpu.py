@@ -98,7 +98,7 @@ def predicted_kept_per_token(dtype_name: str, compiled: bool, tokens: int = TOKE
                              loss: str = "chunked") -> float:
     """The memory model's bytes kept per token by the loss (LossTerms.saved / tokens)."""
     from trainfit.core.memory.loss_kernels import loss_terms
-    from trainfit.core.model_catalog import get_model
+    from trainfit.core.models.catalog import get_model
     from trainfit.core.setup import LoraSettings, TrainingSetup
 
     spec = dataclasses.replace(get_model("llama3.2-1b"), vocab_size=vocab, exact_params=None)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.model_catalog import get_model
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 RESULTS = Path(__file__).resolve().parent / "results"

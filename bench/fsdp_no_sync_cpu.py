@@ -62,8 +62,8 @@ from trainfit.core.memory.framework_effects import no_sync_gradient_bytes  # noq
 from trainfit.core.memory.fsdp import compute_bytes, no_sync_applies, root_params  # noqa: E402
 from trainfit.core.memory.states import model_states  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
-from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
+from trainfit.core.models.spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import TrainingSetup  # noqa: E402
 from trainfit.train.tensor_counter import TensorBytesCounter  # noqa: E402
 

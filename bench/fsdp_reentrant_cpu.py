@@ -55,8 +55,8 @@ from fsdp_no_sync_cpu import FsdpTensorCounter, _free_port  # noqa: E402
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
 from trainfit.core.memory.phases import peak_phase  # noqa: E402
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
-from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
+from trainfit.core.models.spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -35,7 +35,7 @@ import memory_accuracy as ma
 
 from trainfit.core.memory import estimate_memory
 from trainfit.core.runtime import transformers_knobs
-from trainfit.core.model_loader import spec_from_config
+from trainfit.core.models.loader import spec_from_config
 from trainfit.core.setup import LoraSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"

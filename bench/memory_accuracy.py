@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.models.spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -42,8 +42,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from _allocator_replay import least_capacity, replay  # noqa: E402
 
 from trainfit.core.memory import estimate_memory, overheads  # noqa: E402
-from trainfit.core.model_catalog import get_model  # noqa: E402
-from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.models.catalog import get_model  # noqa: E402
+from trainfit.core.models.spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
 from trainfit.train.tensor_counter import TensorBytesCounter  # noqa: E402
 

@@ -433,7 +433,7 @@ def main() -> int:
     started = time.perf_counter()
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_shapes import parse_shape
+    from trainfit.core.models.shapes import parse_shape
     from trainfit.core.plan.hardware_rules import rules_for, unsupported
     from trainfit.core.plan.modes import targets
     from trainfit.core.plan.planner import PlanRequest, plan

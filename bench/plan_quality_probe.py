@@ -152,7 +152,7 @@ def run_many(jobs: list[dict]) -> list[dict]:
 
 def probe_bench(args) -> int:
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_shapes import parse_shape
+    from trainfit.core.models.shapes import parse_shape
     from trainfit.core.plan import measured as mm
     from trainfit.core.plan.engine import Budget, need_ratio
     from trainfit.core.plan.hardware_rules import rules_for, unsupported

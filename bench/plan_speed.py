@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import resolve_model
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import resolve_model
 from trainfit.core.plan.planner import PlanRequest, plan
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -38,13 +38,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from trainfit import yaml_io  # noqa: E402
-from trainfit.core.hardware_spec import resolve_hardware  # noqa: E402
+from trainfit.core.machines.hardware_spec import resolve_hardware  # noqa: E402
 from trainfit.core.memory import estimate_memory  # noqa: E402
 from trainfit.core.frameworks import apply_framework, resolve_framework  # noqa: E402
 from trainfit.errors import BadInputError  # noqa: E402
-from trainfit.core.model_catalog import get_model  # noqa: E402
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
-from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.models.catalog import get_model  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
+from trainfit.core.models.spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -28,10 +28,10 @@ from pathlib import Path
 import yaml
 
 import published_memory
-from trainfit.core.gpu_catalog import get_gpu
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.machines.gpu_catalog import get_gpu
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.frameworks import apply_framework, resolve_framework
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import gpu_spec_rates, predict_step
 from trainfit.core.speed import flops as F

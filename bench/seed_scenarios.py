@@ -163,8 +163,8 @@ def _setting(s) -> str:
 
 
 def run_scenario(sc: Scenario) -> dict:
-    from trainfit.core.hardware_spec import resolve_hardware
-    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.machines.hardware_spec import resolve_hardware
+    from trainfit.core.models.catalog import resolve_model
     from trainfit.core.plan.planner import PlanRequest, plan
 
     hw = resolve_hardware(sc.hardware)

@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainfit.core.model_spec import ModelSpec  # noqa: E402
+from trainfit.core.models.spec import ModelSpec  # noqa: E402
 from trainfit.core.setup import LoraSettings, TrainingSetup  # noqa: E402
 from trainfit.core.speed import DeviceRates, cpu_rates, predict_step  # noqa: E402
 
@@ -155,7 +155,7 @@ def normalise(config) -> dict:
 
 def lora_settings(cfg: dict, spec: ModelSpec | None = None) -> LoraSettings:
     """LoRA on all linear layers, or on the attention projections as trainfit names them per family."""
-    from trainfit.core.params import attention_module_names
+    from trainfit.core.models.params import attention_module_names
 
     targets = "all-linear"
     if cfg["lora_targets"] != "all-linear":
@@ -226,7 +226,7 @@ def attention_for(cfg: dict) -> str:
 
 
 def spec_for(cfg: dict) -> ModelSpec:
-    from trainfit.core.model_loader import spec_from_config
+    from trainfit.core.models.loader import spec_from_config
 
     data = hf_config(cfg).to_dict()
     data["torch_dtype"] = data["dtype"] = "float32"

@@ -246,7 +246,7 @@ def test_empty_hardware_is_refused_everywhere(capsys, argv):
 
 # ---------------------------------------------------------------- profile values, not only types
 def _profile_with(tmp_path: Path, name: str, section: str, key: str, value, index: int | None = 0) -> Path:
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
 
     data = json.loads(resolve_hardware("rtx-4090").to_json())
     target = data[section][index] if index is not None else data[section]
@@ -277,8 +277,8 @@ def test_profile_values_outside_what_a_machine_has_are_refused(capsys, tmp_path,
 
 
 def test_every_catalog_machine_passes_the_profile_value_check():
-    from trainfit.core.hardware_spec import resolve_hardware
-    from trainfit.core.profile import HardwareProfile, value_problems
+    from trainfit.core.machines.hardware_spec import resolve_hardware
+    from trainfit.core.machines.profile import HardwareProfile, value_problems
 
     for spec in ("rtx-4090", "8x h100-sxm", "m2-16gb", "cpu", "cpu-64gb", "2 nodes x 8x h100-sxm", "mi300x"):
         profile = resolve_hardware(spec)

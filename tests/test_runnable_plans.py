@@ -169,8 +169,8 @@ def test_training_a_pretraining_plan_trains_the_model_planned(capsys, tmp_path):
     """shape:1m is planned at 32,000 tokens of vocabulary; the shipped corpus gives its BPE only
     about 850: the run keeps the planned embedding (the model that runs is the one planned) and
     says what the corpus gave and how to get the smaller model instead."""
-    from trainfit.core.model_catalog import resolve_model
-    from trainfit.core.params import count_params
+    from trainfit.core.models.catalog import resolve_model
+    from trainfit.core.models.params import count_params
 
     out = tmp_path / "plan"
     code, _, err = run_cli(capsys, "plan", "shape:1m", "--method", "pretrain", "--hardware", "cpu", "--mode",

@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from trainfit.core.profile import SCHEMA_VERSION, HardwareProfile
+from trainfit.core.machines.profile import SCHEMA_VERSION, HardwareProfile
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.core.setup import LoraSettings, TrainingSetup
 

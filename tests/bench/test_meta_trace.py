@@ -69,7 +69,7 @@ def test_a_traced_step_matches_the_memory_model_and_its_replay_holds_it():
     import meta_trace as mt
 
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_catalog import get_model
+    from trainfit.core.models.catalog import get_model
 
     mt._register_flash_attention()
     spec = get_model("Qwen/Qwen2.5-0.5B")

@@ -14,7 +14,7 @@ def test_built_families_are_the_models_that_are_predicted(cfg):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainfit.core.params import count_params
+    from trainfit.core.models.params import count_params
 
     spec = bench.spec_for(cfg)
     assert spec.architecture == cfg["family"]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from trainfit.cli.cmd_gpus import list_gpus
-from trainfit.core.gpu_catalog import all_gpus
+from trainfit.core.machines.gpu_catalog import all_gpus
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trainfit.core.gpu_catalog import CatalogError, all_gpus, get_gpu, parse_catalog
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.machines.gpu_catalog import CatalogError, all_gpus, get_gpu, parse_catalog
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.overheads import gpu_capacity
-from trainfit.core.model_catalog import resolve_model
+from trainfit.core.models.catalog import resolve_model
 from trainfit.core.setup import TrainingSetup
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -81,7 +81,7 @@ def test_capacity_is_what_pytorch_reports_as_the_total():
 
 
 def test_unrecorded_nvidia_parts_take_the_median_share_and_other_vendors_none():
-    from trainfit.core.gpu_catalog import driver_reserved_bytes
+    from trainfit.core.machines.gpu_catalog import driver_reserved_bytes
 
     recorded = [g for g in all_gpus() if g.driver_reserved_bytes]
     assert len(recorded) >= 12

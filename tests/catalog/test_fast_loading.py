@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from trainfit import yaml_io
-from trainfit.core import cloud_catalog, gpu_catalog, model_catalog
+from trainfit.core.cloud import catalog as cloud_catalog
+from trainfit.core.machines import gpu_catalog
+from trainfit.core.models import catalog as model_catalog
 
 SHIPPED = ("models.yaml", "gpus.yaml", "cloud.yaml")
 HAS_LIBYAML = getattr(yaml, "CSafeLoader", None) is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainfit.core.gpu_catalog import (
+from trainfit.core.machines.gpu_catalog import (
     GIB, CatalogError, all_gpus, find_gpu, get_gpu, normalise_name, parse_catalog,
 )  # fmt: skip
 from trainfit.errors import BadInputError

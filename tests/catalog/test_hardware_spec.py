@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from trainfit.core.gpu_catalog import GIB
-from trainfit.core.hardware_spec import NOT_MEASURED, resolve_hardware
-from trainfit.core.profile import SCHEMA_VERSION, HardwareProfile, missing_reasons
+from trainfit.core.machines.gpu_catalog import GIB
+from trainfit.core.machines.hardware_spec import NOT_MEASURED, resolve_hardware
+from trainfit.core.machines.profile import SCHEMA_VERSION, HardwareProfile, missing_reasons
 from trainfit.errors import BadInputError
 
 

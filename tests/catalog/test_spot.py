@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from trainfit.core.checkpoint_cadence import cadence_interval, checkpoint_seconds, combined_interruption_seconds
-from trainfit.core.cloud_catalog import load_cloud_catalog, parse_interruptions
-from trainfit.core.safety_thresholds import safety_thresholds
-from trainfit.core.spot import (InterruptionFigure, estimate_spot, expected_spot_run, mean_hours_from_events,
+from trainfit.core.run.checkpoint_cadence import cadence_interval, checkpoint_seconds, combined_interruption_seconds
+from trainfit.core.cloud.catalog import load_cloud_catalog, parse_interruptions
+from trainfit.core.run.safety_thresholds import safety_thresholds
+from trainfit.core.cloud.spot import (InterruptionFigure, estimate_spot, expected_spot_run, mean_hours_from_events,
                                 mean_hours_from_share)
 from trainfit.errors import BadInputError
 
@@ -97,7 +97,7 @@ def test_interruption_table_is_strict(entry, needle):
 
 
 # ---------------------------------------------------------------------------------------------
-# the cadence rule (one rule: core.checkpoint_cadence, used by the trainer, cloud and plan)
+# the cadence rule (one rule: core.run.checkpoint_cadence, used by the trainer, cloud and plan)
 def test_cadence_with_the_spot_trace_by_hand():
     th = safety_thresholds("balanced")
     # Rates add: 1 / (1/7684.2 + 1/28800) = 6065.8 s

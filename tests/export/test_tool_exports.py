@@ -208,7 +208,7 @@ def test_a_pipeline_plan_is_not_written_for_another_tool(tmp_path, capsys):
 
 
 def _lora_plan(targets, tmp_path):
-    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.models.catalog import resolve_model
     from trainfit.export.tools import ToolPlan
 
     cfg = make_cfg("lora", model={"id": "Qwen/Qwen2.5-0.5B", "weights": "hub", "shape": None},

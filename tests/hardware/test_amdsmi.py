@@ -4,7 +4,7 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-from trainfit.core.profile import missing_reasons
+from trainfit.core.machines.profile import missing_reasons
 from trainfit.hardware.amd import probe_amd_gpus
 from trainfit.hardware.fakes import load_fixture
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 
 from .conftest import fixture_profile
 

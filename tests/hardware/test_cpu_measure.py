@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trainfit.core.profile import BenchmarkInfo
+from trainfit.core.machines.profile import BenchmarkInfo
 from trainfit.core.speed import rates
 from trainfit.hardware import cpu_load, cpu_measure, profiler
 from trainfit.hardware.benchmark import cpu_autocast_bf16_gflops, cpu_bf16_rate

@@ -3,7 +3,7 @@
 import copy
 import time
 
-from trainfit.core.profile import missing_reasons
+from trainfit.core.machines.profile import missing_reasons
 from trainfit.hardware.fakes import sources_from_data
 from trainfit.hardware.profiler import build_profile
 

@@ -13,8 +13,8 @@ import pytest
 from trainfit.cli.render_profile import profile_lines
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.overheads import cpu_capacity, gpu_capacity
-from trainfit.core.model_shapes import parse_shape
-from trainfit.core.profile import HardwareProfile, missing_reasons
+from trainfit.core.models.shapes import parse_shape
+from trainfit.core.machines.profile import HardwareProfile, missing_reasons
 from trainfit.core.setup import TrainingSetup
 from trainfit.hardware.analysis import analyze_profile
 from trainfit.hardware.fakes import sources_from_data
@@ -185,7 +185,7 @@ def test_apple_gpu_stays_when_available_memory_cannot_be_read():
     assert g.unavailable["vram_free_bytes"].startswith("psutil.virtual_memory failed: KeyError")
     assert p.memory.total_bytes is None and missing_reasons(p) == []
     # the capacity falls back to the GPU's unified-memory total, still by the one Metal rule
-    from trainfit.core.hardware_spec import metal_working_set_bytes
+    from trainfit.core.machines.hardware_spec import metal_working_set_bytes
 
     assert gpu_capacity(p) == metal_working_set_bytes(16 << 30)
 

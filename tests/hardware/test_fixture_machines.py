@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trainfit.core.profile import HardwareProfile, missing_reasons
+from trainfit.core.machines.profile import HardwareProfile, missing_reasons
 
 from .conftest import MACHINES
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from trainfit.core.profile import missing_reasons
+from trainfit.core.machines.profile import missing_reasons
 from trainfit.errors import BadInputError
 from trainfit.hardware.benchmark import run_benchmark
 from trainfit.hardware.cgroup import cpu_quota_cores, memory_limit_bytes

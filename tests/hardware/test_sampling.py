@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainfit.core.profile import missing_reasons
+from trainfit.core.machines.profile import missing_reasons
 from trainfit.hardware.fakes import FakeFs
 from trainfit.hardware.sample_fakes import NOT_SIMULATED, FakeSampler, ManualClock, fixture_sources, ramp, step_at
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample

@@ -2,7 +2,7 @@
 
 `analyze --hardware m2-16gb` used to score 14.4 GiB (RAM minus the OS reserve) while `estimate`
 checked against 10.7 GiB (Metal's working-set limit); both now take
-core.hardware_spec.metal_working_set_bytes through core.memory.overheads.gpu_capacity.
+core.machines.hardware_spec.metal_working_set_bytes through core.memory.overheads.gpu_capacity.
 """
 
 import argparse
@@ -12,7 +12,7 @@ import pytest
 from trainfit.cli import cmd_analyze
 from trainfit.cli.cmd_estimate import estimate
 from trainfit.cli.render_profile import profile_lines
-from trainfit.core.hardware_spec import metal_working_set_bytes, resolve_hardware
+from trainfit.core.machines.hardware_spec import metal_working_set_bytes, resolve_hardware
 from trainfit.core.memory.overheads import gpu_capacity
 
 from .conftest import fixture_profile

@@ -24,7 +24,7 @@ from trainfit.core.memory.step import training_step
 from trainfit.core.memory.transients import transient_bytes
 from trainfit.core.memory.weights import reference_model_bytes, weights_bytes
 from trainfit.core.memory import estimate_memory
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 

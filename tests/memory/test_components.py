@@ -8,7 +8,7 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.inference import kv_cache_bytes
 from trainfit.core.memory.states import model_states, weight_bytes
 from trainfit.core.memory.stats import model_stats
-from trainfit.core.model_catalog import get_model
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 

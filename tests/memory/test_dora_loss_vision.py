@@ -18,8 +18,8 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.loss_kernels import chunked_chunk_tokens, liger_chunk_tokens
 from trainfit.core.memory.stats import model_stats
 from trainfit.core.memory.vision import tokens_per_image
-from trainfit.core.model_catalog import resolve_model
-from trainfit.core.params import linear_layers
+from trainfit.core.models.catalog import resolve_model
+from trainfit.core.models.params import linear_layers
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 

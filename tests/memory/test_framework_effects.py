@@ -32,8 +32,8 @@ from trainfit.core.runtime import (
     runtime_of,
     transformers_knobs,
 )
-from trainfit.core.model_catalog import get_model
-from trainfit.core.model_loader import spec_from_config
+from trainfit.core.models.catalog import get_model
+from trainfit.core.models.loader import spec_from_config
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 
@@ -337,7 +337,7 @@ def test_fp16_quant_state_holds_the_dequantised_weight_twice_under_bf16(llama):
 
 
 def test_fp16_quant_state_costs_one_cast_per_weight_and_pass(llama):
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
     from trainfit.core.speed import device_rates, predict_step
     from trainfit.core.speed import flops as F
 
@@ -579,7 +579,7 @@ def test_fsdp1_root_gradient_at_the_embeddings_backward():
     lm_head's gradient, the embedding's and the whole root's concatenation alive at once
     (bench/fsdp_flat_root_cpu.py measures it on CPU: -23.5 % without the term, +1.6 % with it)."""
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_catalog import get_model
+    from trainfit.core.models.catalog import get_model
 
     gemma = get_model("google/gemma-2b")
     per_param = TrainingSetup(method="full", precision="bf16", optimizer="adamw", micro_batch=1, seq_len=512,

@@ -12,8 +12,8 @@ from trainfit.core import frameworks as F
 from trainfit.core.frameworks import apply_framework, resolve_framework
 from trainfit.core.memory import estimate_memory
 from trainfit.core.knob_rules import Context, refusals
-from trainfit.core.model_catalog import resolve_model
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import resolve_model
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 

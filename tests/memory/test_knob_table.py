@@ -159,7 +159,7 @@ def _setup_of(flags: list[str], method: str) -> TrainingSetup:
 
     from trainfit.cli.cmd_estimate import add_arguments
     from trainfit.cli.knob_flags import knob_values
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
     from trainfit.core.knob_setup import setup_from_knobs
 
     parser = argparse.ArgumentParser()

@@ -14,7 +14,7 @@ from fsdp_no_sync_cpu import FsdpTensorCounter  # noqa: E402  (bench/: the count
 from trainfit.core.memory import estimate_memory  # noqa: E402
 from trainfit.core.memory.phases import peak_phase  # noqa: E402
 from trainfit.core.memory.stats import model_stats  # noqa: E402
-from trainfit.core.model_catalog import get_model  # noqa: E402
+from trainfit.core.models.catalog import get_model  # noqa: E402
 from trainfit.core.setup import TrainingSetup  # noqa: E402
 from trainfit.train.hf_config import build_hf_config, shrink  # noqa: E402
 

@@ -17,8 +17,8 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.activations import quantised_inputs_per_token
 from trainfit.core.memory.layer_activations import layer_bytes_per_token
 from trainfit.core.memory.stats import lora_stats, model_stats
-from trainfit.core.model_catalog import get_model
-from trainfit.core.model_loader import spec_from_config
+from trainfit.core.models.catalog import get_model
+from trainfit.core.models.loader import spec_from_config
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pytest
 
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.model_dropout import hidden_sites
-from trainfit.core.model_catalog import get_model
-from trainfit.core.model_loader import spec_from_config
+from trainfit.core.models.catalog import get_model
+from trainfit.core.models.loader import spec_from_config
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 
@@ -149,7 +149,7 @@ def test_speed_charges_the_model_dropout():
     from trainfit.core.speed.cpu import cpu_step
     from trainfit.core.speed.predict import predict_step
     from trainfit.core.speed.rates import gpu_spec_rates
-    from trainfit.core.gpu_catalog import get_gpu
+    from trainfit.core.machines.gpu_catalog import get_gpu
 
     gpt2 = get_model("gpt2")
     off = dataclasses.replace(gpt2, hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0)

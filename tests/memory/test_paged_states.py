@@ -5,12 +5,12 @@ import dataclasses
 
 import pytest
 
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.paged_states import PAGED_MIN_ELEMENTS, paged_elements
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import model_stats
-from trainfit.core.model_catalog import get_model
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import predict_step
 from trainfit.core.speed.rates import device_rates

@@ -15,7 +15,7 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.overheads import (SLACK_TRAINING, SLACK_UNDER_PRESSURE, margins, phase_pool_bytes,
                                            required_bytes, slack_fraction)
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent
-from trainfit.core.model_catalog import get_model
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import TrainingSetup
 
 GIB = 2**30

@@ -2,9 +2,9 @@
 
 import pytest
 
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.memory import estimate_memory
-from trainfit.core.model_catalog import get_model
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 GB = 1e9

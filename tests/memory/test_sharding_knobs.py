@@ -16,7 +16,7 @@ from trainfit.core.memory import estimate_memory
 from trainfit.core.memory.fsdp import gathered_by_phase
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.stats import model_stats
-from trainfit.core.model_catalog import get_model
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("peft")
 
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
-from trainfit.core.params import lora_params  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
+from trainfit.core.models.params import lora_params  # noqa: E402
 
 
 from .family_fixtures import build, shrunk  # noqa: E402
@@ -53,7 +53,7 @@ def test_lora_params_match_peft(name, overrides, targets):
 def test_default_targets_mean_the_attention_projections(name):
     # LoraSettings' default (q_proj, k_proj, v_proj, o_proj) on a model that names its attention
     # otherwise adapts that model's attention projections, counted as PEFT counts those keys.
-    from trainfit.core.params import attention_module_names
+    from trainfit.core.models.params import attention_module_names
     from trainfit.core.setup import LoraSettings
 
     cfg = shrunk(name)

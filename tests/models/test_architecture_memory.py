@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
 from trainfit.core.setup import LoraSettings  # noqa: E402
 
 _HERE = Path(__file__).resolve().parent

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from trainfit.core.model_catalog import get_model
-from trainfit.core.model_loader import spec_from_config
-from trainfit.core.params import count_params, linear_layers, lora_params, module_names
+from trainfit.core.models.catalog import get_model
+from trainfit.core.models.loader import spec_from_config
+from trainfit.core.models.params import count_params, linear_layers, lora_params, module_names
 from trainfit.errors import BadInputError
 
 
@@ -150,7 +150,7 @@ def test_unsupported_transformers_architecture_is_counted_in_the_refusal():
     # A model_type transformers ships but trainfit has no layout for: the refusal still gives the
     # exact count (meta-device build) and says what is missing.
     pytest.importorskip("transformers")
-    from trainfit.core.meta_count import meta_param_count
+    from trainfit.core.models.meta_count import meta_param_count
 
     opt = {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "ffn_dim": 128, "num_attention_heads": 4,
            "vocab_size": 512, "word_embed_proj_dim": 64, "max_position_embeddings": 128}

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import trainfit
-from trainfit.core.model_capabilities import (BUILDABLE_ARCHITECTURES, CAPABILITIES, SUPPORTED_ARCHITECTURES,
+from trainfit.core.models.capabilities import (BUILDABLE_ARCHITECTURES, CAPABILITIES, SUPPORTED_ARCHITECTURES,
                                               UNKNOWN, ModelCapabilities, capabilities_of)
-from trainfit.core.model_catalog import all_models, get_model
-from trainfit.core.model_loader import spec_from_config
-from trainfit.core.model_loader_families import FAMILY_FIELDS, activation
+from trainfit.core.models.catalog import all_models, get_model
+from trainfit.core.models.loader import spec_from_config
+from trainfit.core.models.families import FAMILY_FIELDS, activation
 from trainfit.core.serde import to_jsonable
 
 SRC = Path(trainfit.__file__).parent
@@ -86,7 +86,7 @@ def test_a_capability_changes_the_formula_that_reads_it(monkeypatch):
 
 
 def test_qk_norm_and_block_norms_are_counted_from_capabilities():
-    from trainfit.core.params import count_params
+    from trainfit.core.models.params import count_params
 
     qwen3 = get_model("qwen3-0.6b")
     plain = dataclasses.replace(qwen3, architecture="qwen2")  # same shapes, no q/k norm
@@ -204,7 +204,7 @@ def test_no_architecture_name_is_tested_outside_the_family_loaders():
     files = [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).as_posix() not in FAMILY_LOADERS]
     assert len(files) > 50
     found = [v for p in files for v in _violations(p.read_text(), p.relative_to(SRC).as_posix())]
-    assert not found, "read spec.capabilities (core/model_capabilities.py) instead:\n" + "\n".join(found)
+    assert not found, "read spec.capabilities (core/models/capabilities.py) instead:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("source", [

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainfit.core.model_catalog import all_models, families, get_model, parse_catalog, resolve_model
-from trainfit.core.params import count_params
+from trainfit.core.models.catalog import all_models, families, get_model, parse_catalog, resolve_model
+from trainfit.core.models.params import count_params
 from trainfit.errors import BadInputError
 
 # Totals published by the model authors (exact where they publish exact figures).

@@ -24,7 +24,7 @@ from _fake_hub import (CONFIG, EXTRA, GRANTED, REPO, drip, drip_headers, encoded
                        slow_ranges, unused_port)
 
 from trainfit.cli.main import main
-from trainfit.core.params import count_params
+from trainfit.core.models.params import count_params
 from trainfit.errors import BadInputError, UnavailableError
 from trainfit.hub import models as hub_models
 from trainfit.hub import resolve_model
@@ -557,9 +557,9 @@ def test_a_refused_shard_is_reported_at_once_while_another_still_drips(hub, caps
 
 
 def test_the_core_makes_no_request_for_a_hub_id():
-    """core.model_catalog.resolve_model hands Hub ids to the loader it is given (trainfit.hub's);
+    """core.models.catalog.resolve_model hands Hub ids to the loader it is given (trainfit.hub's);
     without one it refuses them in one line, before any request."""
-    from trainfit.core.model_catalog import resolve_model as core_resolve
+    from trainfit.core.models.catalog import resolve_model as core_resolve
 
     with pytest.raises(UnavailableError, match="Hugging Face Hub id"):
         core_resolve(REPO)

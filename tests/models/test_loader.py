@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from trainfit.core.model_catalog import get_model, resolve_model
-from trainfit.core.model_loader import load_local, read_safetensors_params
-from trainfit.core.params import count_params
+from trainfit.core.models.catalog import get_model, resolve_model
+from trainfit.core.models.loader import load_local, read_safetensors_params
+from trainfit.core.models.params import count_params
 from trainfit.errors import BadInputError
 
 transformers = pytest.importorskip("transformers")

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from trainfit.core.model_catalog import get_model
-from trainfit.core.params import canonical_targets, lora_params
+from trainfit.core.models.catalog import get_model
+from trainfit.core.models.params import canonical_targets, lora_params
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 

@@ -4,8 +4,8 @@ import pytest
 
 pytest.importorskip("peft")
 
-from trainfit.core.model_catalog import get_model  # noqa: E402
-from trainfit.core.params import lora_params, module_names  # noqa: E402
+from trainfit.core.models.catalog import get_model  # noqa: E402
+from trainfit.core.models.params import lora_params, module_names  # noqa: E402
 from trainfit.errors import BadInputError  # noqa: E402
 from trainfit.train.hf_config import build_model, shrink  # noqa: E402
 

@@ -14,9 +14,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainfit.core.memory import estimate_memory  # noqa: E402
-from trainfit.core.meta_count import meta_param_count  # noqa: E402
-from trainfit.core.model_loader import spec_from_config  # noqa: E402
-from trainfit.core.params import count_params  # noqa: E402
+from trainfit.core.models.meta_count import meta_param_count  # noqa: E402
+from trainfit.core.models.loader import spec_from_config  # noqa: E402
+from trainfit.core.models.params import count_params  # noqa: E402
 from trainfit.core.setup import LoraSettings  # noqa: E402
 
 from .family_fixtures import config, shrunk  # noqa: E402

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from trainfit.core.model_catalog import all_models  # noqa: E402
-from trainfit.core.model_shapes import shape_for_params  # noqa: E402
-from trainfit.core.params import count_params, linear_layers  # noqa: E402
+from trainfit.core.models.catalog import all_models  # noqa: E402
+from trainfit.core.models.shapes import shape_for_params  # noqa: E402
+from trainfit.core.models.params import count_params, linear_layers  # noqa: E402
 from trainfit.train.hf_config import build_model, shrink  # noqa: E402
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainfit.core.model_shapes import parse_param_count, parse_shape, shape_for_params, shape_from_dims
-from trainfit.core.params import count_params
+from trainfit.core.models.shapes import parse_param_count, parse_shape, shape_for_params, shape_from_dims
+from trainfit.core.models.params import count_params
 from trainfit.errors import BadInputError
 
 

@@ -10,10 +10,10 @@ import sys
 import pytest
 import yaml
 
-from trainfit.core.model_catalog import resolve_model
+from trainfit.core.models.catalog import resolve_model
 from trainfit.core.plan.data_io import DatasetInfo, padding_waste
 from trainfit.core.plan.planner import PlanRequest, plan
-from trainfit.core.profile import NetworkInfo, StorageInfo
+from trainfit.core.machines.profile import NetworkInfo, StorageInfo
 from trainfit.dataset_size import hub_dataset_info, local_dataset_info
 
 GIB = 1 << 30
@@ -194,7 +194,7 @@ def test_unknown_measurements_say_not_measured(workstation_nvme):
 
 
 def test_catalog_machine_has_no_storage_and_no_measuring_advice():
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
 
     hw = resolve_hardware("rtx-4090")
     dp = one_mode(hw, dataset=tokens_info(30_000_000_000)).data_io

@@ -3,8 +3,8 @@ chains bound to their own base, and nearest keeping the user's method."""
 
 import dataclasses
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import resolve_model
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import resolve_model
 from trainfit.core.plan import space
 from trainfit.core.plan.engine import Budget, Tier, by_step_time, search
 from trainfit.core.plan.nearest import nearest_fitting

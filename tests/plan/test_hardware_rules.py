@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.plan.hardware_rules import rules_for, unsupported
 from trainfit.core.setup import TrainingSetup
 

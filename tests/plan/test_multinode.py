@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.core.memory import estimate_memory
-from trainfit.core.model_catalog import get_model
-from trainfit.core.network_catalog import NETWORK_EFFICIENCY, all_networks, get_network
+from trainfit.core.models.catalog import get_model
+from trainfit.core.machines.network_catalog import NETWORK_EFFICIENCY, all_networks, get_network
 from trainfit.core.plan.planner import PlanRequest, plan
-from trainfit.core.profile import HardwareProfile, missing_reasons
+from trainfit.core.machines.profile import HardwareProfile, missing_reasons
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import predict_step
 from trainfit.core.speed.comm import communication

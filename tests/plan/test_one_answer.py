@@ -18,8 +18,8 @@ import yaml
 from trainfit.cli.cmd_cloud import cloud
 from trainfit.cli.cmd_estimate import estimate_run
 from trainfit.cli.cmd_plan import plan_for
-from trainfit.core.cloud_catalog import load_cloud_catalog
-from trainfit.core.cloud_rank import flavor_hardware
+from trainfit.core.cloud.catalog import load_cloud_catalog
+from trainfit.core.plan.cloud_rank import flavor_hardware
 from trainfit.core.plan.host_ram import host_ram_need_bytes, ram_is_the_device
 from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import DEFAULT_METHOD
@@ -145,7 +145,7 @@ FLAVORS = ("t4-small", "vast-rtx-3090", "lambda-1x-h100-sxm", "runpod-h100-sxm",
 @pytest.mark.parametrize("method", ("full", "lora", "dpo"))
 def test_cloud_agrees_with_estimate_and_checks_each_flavors_ram(method):
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.models.catalog import resolve_model
 
     spec = resolve_model(MID)
     ranking = cloud(MID, method=method, examples=EXAMPLES, seq_len=1024, flavors=list(FLAVORS))
@@ -217,9 +217,9 @@ def test_plan_for_a_flavor_reports_the_flavors_ram():
 
 
 def test_host_ram_counts_offloaded_states_once_70b_on_8x_h100():
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.models.catalog import resolve_model
     from trainfit.core.setup import TrainingSetup
 
     hw = resolve_hardware("8x h100-sxm")
@@ -348,9 +348,9 @@ def test_estimate_checks_the_host_ram_as_plan_does(tmp_path):
     estimate says so (exit 3, with the nearest setting), and plan does not pick that setting."""
     import dataclasses
 
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.model_catalog import resolve_model
+    from trainfit.core.models.catalog import resolve_model
     from trainfit.core.serde import to_jsonable
 
     hw = resolve_hardware("2x rtx-4090")

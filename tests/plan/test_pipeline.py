@@ -12,8 +12,8 @@ import yaml
 
 from trainfit.cli.main import main
 from trainfit.config.pipeline import load_pipeline
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import resolve_model
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import resolve_model
 from trainfit.core.plan.pipeline import PipelineRequest, plan_pipeline
 from trainfit.core.plan.planner import PlanRequest
 

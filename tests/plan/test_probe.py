@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainfit.core.model_shapes import parse_shape
+from trainfit.core.models.shapes import parse_shape
 from trainfit.core.plan import measured as mm
 from trainfit.core.plan.planner import PlanRequest, plan, plan_searched
 from trainfit.core.speed import predict_step
@@ -241,7 +241,7 @@ def test_a_saved_profile_of_this_machine_is_this_machine_and_another_is_not(tmp_
     import argparse
 
     from trainfit.cli import plan_probe
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
     from trainfit.core.serde import to_jsonable
     from trainfit.hardware.profiler import build_profile
 

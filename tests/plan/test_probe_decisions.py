@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trainfit.core.model_shapes import parse_shape
+from trainfit.core.models.shapes import parse_shape
 from trainfit.core.plan import measured as mm
 from trainfit.core.plan.planner import PlanRequest, plan, plan_searched
 from trainfit.core.setup import TrainingSetup
@@ -271,7 +271,7 @@ def test_plan_searched_searches_each_mode_once_and_gives_the_searches_plan_used(
 
 
 def test_predict_run_predicts_a_step_once(req, monkeypatch):
-    from trainfit.core import run_prediction
+    from trainfit.core.run import prediction as run_prediction
 
     calls = []
     real = run_prediction.predict_step

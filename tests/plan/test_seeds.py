@@ -1,8 +1,8 @@
 """The seeds' scenarios (shared/seeds 000, 002, 003, 004 and the spec's CPU case) as plans on
 fixture or catalog hardware: each gives the seed's decision or a better one, with its reasons."""
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import resolve_model
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import resolve_model
 from trainfit.core.plan.planner import PlanRequest, plan
 
 

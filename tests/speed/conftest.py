@@ -1,6 +1,6 @@
 """Model shapes used by the speed tests (as in the papers' / repos' configs)."""
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 
 
 def mpt(d: int, layers: int, heads: int) -> ModelSpec:

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from trainfit.cli import cmd_estimate
-from trainfit.core import model_shapes
-from trainfit.core.hardware_spec import resolve_hardware
+from trainfit.core.models import shapes as model_shapes
+from trainfit.core.machines.hardware_spec import resolve_hardware
 from trainfit.train import calibration as cal
 
 

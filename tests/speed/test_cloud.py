@@ -7,10 +7,10 @@ import sys
 import pytest
 
 from trainfit.cli.cmd_cloud import cloud
-from trainfit.core.cloud_catalog import COLUMNS, load_cloud_catalog
-from trainfit.core.cloud_rank import cost_class
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.power import estimate_power
+from trainfit.core.cloud.catalog import COLUMNS, load_cloud_catalog
+from trainfit.core.plan.cloud_rank import cost_class
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.run.power import estimate_power
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import Workload, predict_step
 from trainfit.errors import BadInputError

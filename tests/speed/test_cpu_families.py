@@ -4,8 +4,8 @@ checked against timed steps in bench/step_time_accuracy.py; these are the direct
 
 import dataclasses
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_shapes import shape_from_dims
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.shapes import shape_from_dims
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import cpu_rates
 from trainfit.core.speed.cpu import cpu_step

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_shapes import shape_from_dims
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.shapes import shape_from_dims
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import cpu_rates, predict_step
 from trainfit.core.speed.cpu import cpu_step, fresh_bytes

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from trainfit.cli.cmd_estimate import _run_prediction, estimate
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import resolve_model
-from trainfit.core.power import assumed_cpu_tdp_watts
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import resolve_model
+from trainfit.core.run.power import assumed_cpu_tdp_watts
 
 
 def _cli(*args, config_home):
@@ -65,7 +65,7 @@ def test_assumed_cpu_power_line_and_note_agree(tmp_path):
 def test_cpu_training_note_is_the_full_load_figure():
     p = resolve_hardware("cpu")
     p = dataclasses.replace(p, power=dataclasses.replace(p.power, cpu_tdp_watts=None, cpu_package_watts=None))
-    from trainfit.core.power import estimate_power
+    from trainfit.core.run.power import estimate_power
     from trainfit.core.speed import predict_step
     from trainfit.core.setup import TrainingSetup
 

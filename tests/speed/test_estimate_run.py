@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_catalog import get_model
-from trainfit.core.run_prediction import predict_run
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.catalog import get_model
+from trainfit.core.run.prediction import predict_run
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import Workload
 

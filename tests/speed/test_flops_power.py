@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from trainfit.core.power import energy_kwh, gpu_draw_watts, step_activity
+from trainfit.core.run.power import energy_kwh, gpu_draw_watts, step_activity
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import step_flops
 from trainfit.core.speed.flops import matmul_params_per_token

@@ -4,8 +4,8 @@ and its output back, which the speed model charges as memory traffic."""
 
 import dataclasses
 
-from trainfit.core.gpu_catalog import get_gpu
-from trainfit.core.model_catalog import get_model
+from trainfit.core.machines.gpu_catalog import get_gpu
+from trainfit.core.models.catalog import get_model
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import gpu_spec_rates, predict_step
 

@@ -7,7 +7,7 @@ per-GPU tokens/s is compared (data parallelism scales near-linearly in these rep
 
 import pytest
 
-from trainfit.core.gpu_catalog import get_gpu
+from trainfit.core.machines.gpu_catalog import get_gpu
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import gpu_spec_rates, predict_step
 

@@ -3,10 +3,10 @@ CPU rates were measured under load (core.speed.rates.rates_source, Plan.rates)."
 
 import dataclasses
 
-from trainfit.core.hardware_spec import resolve_hardware
-from trainfit.core.model_shapes import parse_shape
+from trainfit.core.machines.hardware_spec import resolve_hardware
+from trainfit.core.models.shapes import parse_shape
 from trainfit.core.plan.planner import PlanRequest, plan
-from trainfit.core.profile import BenchmarkInfo, MeasurementLoad
+from trainfit.core.machines.profile import BenchmarkInfo, MeasurementLoad
 from trainfit.core.speed.rates import rates_source
 
 CPU = resolve_hardware("cpu")

@@ -4,7 +4,7 @@ estimate stay as they are."""
 
 import dataclasses
 
-from trainfit.core.gpu_catalog import get_gpu
+from trainfit.core.machines.gpu_catalog import get_gpu
 from trainfit.core.memory import estimate_memory
 from trainfit.core.setup import LoraSettings, TrainingSetup
 from trainfit.core.speed import flops as F
@@ -41,7 +41,7 @@ def test_compiled_step_is_faster_with_the_same_matmuls_and_layer_memory():
 def test_a_cpu_step_fuses_the_same_chains():
     """Inductor's CPU backend fuses the same chains: the CPU model's elementwise traffic shrinks too."""
     from trainfit.core.speed.rates import device_rates
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.hardware_spec import resolve_hardware
 
     cpu = device_rates(resolve_hardware("cpu"), "cpu")
     setup = TrainingSetup(method="full", precision="fp32", micro_batch=1, seq_len=256, device="cpu")

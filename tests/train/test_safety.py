@@ -21,10 +21,10 @@ from types import SimpleNamespace
 import pytest
 
 from trainfit.core.plan.modes import MODES
-from trainfit.core.safety_thresholds import safety_thresholds
+from trainfit.core.run.safety_thresholds import safety_thresholds
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
 from trainfit.train.recovery import checkpoints as ck
-from trainfit.core.checkpoint_cadence import cadence_interval
+from trainfit.core.run.checkpoint_cadence import cadence_interval
 from trainfit.train.monitor.machine_policies import ThermalPolicy
 from trainfit.train.monitor.run_policies import CadencePolicy, SignalPolicy
 from trainfit.train.monitor.safety import context_of, safety_callbacks

@@ -226,7 +226,7 @@ def test_eta_in_metrics_without_a_terminal(clean):
               "gpus": [{"index": 0, "memory_total_bytes": 80 * GIB, "memory_used_bytes": 10 * GIB}]}, None),
 ])
 def test_memory_pressure_reads_the_memory_of_the_device_kind(device, sample, expected):
-    from trainfit.core.safety_thresholds import safety_thresholds
+    from trainfit.core.run.safety_thresholds import safety_thresholds
     from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
     from trainfit.train.monitor.machine_policies import MemoryPressurePolicy
     from trainfit.train.monitor.safety_context import SafetyContext

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from trainfit.config.run_config import load_run_config
-from trainfit.core.checkpoint_cadence import cadence_interval
-from trainfit.core.safety_thresholds import safety_thresholds
+from trainfit.core.run.checkpoint_cadence import cadence_interval
+from trainfit.core.run.safety_thresholds import safety_thresholds
 from trainfit.errors import BadInputError
 from trainfit.train.monitor.run_policies import CadencePolicy
 

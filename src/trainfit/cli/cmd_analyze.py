@@ -69,7 +69,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     check_psu_watts(args.psu_watts)
     owned = args.hardware is None
     if args.hardware is not None:  # '' is refused as every command refuses it, not this machine
-        from trainfit.core.hardware_spec import resolve_hardware
+        from trainfit.core.machines.hardware_spec import resolve_hardware
 
         profile = resolve_hardware(args.hardware)
         owned = profile.source.startswith("file:")

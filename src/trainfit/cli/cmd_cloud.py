@@ -6,7 +6,7 @@ import argparse
 
 from trainfit.cli.framework_arg import add_framework_argument, change_json, chosen, print_profile, profile_json
 from trainfit.core.frameworks import resolve_framework
-from trainfit.core.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
+from trainfit.core.plan.cloud_rank import DEFAULT_GLOBAL_BATCH, DEFAULT_SETUP_MINUTES, CloudRanking, CloudRequest
 from trainfit.core.setup import DEFAULT_METHOD, METHOD_ALIASES, TRAIN_METHODS, parse_method
 from trainfit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInputError
 from trainfit.validate import arg
@@ -71,8 +71,8 @@ def _cloud(model: str, *, method: str, dataset_tokens: int | None, examples: int
            budget: float | None, max_hours: float | None, prices: str | None, flavors: list[str] | None,
            allow_fallback: bool, spot: bool, global_batch: int, setup_minutes: float, framework: str | None):
     """(ranking, request, catalog)."""
-    from trainfit.core.cloud_catalog import load_cloud_catalog
-    from trainfit.core.cloud_rank import rank_flavors
+    from trainfit.core.cloud.catalog import load_cloud_catalog
+    from trainfit.core.plan.cloud_rank import rank_flavors
     from trainfit.core.speed import Workload
     from trainfit.hub import resolve_model
 
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 def flavor_effects(req, catalog, flavor_id: str, framework) -> list:
     """What each behaviour of the framework adds to the setting chosen on one flavor (memory, step time)."""
     from trainfit.cli.framework_arg import applied_for, effects, needed_bytes_fn
-    from trainfit.core.cloud_rank import chosen_setting
+    from trainfit.core.plan.cloud_rank import chosen_setting
     from trainfit.core.speed import predict_step
 
     found = chosen_setting(req, catalog, flavor_id)
@@ -227,7 +227,7 @@ def _spot_cell(x) -> str:
     if e is None:
         return "on-demand" if x.spot_note else "-"
     star = "*" if e.assumed else ""
-    from trainfit.core.spot import hours_text
+    from trainfit.core.cloud.spot import hours_text
 
     return (f"{hours_text(e.interruption_hours).replace(' ', '')}{star} {e.checkpoint_interval_seconds / 60:.1f}m "
             f"+{e.expected_overhead_share:.0%}")

@@ -72,7 +72,7 @@ class SchemaAction(argparse.Action):
 
 
 def _model(args: argparse.Namespace):
-    from trainfit.core import model_shapes
+    from trainfit.core.models import shapes as model_shapes
     from trainfit.hub import resolve_model
 
     dims = (args.layers, args.hidden, args.heads)
@@ -116,7 +116,7 @@ def load_hardware(spec: str | None):
     """A catalog machine or profile JSON when named, else the quick live profile ('' is an
     error, not this machine)."""
     if spec is not None:
-        from trainfit.core.hardware_spec import resolve_hardware
+        from trainfit.core.machines.hardware_spec import resolve_hardware
 
         return resolve_hardware(spec)
     from trainfit.cli.output import say
@@ -237,8 +237,8 @@ def calibration_source(device_calibration) -> str:
 
 def _run_prediction(args: argparse.Namespace, spec, hw, setup: TrainingSetup):
     """Step time, power and (with a dataset size) run time, energy and electricity cost."""
-    from trainfit.core.power import DEFAULT_PRICE_PER_KWH
-    from trainfit.core.run_prediction import predict_run
+    from trainfit.core.run.power import DEFAULT_PRICE_PER_KWH
+    from trainfit.core.run.prediction import predict_run
     from trainfit.core.speed import Workload
 
     if args.dataset_tokens is not None and args.examples is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import typing
 
-from trainfit.core.gpu_catalog import all_gpus
-from trainfit.core.gpu_spec import GpuSpec, Vendor
+from trainfit.core.machines.gpu_catalog import all_gpus
+from trainfit.core.machines.gpu_spec import GpuSpec, Vendor
 
 HELP = "list the GPU catalog: memory, dense peak TFLOPS, bandwidth, power, interconnect"
 

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def list_models(family: str | None = None):
     """Catalog entries, optionally of one family (case-insensitive)."""
-    from trainfit.core.model_catalog import all_models, families
+    from trainfit.core.models.catalog import all_models, families
     from trainfit.errors import BadInputError
 
     if family is not None and family.lower() not in families():
@@ -30,7 +30,7 @@ def list_models(family: str | None = None):
 
 def show_model(ref: str) -> dict[str, Any]:
     """Everything `models show` prints: the spec, its parameter breakdown and linear layers."""
-    from trainfit.core.params import count_params, linear_layers, module_names
+    from trainfit.core.models.params import count_params, linear_layers, module_names
     from trainfit.core.serde import to_jsonable
     from trainfit.hub import resolve_model
 
@@ -49,7 +49,7 @@ def _human(n: int) -> str:
 
 
 def _row(m) -> dict[str, Any]:
-    from trainfit.core.params import count_params
+    from trainfit.core.models.params import count_params
 
     b = count_params(m)
     return {"id": m.id, "aliases": m.aliases, "family": m.family, "architecture": m.architecture,

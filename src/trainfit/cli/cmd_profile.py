@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.validate import arg
 
 HELP = "profile this machine's hardware (CPU, RAM, GPUs, storage, power); --json for the data"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 
 def cluster_document(hw) -> dict | None:
-    """A multi-node plan's rendezvous, interface and fabric variables (core.cluster_env) and the
+    """A multi-node plan's rendezvous, interface and fabric variables (core.run.cluster_env) and the
     shared-storage rule for its checkpoints; None on one node."""
     if hw.node_count <= 1:
         return None
     from dataclasses import asdict
 
-    from trainfit.core.cluster_env import cluster_env
-    from trainfit.core.network_catalog import get_network
+    from trainfit.core.run.cluster_env import cluster_env
+    from trainfit.core.machines.network_catalog import get_network
 
     network = get_network(hw.nodes.network) if hw.nodes.network else None
     return {"network": network.id if network else None, "env": [asdict(v) for v in cluster_env(network)],

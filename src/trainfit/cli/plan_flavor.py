@@ -1,7 +1,7 @@
 """`trainfit plan --flavor ID [--spot]`: plan for a cloud flavor as if renting it.
 
 The flavor's GPUs (type and count) become the hardware, its price the hourly price (the spot
-price with --spot), and with --spot its interruption figure (core.spot) goes into the plan: the
+price with --spot), and with --spot its interruption figure (core.cloud.spot) goes into the plan: the
 checkpoint cadence, the expected cost including re-done work, and `safety.interruption_hours` in
 the exported run config.
 """
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from trainfit.errors import BadInputError
 
 if TYPE_CHECKING:  # names only: the catalog loads with --flavor alone
-    from trainfit.core.cloud_catalog import SpotTerms
-    from trainfit.core.profile import HardwareProfile
+    from trainfit.core.cloud.catalog import SpotTerms
+    from trainfit.core.machines.profile import HardwareProfile
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ def resolve(args: argparse.Namespace) -> FlavorChoice | None:
         raise BadInputError("--flavor: the flavor sets the hardware; give either --flavor or --hardware, not both")
     if args.usd_per_hour is not None:
         raise BadInputError("--flavor: the flavor sets the price; give either --flavor or --usd-per-hour, not both")
-    from trainfit.core.cloud_catalog import load_cloud_catalog
-    from trainfit.core.cloud_rank import flavor_hardware
+    from trainfit.core.cloud.catalog import load_cloud_catalog
+    from trainfit.core.plan.cloud_rank import flavor_hardware
 
     catalog = load_cloud_catalog(prices)
     flavor = catalog.get(flavor_id)

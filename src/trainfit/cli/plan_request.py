@@ -89,7 +89,7 @@ def build_request(args: argparse.Namespace, hardware=None):
 
     flavor = plan_flavor.resolve(args)  # --flavor ID [--spot]: hardware, price, spot terms
     hw = hardware if hardware is not None else flavor.hardware if flavor is not None else _hardware(args.hardware)
-    from trainfit.core.power import DEFAULT_PRICE_PER_KWH
+    from trainfit.core.run.power import DEFAULT_PRICE_PER_KWH
 
     from trainfit.cli.cmd_estimate import calibration_source, machine_calibration
     from trainfit.core.plan.hardware_rules import rules_for
@@ -156,7 +156,7 @@ def dataset_info(args: argparse.Namespace):
 
 def rental_price(hw) -> float:
     """The cheapest on-demand hourly price of a cloud flavor with exactly this hardware's GPUs."""
-    from trainfit.core.cloud_catalog import load_cloud_catalog
+    from trainfit.core.cloud.catalog import load_cloud_catalog
 
     gpu = hw.gpus[0].catalog_id if hw.gpus else None
     prices = [f.usd_per_hour for f in load_cloud_catalog().flavors

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 
 GIB = 1 << 30
 

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainfit.core.model_shapes import MAX_SHAPE_PARAMS, MIN_SHAPE_PARAMS
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.shapes import MAX_SHAPE_PARAMS, MIN_SHAPE_PARAMS
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.core.setup import TRAIN_METHODS, Method, PrecisionMode, TrainingSetup, parse_method
 from trainfit.errors import BadInputError, TrainfitError, UnavailableError, short_repr, unknown_keys
 
 if TYPE_CHECKING:
-    from trainfit.core.profile import HardwareProfile
+    from trainfit.core.machines.profile import HardwareProfile
 
 CONFIG_VERSION = 1
 BUILTIN_DATA = {
@@ -212,7 +212,7 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class SafetyConfig:
-    # thresholds of the thermal / power / checkpoint-cadence policies (core.safety_thresholds.SAFETY)
+    # thresholds of the thermal / power / checkpoint-cadence policies (core.run.safety_thresholds.SAFETY)
     mode: Literal["conservative", "balanced", "extreme"] = "balanced"
     # Mean hours between interruptions of the machine (a spot / preemptible one; written by
     # `trainfit plan --flavor ID --spot`): the cadence policy combines it with the mode's risk.
@@ -552,9 +552,9 @@ def shape_spec(shape: ShapeConfig, vocab_size: int) -> ModelSpec:
     """ModelSpec of a pretraining shape (a Llama-style decoder unless `architecture` says otherwise)."""
     if shape.params is not None:
         try:
-            from trainfit.core.model_shapes import shape_for_params
+            from trainfit.core.models.shapes import shape_for_params
         except ImportError:
-            raise UnavailableError("model.shape.params needs trainfit.core.model_shapes, not in this build",
+            raise UnavailableError("model.shape.params needs trainfit.core.models.shapes, not in this build",
                                    hint="give model.shape layers/hidden/heads instead") from None
         # The budget includes this run's vocabulary (the tokenizer's size), not a default one.
         spec = shape_for_params(parse_count(shape.params), vocab_size=vocab_size,
@@ -575,7 +575,7 @@ def shape_spec(shape: ShapeConfig, vocab_size: int) -> ModelSpec:
 def _implausible_shape(shape: ShapeConfig, vocab_size: int) -> list[str]:
     """The refusal `estimate` gives a shape beyond any real model (1.3e18 parameters), here before
     the runner spends seconds allocating it. The vocabulary is the tokenizer's target size."""
-    from trainfit.core.model_loader import check_plausible
+    from trainfit.core.models.loader import check_plausible
 
     try:
         check_plausible(shape_spec(shape, vocab_size), "model.shape")

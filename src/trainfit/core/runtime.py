@@ -137,7 +137,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.versions import release_tuple
 

@@ -94,7 +94,7 @@ def render_files(cfg: RunConfig, *, header_lines: list[str], num_processes: int,
     version the files are for (FSDP and checkpointing argument forms); default: the installed
     one, or trainfit.versions.TRANSFORMERS_MAJOR_DEFAULT without Transformers.
     network: several nodes: the NetworkSpec between them, whose NCCL / EFA variables launch.sh sets
-    (trainfit.core.cluster_env; None: plain Ethernet).
+    (trainfit.core.run.cluster_env; None: plain Ethernet).
     """
     major = installed_transformers_major() if transformers_major is None else transformers_major
     eng = engine(cfg, num_processes=num_processes)

@@ -9,13 +9,13 @@ checkpoint.
 
 Sizes, with the margins stated once:
 * time limit (Slurm): the plan's predicted run time x TIME_MARGIN + START_SECONDS (start, weight
-  download, checkpoint load; the same 10 minutes core.spot bills a restart, plus 5 for the queue's
+  download, checkpoint load; the same 10 minutes core.cloud.spot bills a restart, plus 5 for the queue's
   node boot), rounded up to a minute; no limit when the plan does not know the run's length.
 * memory per node: the plan's host-RAM peak (core.plan.host_ram) x HOST_RAM_MARGIN, rounded up to
   a GiB (a node runs one task, the launcher, with all its processes).
 * CPUs per node: one per training process plus the data-loader workers the plan gave each.
 * disk (SkyPilot): DISK_BASE_GB for the image and packages, plus the model's weights and keep_last + 1
-  checkpoints (core.spot.checkpoint_bytes_for) staged locally before the bucket upload.
+  checkpoints (core.cloud.spot.checkpoint_bytes_for) staged locally before the bucket upload.
 * checkpoint volume (Kubernetes): keep_last + 1 checkpoints (one being written while keep_last are
   kept) x VOLUME_MARGIN, rounded up to a GiB.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from trainfit.core.network_catalog import NetworkSpec
+from trainfit.core.machines.network_catalog import NetworkSpec
 
 TIME_MARGIN = 1.2
 START_SECONDS = 900.0
@@ -131,8 +131,8 @@ def header_comments(job: ClusterJob, about: list[str]) -> str:
 def cluster_job(mp, req, *, run_dir: str, keep_last: int, header_lines: list[str],
                 plan_files: dict[str, str]) -> ClusterJob:
     """The ClusterJob of a planned mode (core.plan.planner.ModePlan) for its PlanRequest."""
-    from trainfit.core.network_catalog import get_network
-    from trainfit.core.spot import checkpoint_bytes_for
+    from trainfit.core.machines.network_catalog import get_network
+    from trainfit.core.cloud.spot import checkpoint_bytes_for
 
     s = mp.setup
     hw = req.hardware

@@ -16,7 +16,7 @@ address from the environment and refuses to start without them (NODE_PREAMBLE):
                   directory - checkpoints, metrics - is $TRAINFIT_CHECKPOINT_DIR/runs/<name>, so a
                   relaunch with --resume finds the same checkpoint on every node (trainfit train
                   refuses a node-local one, trainfit.config.shared_storage)
-and sets the network's variables (trainfit.core.cluster_env) where the node has not set them:
+and sets the network's variables (trainfit.core.run.cluster_env) where the node has not set them:
 NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME to the default route's interface, the fabric's NCCL / EFA settings;
 and starts `torchrun --nnodes N --node-rank $NODE_RANK --nproc-per-node G --rdzv-backend static
 --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT` (CPU), or `accelerate launch` with the multi-node
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import shlex
 
-from trainfit.core.cluster_env import DEFAULT_MASTER_PORT, fabric_exports
+from trainfit.core.run.cluster_env import DEFAULT_MASTER_PORT, fabric_exports
 from trainfit.export.engine import ENGINES
 
 

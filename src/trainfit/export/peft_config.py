@@ -27,7 +27,7 @@ def lora_kwargs(lo: LoraSettings, *, dora: bool = False) -> dict[str, Any]:
     """LoraConfig kwargs for these adapter settings (the runner's and the plan probe's)."""
     # PEFT takes the string "all-linear" (every linear layer but the output head), not a list;
     # a bare "all-linear" string must not be iterated (it would split into characters).
-    from trainfit.core.params import canonical_targets
+    from trainfit.core.models.params import canonical_targets
 
     targets = canonical_targets(lo.target_modules)
     kwargs = {"r": lo.rank, "lora_alpha": lo.alpha, "lora_dropout": lo.dropout, "target_modules": targets,

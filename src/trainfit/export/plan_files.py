@@ -169,7 +169,7 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     lines = header_lines(mp, command)
     est = mp.run.spot if mp.run is not None else None
     if est is not None:
-        from trainfit.core.spot import hours_text
+        from trainfit.core.cloud.spot import hours_text
 
         lines.append(f"spot: {hours_text(est.interruption_hours)} between interruptions ({est.interruption_id}); "
                      f"checkpoint every {est.checkpoint_interval_seconds / 60:.1f} min; expected cost incl. re-done "
@@ -184,12 +184,12 @@ def plan_files(mp: ModePlan, req: PlanRequest, command: str, data_paths: list[st
     assert s is not None
     device = "cuda" if s.device in ("cuda", "rocm") else s.device
     text = yaml.safe_dump(raw, sort_keys=False)
-    from trainfit.core.network_catalog import get_network
+    from trainfit.core.machines.network_catalog import get_network
 
     hw = req.hardware
     network = get_network(hw.nodes.network) if hw.node_count > 1 and hw.nodes.network else None
     if network is not None:
-        from trainfit.core.cluster_env import env_text
+        from trainfit.core.run.cluster_env import env_text
 
         lines.append(f"cluster: {env_text(network)} (launch.sh sets them; checkpoints on shared storage: "
                      "TRAINFIT_CHECKPOINT_DIR)")

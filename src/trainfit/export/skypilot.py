@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit import __version__
-from trainfit.core.cluster_env import DEFAULT_MASTER_PORT
+from trainfit.core.run.cluster_env import DEFAULT_MASTER_PORT
 from trainfit.errors import BadInputError
 from trainfit.export.cluster_job import CHECKPOINT_MOUNT, ClusterJob, dump_yaml, header_comments, launch_args
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shlex
 
-from trainfit.core.cluster_env import DEFAULT_MASTER_PORT
+from trainfit.core.run.cluster_env import DEFAULT_MASTER_PORT
 from trainfit.export.cluster_job import ClusterJob, header_comments, launch_args, slurm_time
 
 SBATCH_FILE = "slurm.sbatch"

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from trainfit.errors import BadInputError
 
 if TYPE_CHECKING:
-    from trainfit.core.model_spec import ModelSpec
+    from trainfit.core.models.spec import ModelSpec
     from trainfit.config.run_config import RunConfig
 
 TOOLS = ("trl", "axolotl", "llama-factory", "torchtune", "litgpt")

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainfit.core.model_capabilities import TORCHTUNE_ARCHITECTURES
+from trainfit.core.models.capabilities import TORCHTUNE_ARCHITECTURES
 from trainfit.errors import BadInputError
 from trainfit.export.bundle import yaml_text
 from trainfit.export.tools import ToolPlan, data_files, data_format, lora_targets, model_path, run_dir

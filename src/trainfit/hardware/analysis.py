@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 
 GIB = 1 << 30
 _LABELS = [(8.0, "Excellent for LLM training"), (6.0, "Good: full fine-tuning of small models, LoRA of mid-size"),

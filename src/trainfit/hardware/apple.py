@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import re
 
-from trainfit.core.hardware_spec import metal_working_set_bytes
-from trainfit.core.profile import GpuInfo
+from trainfit.core.machines.hardware_spec import metal_working_set_bytes
+from trainfit.core.machines.profile import GpuInfo
 from trainfit.hardware.gpu_common import make_gpu
 from trainfit.hardware.sources import Sources
 
@@ -79,7 +79,7 @@ def probe_apple_gpus(src: Sources) -> tuple[list[GpuInfo], dict[str, str]]:
     cores, cores_reason = gpu_core_count(src)
     memsize = int(values["hw.memsize"]) if values.get("hw.memsize", "").isdigit() else None
     # What the GPU may still take: the RAM macOS reports available, within Metal's working-set
-    # limit (the rule estimate and plan use as capacity: core.hardware_spec.metal_working_set_bytes).
+    # limit (the rule estimate and plan use as capacity: core.machines.hardware_spec.metal_working_set_bytes).
     free_reason = None
     try:
         available: int | None = int(src.psutil.virtual_memory().available)

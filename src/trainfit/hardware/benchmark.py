@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from trainfit.core.profile import BenchmarkInfo, CpuInfo, GpuInfo
+from trainfit.core.machines.profile import BenchmarkInfo, CpuInfo, GpuInfo
 from trainfit.hardware.sources import Sources
 
 DISK_BYTES = 512 << 20

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from trainfit.core.profile import CpuInfo, NumaNode
+from trainfit.core.machines.profile import CpuInfo, NumaNode
 from trainfit.hardware import apple
 from trainfit.hardware.cgroup import cpu_quota_cores
 from trainfit.hardware.sources import Sources, read_int, read_text

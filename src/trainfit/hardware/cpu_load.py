@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from trainfit.core.profile import MeasurementLoad
+from trainfit.core.machines.profile import MeasurementLoad
 
 # Other work above this share of our cores (its own threads plus steal) makes a timing unreliable:
 # with time-sharing every core lost to others is a share of the rate lost. 10 % of the cores is

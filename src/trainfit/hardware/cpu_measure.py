@@ -37,7 +37,7 @@ import json
 import time
 from collections.abc import Callable
 
-from trainfit.core.profile import BenchmarkInfo, CpuInfo
+from trainfit.core.machines.profile import BenchmarkInfo, CpuInfo
 from trainfit.hardware import cpu_load
 from trainfit.hardware.cpu_load import FP32_REPEATS, judge
 from trainfit.hardware.sources import Sources, read_text

@@ -10,7 +10,7 @@ import dataclasses
 import re
 from typing import Any
 
-from trainfit.core.profile import GpuInfo
+from trainfit.core.machines.profile import GpuInfo
 
 _LIST_FIELDS = {"precisions": [], "peak_tflops": {}, "nvlink_peers": [], "throttle_reasons": []}
 # None means "does not apply" for these (profile._NONE_IS_MEANINGFUL); a reason only when given.
@@ -67,10 +67,10 @@ def failed_gpu(*, index: int, vendor: str, name: str, exc: BaseException, what: 
 
 def enrich_from_catalog(gpu: GpuInfo) -> GpuInfo:
     """Fill catalog_id, architecture, matrix unit, precisions, peak TFLOP/s, bandwidth and TDP
-    from the GPU catalog (`trainfit.core.gpu_catalog.find_gpu`). Probe values win over the
+    from the GPU catalog (`trainfit.core.machines.gpu_catalog.find_gpu`). Probe values win over the
     catalog where both exist (a probe reads this board; the catalog knows the model)."""
     try:
-        from trainfit.core.gpu_catalog import find_gpu
+        from trainfit.core.machines.gpu_catalog import find_gpu
     except ImportError:
         return _without_catalog(gpu, "GPU catalog unavailable")
     lookup_name = gpu.name.split(" (")[0]  # "Apple M2 Pro (19-core GPU)" -> "Apple M2 Pro"
@@ -109,7 +109,7 @@ def _with_catalog(gpu: GpuInfo, spec: Any) -> GpuInfo:
             updates["memory_bandwidth_gbps"] = round(spec.memory_bandwidth_gbps * share[1], 1)
     if gpu.vram_reserved_bytes is None and gpu.vram_total_bytes == spec.usable_vram_bytes:
         # a driver whose NVML has no v2 call but counts its share in the total, as the catalog's does
-        from trainfit.core.gpu_catalog import driver_reserved_bytes
+        from trainfit.core.machines.gpu_catalog import driver_reserved_bytes
 
         updates["vram_reserved_bytes"] = driver_reserved_bytes(spec)
         unavailable.pop("vram_reserved_bytes", None)

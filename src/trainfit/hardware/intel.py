@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfit.core.profile import GpuInfo
+from trainfit.core.machines.profile import GpuInfo
 from trainfit.hardware.drm import DrmCard, hwmon, list_cards, pcie_link
 from trainfit.hardware.gpu_common import failed_gpu, make_gpu
 from trainfit.hardware.sources import Sources, read_int

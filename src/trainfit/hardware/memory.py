@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 
-from trainfit.core.profile import MemoryInfo, os_reserve_bytes
+from trainfit.core.machines.profile import MemoryInfo, os_reserve_bytes
 from trainfit.hardware.cgroup import cgroup_dirs, memory_limit_bytes
 from trainfit.hardware.sources import Sources, read_int, read_text
 from trainfit.hardware.storage import _disk_of, _mount_of, classify_disk

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from trainfit.core.profile import NetworkInfo
+from trainfit.core.machines.profile import NetworkInfo
 from trainfit.hardware.sources import Sources
 
 ENV_VAR = "TRAINFIT_BANDWIDTH_URL"

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from trainfit.core.profile import GpuInfo
+from trainfit.core.machines.profile import GpuInfo
 from trainfit.hardware.gpu_common import failed_gpu, make_gpu
 from trainfit.hardware.sources import Sources
 

@@ -11,8 +11,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from trainfit.core.power import assumed_cpu_tdp_watts
-from trainfit.core.profile import CpuInfo, GpuInfo, PowerInfo, ThermalZone
+from trainfit.core.run.power import assumed_cpu_tdp_watts
+from trainfit.core.machines.profile import CpuInfo, GpuInfo, PowerInfo, ThermalZone
 from trainfit.hardware.sources import Sources, read_int, read_text
 
 RAPL_WINDOW_SECONDS = 0.2
@@ -183,7 +183,7 @@ def assess_power(r: PowerReadings, gpus: list[GpuInfo], cpu: CpuInfo, psu_watts:
         cpu_w = r.cpu_tdp_watts
     elif apple and any(g.tdp_watts for g in boards):
         # The catalog's Apple figure is the whole machine's maximum wall power (CPU, GPU, SSD),
-        # as in core.hardware_spec: adding a CPU and a rest-of-system figure would count them twice.
+        # as in core.machines.hardware_spec: adding a CPU and a rest-of-system figure would count them twice.
         cpu_w = 0.0
         evidence.append("Apple silicon: CPU and the rest of the machine are inside the chip's power figure")
     else:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainfit.core.profile import SCHEMA_VERSION, GpuInfo, HardwareProfile
+from trainfit.core.machines.profile import SCHEMA_VERSION, GpuInfo, HardwareProfile
 from trainfit.errors import BadInputError
 from trainfit.hardware import amd, apple, cpu, cpu_measure, intel, memory, network, nvml, power, storage, system
 from trainfit.hardware.benchmark import benchmark_unavailable, run_benchmark

@@ -21,7 +21,7 @@ import posixpath
 import tempfile
 import time
 
-from trainfit.core.profile import StorageInfo
+from trainfit.core.machines.profile import StorageInfo
 from trainfit.hardware.sources import Sources, read_int, read_text
 
 DEFAULT_TEST_BYTES = 64 << 20  # 64 MiB: about 0.1-0.5 s on an SSD, keeps `profile` under 1.5 s

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainfit.core.profile import Backend, BackendsInfo, CpuInfo, GpuInfo, OsInfo
+from trainfit.core.machines.profile import Backend, BackendsInfo, CpuInfo, GpuInfo, OsInfo
 from trainfit.hardware.sources import Sources, read_text
 
 

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainfit.core import model_loader
-from trainfit.core.model_catalog import parse_hub_ref as parse_ref
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models import loader as model_loader
+from trainfit.core.models.catalog import parse_hub_ref as parse_ref
+from trainfit.core.models.spec import ModelSpec
 from trainfit.errors import BadInputError, TrainfitError, UnavailableError
 from trainfit.hub import bounded_http as hub_http
 from trainfit.validate import Bound

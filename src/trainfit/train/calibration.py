@@ -8,7 +8,7 @@ machine fingerprint and the device ("cpu", "cuda:NVIDIA H100 80GB HBM3"):
 
 A ratio is measured / predicted. The factor applied later is the median of the last
 MAX_SAMPLES ratios (robust to one noisy verify), so calibration moves slowly and never jumps on
-one outlier. `trainfit estimate` applies the factors (core/memory/calibrated.py, core/run_prediction.py).
+one outlier. `trainfit estimate` applies the factors (core/memory/calibrated.py, core/run/prediction.py).
 
 Busy machines: every sample records the 1-minute load average and the usable cores at the end of
 the measurement. A step time measured while the run queue was longer than the cores by more than

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainfit.core.dropout_config import config_kwargs as dropout_config_kwargs
-from trainfit.core.model_capabilities import BUILDABLE_ARCHITECTURES
-from trainfit.core.model_spec import ModelSpec, VisionTowerSpec
-from trainfit.core.params import QWEN2VL_TEMPORAL_PATCH, vision_params
+from trainfit.core.models.dropout_config import config_kwargs as dropout_config_kwargs
+from trainfit.core.models.capabilities import BUILDABLE_ARCHITECTURES
+from trainfit.core.models.spec import ModelSpec, VisionTowerSpec
+from trainfit.core.models.params import QWEN2VL_TEMPORAL_PATCH, vision_params
 from trainfit.errors import BadInputError, require_extra
 
 # ModelSpec activation -> the name transformers' ACT2FN uses.
@@ -24,7 +24,7 @@ _ACT = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu"
 def _check(spec: ModelSpec) -> None:
     caps = spec.capabilities
     if not caps.buildable:
-        # Falcon, GPTBigCode, BLOOM, Qwen v1, T5 and BERT are estimated (trainfit.core.params)
+        # Falcon, GPTBigCode, BLOOM, Qwen v1, T5 and BERT are estimated (trainfit.core.models.params)
         # but not built from a ModelSpec here.
         raise BadInputError(
             f"model {spec.id!r}: architecture {spec.architecture!r} cannot be built by trainfit's trainer "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.config.run_config import RunConfig, shape_spec
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.errors import BadInputError, UnavailableError
 
 
@@ -47,7 +47,7 @@ def _spec_from_dir(path: str) -> tuple[ModelSpec | None, str]:
     try:
         from trainfit.hub import resolve_model
     except ImportError:
-        return None, "trainfit.core.model_catalog is not in this build"
+        return None, "trainfit.core.models.catalog is not in this build"
     try:
         return resolve_model(path), f"config.json in {path}"
     except Exception as exc:  # an unusual config must not stop training, only the prediction
@@ -74,7 +74,7 @@ def build_model(cfg: RunConfig, tokenizer, *, quantization_config: Any = None) -
         try:
             from trainfit.hub import resolve_model
         except ImportError:
-            raise UnavailableError("model.id needs the model catalog (trainfit.core.model_catalog), "
+            raise UnavailableError("model.id needs the model catalog (trainfit.core.models.catalog), "
                                    "not in this build", hint="use model.shape or model.path") from None
         spec, note = resolve_model(m.id), "model catalog"
         hf_cfg = build_hf_config(spec)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan.measured import setup_label
 from trainfit.core.setup import TrainingSetup
 from trainfit.train.probe_session import ProbeJob, ProbeSession
@@ -91,7 +91,7 @@ def slice_for(spec: ModelSpec, setup: TrainingSetup, hardware, share_seconds: fl
 
 
 def spec_params(spec: ModelSpec) -> int:
-    from trainfit.core.params import total_params
+    from trainfit.core.models.params import total_params
 
     try:
         return int(total_params(spec))

@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 TIMED_MICRO_BATCHES = 4

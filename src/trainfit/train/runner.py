@@ -375,7 +375,7 @@ def _watch(in_force: InForce, start: _Start, asked: _Asked, session, fake_machin
     from trainfit.train.recovery.session import request_shrink
 
     # Thermal / battery pauses, memory pressure, checkpoint cadence and clean stops on SIGINT /
-    # SIGTERM (core/safety_thresholds.py: thresholds of the config's safety.mode). The policies read
+    # SIGTERM (core/run/safety_thresholds.py: thresholds of the config's safety.mode). The policies read
     # the monitor's latest sample each time they look (a function, not the sample of now).
     if monitor.enabled:
         sample_fn, leak_events = (lambda: monitor.monitor.latest_sample), monitor.monitor.events_since

@@ -46,7 +46,7 @@ from trainfit.core.memory.framework_effects import returned_logits_bytes
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.states import base_weight_bytes
 from trainfit.core.memory.stats import ModelStats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 

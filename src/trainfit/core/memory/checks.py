@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError
 

@@ -18,13 +18,13 @@ Checked against the live-tensor counter on CPU (tests/memory/test_dora_loss_visi
 
 from __future__ import annotations
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 
 def adapted_linears(spec: ModelSpec, setup: TrainingSetup):
     """The decoder linears LoRA adapts (the vision tower and fused MoE experts are not DoRA'd)."""
-    from trainfit.core.params import lora_targets
+    from trainfit.core.models.params import lora_targets
 
     if setup.lora is None:
         return []

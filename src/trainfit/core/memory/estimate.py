@@ -23,8 +23,8 @@ from trainfit.core.memory.stats import lora_stats, model_stats
 from trainfit.core.memory.step import training_step
 from trainfit.core.knob_rules import check_knobs
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, MemoryEstimate
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup
 
 C = MemoryComponent

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from trainfit.core.memory.fsdp import compute_bytes, root_params
 from trainfit.core.memory.stats import ModelStats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import BNB_QUANTS, runtime_of
 from trainfit.core.setup import TrainingSetup
 

@@ -13,7 +13,7 @@ them to fp32. Sources: transformers cache_utils.py / generation/utils.py; llm-an
 from __future__ import annotations
 
 from trainfit.core.memory_types import MemoryComponent
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 
 C = MemoryComponent
 

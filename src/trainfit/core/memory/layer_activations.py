@@ -19,7 +19,7 @@ from trainfit.core.memory.activations import (adapted_expert_weight_bytes, atten
                                               Widths)
 from trainfit.core.memory.states import trained_param_bytes
 from trainfit.core.memory.stats import ModelStats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 

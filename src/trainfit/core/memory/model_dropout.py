@@ -32,7 +32,7 @@ keeps nothing.
 
 from __future__ import annotations
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 

@@ -54,7 +54,7 @@ allocator's pool); `total_bytes` is what nvidia-smi shows.
   for larger ones (NVIDIA/nccl#964) -> 519 / 656 MiB. PCIe cards open fewer channels, so this is
   their upper side; a job with several process groups pays it per group (not modelled).
 * Apple MPS: Metal's recommendedMaxWorkingSetSize, 2/3 of unified memory up to 36 GiB and 3/4
-  above (core.hardware_spec.metal_working_set_bytes, where the reported values are cited).
+  above (core.machines.hardware_spec.metal_working_set_bytes, where the reported values are cited).
 * CPU: the PyTorch + transformers runtime itself (~ 600 MiB resident) and malloc fragmentation
   (10 % of the tensor peak, SLACK_HOST; MPS too: not measured yet). Neither gives memory back on
   a failed allocation the way the caching allocator does, so the verdict needs their whole total.
@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from trainfit.core.memory.paged_states import spill_text
 from trainfit.core.memory_types import DeviceMemory, MemoryComponent, spillable_bytes
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 
 MIB = 1024**2
 GIB = 1024**3
@@ -180,7 +180,7 @@ def gpu_capacity(profile: HardwareProfile) -> int | None:
         return None
     gpu = profile.gpus[0]
     if gpu.unified_memory or profile.accelerator == "mps":
-        from trainfit.core.hardware_spec import metal_working_set_bytes
+        from trainfit.core.machines.hardware_spec import metal_working_set_bytes
 
         # one rule (and its sources) for every command; None when the RAM size is unknown
         return metal_working_set_bytes(profile.memory.total_bytes or gpu.vram_total_bytes)

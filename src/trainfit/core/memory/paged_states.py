@@ -20,8 +20,8 @@ states (bench/published_memory.py, finding 25).
 from __future__ import annotations
 
 from trainfit.core.memory_types import DeviceMemory
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import count_params, linear_layers, lora_targets
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.models.params import count_params, linear_layers, lora_targets
 from trainfit.core.setup import TrainingSetup
 
 GIB = 1024**3

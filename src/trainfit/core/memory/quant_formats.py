@@ -23,7 +23,7 @@ in forward and again in backward, like bitsandbytes: the same one-weight transie
 from __future__ import annotations
 
 from trainfit.core.memory.stats import ModelStats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import BITSANDBYTES, runtime_of
 from trainfit.core.setup import PREQUANTISED, TrainingSetup
 
@@ -71,7 +71,7 @@ def group_index_bytes(spec: ModelSpec, quant: str) -> float:
     """GPTQ's g_idx: one int32 per input feature of every quantised linear layer (AWQ has none)."""
     if quant != "gptq":
         return 0.0
-    from trainfit.core.params import linear_layers
+    from trainfit.core.models.params import linear_layers
 
     return 4.0 * sum(x.count * x.in_features for x in linear_layers(spec) if x.kind != "lm_head" and not x.vision)
 

@@ -27,7 +27,7 @@ from trainfit.core.memory.quant_formats import (PREQUANTISED, experts_left_dense
                                                 metadata_bytes_per_param, packed_bytes_per_param,
                                                 quantised_linear_params)
 from trainfit.core.memory.stats import ModelStats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 

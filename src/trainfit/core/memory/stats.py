@@ -2,15 +2,15 @@
 
 The planner calls `estimate_memory` thousands of times for the same model, so everything that
 depends only on the shapes (parameter groups, linear layers, LoRA sizes) is computed here once.
-Parameter counts come from `trainfit.core.params` (exact against transformers).
+Parameter counts come from `trainfit.core.models.params` (exact against transformers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import adapter_params, count_params, linear_layers, lora_plan, lora_position, norm_readers
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.models.params import adapter_params, count_params, linear_layers, lora_plan, lora_position, norm_readers
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def lora_stats(spec: ModelSpec, targets: list[str] | str, rank: int) -> tuple[in
     "experts": adapted fused MoE expert parameters, which PEFT wraps as parameters, not as linears).
 
     The positions tell the activation model which saved inputs LoRA adds (see activations.py).
-    Raises BadInputError for a module the model does not have (from trainfit.core.params).
+    Raises BadInputError for a module the model does not have (from trainfit.core.models.params).
     """
     key = (id(spec), tuple(targets) if isinstance(targets, list) else targets, rank)
     hit = _LORA_CACHE.get(key)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from trainfit.core.memory.activations import dtype_bytes
 from trainfit.core.memory.states import States
 from trainfit.core.memory.stats import ModelStats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 

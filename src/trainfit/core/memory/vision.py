@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 PATCH = 14

@@ -12,7 +12,7 @@ from trainfit.core.memory import quant_formats
 from trainfit.core.memory.fsdp import fsdp_shards
 from trainfit.core.memory.states import model_states
 from trainfit.core.memory.step import TrainingStep
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 

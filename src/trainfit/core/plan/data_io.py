@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple
 
 from trainfit.core.memory_types import MemoryEstimate
 from trainfit.core.plan.data_storage import cache_path, disk_of, owned_machine, pick_disk
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import SFT_METHODS, TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 

@@ -3,7 +3,7 @@ room to spare (core.plan.data_io decides between RAM, a disk and a stream with t
 
 from __future__ import annotations
 
-from trainfit.core.profile import HardwareProfile, StorageInfo
+from trainfit.core.machines.profile import HardwareProfile, StorageInfo
 
 GIB = 1 << 30
 

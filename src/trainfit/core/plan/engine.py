@@ -9,7 +9,7 @@ does not fit ends that chain, which is what keeps an exhaustive search fast. The
 candidates of the winning tier are ranked by the policy's key (usually predicted step time).
 
 Policies built on it: core.plan.nearest (estimate's "nearest setting that fits"),
-core.cloud_rank (fastest setting per cloud flavor) and core.plan.planner (the three modes).
+core.plan.cloud_rank (fastest setting per cloud flavor) and core.plan.planner (the three modes).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from trainfit.core.memory_types import MemoryEstimate
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for, unsupported
 from trainfit.core.plan.host_ram import host_ram_ratio
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate
 from trainfit.errors import TrainfitError

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainfit.core.profile import GpuInfo, HardwareProfile
+from trainfit.core.machines.profile import GpuInfo, HardwareProfile
 
 Half = Literal["bf16", "fp16"]
 
@@ -70,7 +70,7 @@ def _is_laptop(gpu: GpuInfo) -> bool:
     """The GPU catalog's class (its name matching folds "Mobile" / "Max-Q" into laptop parts)."""
     if not gpu.catalog_id:
         return False
-    from trainfit.core.gpu_catalog import get_gpu
+    from trainfit.core.machines.gpu_catalog import get_gpu
 
     return get_gpu(gpu.catalog_id).gpu_class == "laptop"
 

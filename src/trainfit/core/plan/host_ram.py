@@ -12,7 +12,7 @@ larger of the two. On a CPU or a unified-memory machine the model's memory is th
 from __future__ import annotations
 
 from trainfit.core.memory_types import MemoryEstimate
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 
 LOADED_BYTES_PER_PARAM = 2  # the 16-bit state dict from_pretrained builds on the CPU

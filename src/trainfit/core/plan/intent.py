@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.core.plan.hardware_rules import half_type
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import (LoraSettings, TrainingSetup, default_precision, method_trains_adapters,
                                  parse_method)
 
@@ -38,7 +38,7 @@ def resolve_setup(hardware: HardwareProfile | None, method: str = "full", *, lor
     if num_gpus is None:
         num_gpus = max(1, hardware.gpu_count) if hardware is not None and device != "cpu" else 1
     if "num_nodes" not in knobs and hardware is not None and device != "cpu" and hardware.node_count > 1:
-        # the fewest of the hardware's nodes that hold num_gpus (core/multinode_spec.py)
+        # the fewest of the hardware's nodes that hold num_gpus (core/machines/multinode_spec.py)
         knobs["num_nodes"] = min(hardware.node_count, -(-num_gpus // max(1, hardware.gpus_per_node)))
     if lora is None and method_trains_adapters(method, lora_given=False):
         lora = LoraSettings()

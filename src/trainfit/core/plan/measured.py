@@ -30,7 +30,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate
 
@@ -198,7 +198,7 @@ def speed_fn(req, model: ModelSpec, base: Callable[[ModelSpec, TrainingSetup], S
     ratios = class_ratios(req.measured_steps, model.id)
 
     def fn(m: ModelSpec, s: TrainingSetup) -> SpeedEstimate:
-        from trainfit.core.run_prediction import scaled_speed
+        from trainfit.core.run.prediction import scaled_speed
 
         speed = base(m, s)
         if m.id == model.id:
@@ -210,10 +210,10 @@ def speed_fn(req, model: ModelSpec, base: Callable[[ModelSpec, TrainingSetup], S
 
 
 def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
-    """core.run_prediction.predict_run for the plan's pick, at its measured (or class-scaled) step
+    """core.run.prediction.predict_run for the plan's pick, at its measured (or class-scaled) step
     time when the probe measured it: the figures then say what this machine does."""
-    from trainfit.core.power import estimate_power
-    from trainfit.core.run_prediction import RunPrediction, predict_run as predict, scaled_speed
+    from trainfit.core.run.power import estimate_power
+    from trainfit.core.run.prediction import RunPrediction, predict_run as predict, scaled_speed
 
     measured = _measured(req.measured_steps, model.id)
     ratios = class_ratios(req.measured_steps, model.id)

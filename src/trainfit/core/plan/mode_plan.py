@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import data_io, lengths, measured
 from trainfit.core.plan.data_io import DataPlan
 from trainfit.core.plan.engine import SearchResult
@@ -18,7 +18,7 @@ from trainfit.core.plan.plan_warnings import (moe_quant_warning, setting_warning
                                               truncation_warnings)
 from trainfit.core.plan.request import PlanRequest
 from trainfit.core.plan.results import ModePlan, RunFigures
-from trainfit.core.power import PowerEstimate
+from trainfit.core.run.power import PowerEstimate
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import measured
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult, search
 from trainfit.core.plan.hardware_rules import DeviceRules

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.errors import BadInputError
 
@@ -40,7 +40,7 @@ def sharding_reasons(model: ModelSpec, s: TrainingSetup, hardware: HardwareProfi
     """The plan's sentences about nodes, network and sharding (empty on one node). Step times are
     scaled by the plan's calibration factor, as the plan's own step time is."""
     from trainfit.core.memory import estimate_memory
-    from trainfit.core.multinode_spec import network_note
+    from trainfit.core.machines.multinode_spec import network_note
 
     if s.num_nodes <= 1:
         return []

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import space, variants
 from trainfit.core.plan.engine import Candidate, MemoryFn, SearchResult, Tier, search
 from trainfit.core.plan.hardware_rules import DeviceRules, rules_for
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup, parse_variant
 
 _OFFLOAD_COST = {"none": 0.0, "optimizer": 5.0, "optimizer+params": 6.0}

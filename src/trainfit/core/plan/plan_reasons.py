@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import lengths, multinode
 from trainfit.core.plan.engine import Budget, Candidate, SearchResult
 from trainfit.core.plan.figures_text import cap_gib_text, count_text, gib_text

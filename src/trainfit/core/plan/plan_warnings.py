@@ -9,7 +9,7 @@ from trainfit.core.durations import hours_text
 from trainfit.core.memory.overheads import under_pressure_text
 from trainfit.core.memory.quant_formats import dense_experts_text, experts_left_dense
 from trainfit.core.memory.stats import model_stats
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import lengths, space, variants
 from trainfit.core.plan.engine import Candidate, SearchResult
 from trainfit.core.plan.figures_text import gib_text
@@ -18,7 +18,7 @@ from trainfit.core.plan.mode_search import search_model
 from trainfit.core.plan.modes import SEQ_FLOOR, ModeTargets, shorter_seq_lens
 from trainfit.core.plan.request import PlanRequest
 from trainfit.core.plan.search_space import mode_seq_lens
-from trainfit.core.power import PowerEstimate
+from trainfit.core.run.power import PowerEstimate
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate
 

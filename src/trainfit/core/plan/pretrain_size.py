@@ -7,7 +7,7 @@ import dataclasses
 import functools
 
 from trainfit.core.durations import hours_text
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan.engine import Candidate
 from trainfit.core.plan.figures_text import count_text
 from trainfit.core.plan.hardware_rules import DeviceRules
@@ -27,8 +27,8 @@ PRETRAIN_LADDER = (1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 15_00
 
 @functools.lru_cache(maxsize=256)
 def shape_for_params(label: str, vocab_size: int, max_positions: int) -> ModelSpec:
-    """core.model_shapes.shape_for_params, remembered: every mode walks the same ladder."""
-    from trainfit.core.model_shapes import shape_for_params as shape
+    """core.models.shapes.shape_for_params, remembered: every mode walks the same ladder."""
+    from trainfit.core.models.shapes import shape_for_params as shape
 
     return shape(label, vocab_size=vocab_size, max_positions=max_positions)
 

@@ -6,16 +6,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan.data_io import DatasetInfo
 from trainfit.core.plan.modes import MODES
-from trainfit.core.power import DEFAULT_PRICE_PER_KWH
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.run.power import DEFAULT_PRICE_PER_KWH
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import METHODS, LoraSettings, TrainingSetup
 from trainfit.errors import BadInputError
 
 if TYPE_CHECKING:  # names only: the cloud catalog loads with `plan --flavor ID --spot` alone
-    from trainfit.core.cloud_catalog import SpotTerms
+    from trainfit.core.cloud.catalog import SpotTerms
 
 
 PLAN_METHODS = ("auto", *METHODS)  # auto: full fine-tuning, falling back to LoRA, then QLoRA

@@ -6,16 +6,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainfit.core.memory_types import MemoryEstimate
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import lengths
 from trainfit.core.plan.data_io import DataPlan
 from trainfit.core.plan.modes import ModeTargets
-from trainfit.core.power import PowerEstimate
+from trainfit.core.run.power import PowerEstimate
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate
 
 if TYPE_CHECKING:  # names only: the spot model loads with `plan --flavor ID --spot` alone
-    from trainfit.core.spot import SpotEstimate
+    from trainfit.core.cloud.spot import SpotEstimate
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.plan import multinode, space, variants
 from trainfit.core.plan.engine import Tier
 from trainfit.core.plan.hardware_rules import DeviceRules

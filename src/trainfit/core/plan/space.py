@@ -7,7 +7,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.knob_rules import knob_problems
 from trainfit.core.plan.multinode import coherent_hybrid
 from trainfit.core.setup import LoraSettings, TrainingSetup
@@ -87,7 +87,7 @@ def lora_variant(s: TrainingSetup, method: str, lora: LoraSettings, *, precision
 
 def default_lora(spec: ModelSpec) -> LoraSettings:
     """Rank 16 / alpha 32 on every linear module of the blocks (QLoRA paper's choice), not lm_head."""
-    from trainfit.core.params import module_names
+    from trainfit.core.models.params import module_names
 
     return LoraSettings(rank=16, alpha=32, target_modules=[m for m in module_names(spec) if m != "lm_head"])
 
@@ -100,7 +100,7 @@ ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn
 def attention_lora(spec: ModelSpec) -> LoraSettings | None:
     """Rank 16 / alpha 32 on the attention projections only: about a quarter of default_lora's adapted
     parameters and their activations. None when the model names no attention projection we know."""
-    from trainfit.core.params import module_names
+    from trainfit.core.models.params import module_names
 
     names = [m for m in module_names(spec) if m in ATTENTION_MODULES]
     return LoraSettings(rank=16, alpha=32, target_modules=names) if names else None

@@ -1,19 +1,19 @@
 """A planned mode's figures on a spot instance (`trainfit plan --flavor ID --spot`): the spot
-estimate of its run (core.spot), the expected rental with re-done work, and the lines that explain
+estimate of its run (core.cloud.spot), the expected rental with re-done work, and the lines that explain
 them."""
 
 from __future__ import annotations
 
 import math
 
-from trainfit.core.checkpoint_cadence import ASSUMED_WRITE_BYTES_PER_SECOND
-from trainfit.core.cloud_catalog import SpotTerms
+from trainfit.core.run.checkpoint_cadence import ASSUMED_WRITE_BYTES_PER_SECOND
+from trainfit.core.cloud.catalog import SpotTerms
 from trainfit.core.plan.results import RunFigures
-from trainfit.core.safety_thresholds import safety_thresholds
-from trainfit.core.spot import checkpoint_bytes_for, estimate_spot, hours_text
+from trainfit.core.run.safety_thresholds import safety_thresholds
+from trainfit.core.cloud.spot import checkpoint_bytes_for, estimate_spot, hours_text
 
 # A restart on a new instance repeats the job's setup (boot, image pull, dependency install,
-# weight download): the same 10 minutes `trainfit cloud` bills once per run (core.cloud_rank,
+# weight download): the same 10 minutes `trainfit cloud` bills once per run (core.plan.cloud_rank,
 # from seed 004's ~10-15 minute quick demo), plus reading the checkpoint back.
 RESTART_SETUP_SECONDS = 600.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from trainfit.core.plan.hardware_rules import DeviceRules
 from trainfit.core.plan.intent import resolve_setup
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import LoraSettings, TrainingSetup, parse_variant
 
 FALLBACK = {

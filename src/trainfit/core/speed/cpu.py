@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from trainfit.core.memory import model_dropout
 from trainfit.core.memory.activations import attention_kind
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
 from trainfit.core.speed.optimizer_traffic import OPTIMIZER_BYTES, OPTIMIZER_PASSES
@@ -172,7 +172,7 @@ class CpuStep:
 
 def trainable_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[tuple[float, int]]:
     """(elements, count) of every trainable parameter tensor: what the optimizer walks over."""
-    from trainfit.core.params import canonical_targets, linear_layers, lora_targets
+    from trainfit.core.models.params import canonical_targets, linear_layers, lora_targets
 
     lora = setup.lora if setup.trains_adapters else None
     if lora is not None:

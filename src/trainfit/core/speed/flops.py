@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.spec import ModelSpec
 from trainfit.core.setup import TrainingSetup
 
 @dataclass(frozen=True)
@@ -129,10 +129,10 @@ def matmul_params_stored(spec: ModelSpec) -> float:
 def lora_params_per_token(spec: ModelSpec, targets: list[str] | str, rank: int) -> float:
     """Adapter weights a token passes through: r*(in+out) per targeted linear (A and B).
 
-    Uses the shared module layout (trainfit.core.params), so LoRA FLOPs and LoRA memory agree.
+    Uses the shared module layout (trainfit.core.models.params), so LoRA FLOPs and LoRA memory agree.
     `targets` is LoraSettings.target_modules as is: a list of names or the string "all-linear".
     """
-    from trainfit.core.params import canonical_targets, lora_params
+    from trainfit.core.models.params import canonical_targets, lora_params
 
     return float(lora_params(spec, canonical_targets(targets), rank))
 

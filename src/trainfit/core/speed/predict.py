@@ -23,8 +23,8 @@ from trainfit.core.memory.activations import attention_kind
 from trainfit.core.memory.paged_states import pages_states
 from trainfit.core.memory.quant_formats import experts_left_dense
 from trainfit.core.memory.stats import model_stats
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.runtime import BITSANDBYTES, runtime_of
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import flops as F
@@ -377,7 +377,7 @@ def _communication_seconds(
         return 0.0
     network = rates.network_bytes_per_s
     if setup.num_nodes > 1 and network <= 0:
-        from trainfit.core.network_catalog import default_network, usable_node_bandwidth_gbps
+        from trainfit.core.machines.network_catalog import default_network, usable_node_bandwidth_gbps
 
         net = default_network(rates.architecture, "datacenter" if rates.link_kind == "nvlink" else None,
                               "nvlink" if rates.link_kind == "nvlink" else None)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from trainfit.core.gpu_spec import GpuSpec
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.machines.gpu_spec import GpuSpec
+from trainfit.core.machines.profile import HardwareProfile
 
 GB = 1e9
 
@@ -115,7 +115,7 @@ class DeviceRates:
     tdp_watts: float | None
     notes: list[str] = field(default_factory=list)
     cache_bytes: float = 0.0  # CPU last-level cache (0: unknown / not used), for the CPU step model
-    # Several nodes (core/multinode_spec.py): the network one node pushes to the others, usable
+    # Several nodes (core/machines/multinode_spec.py): the network one node pushes to the others, usable
     # bytes/s per direction (line rate x NETWORK_EFFICIENCY), shared by the node's GPUs; 0 on one node.
     nodes: int = 1
     network_bytes_per_s: float = 0.0
@@ -163,7 +163,7 @@ def _catalog_spec(catalog_id: str | None) -> GpuSpec | None:
     if not catalog_id:
         return None
     try:
-        from trainfit.core.gpu_catalog import get_gpu
+        from trainfit.core.machines.gpu_catalog import get_gpu
     except ImportError:
         return None
     try:
@@ -292,7 +292,7 @@ def with_network(rates: DeviceRates, profile: HardwareProfile) -> DeviceRates:
     n = profile.nodes
     if profile.node_count <= 1 or not n.network_gbps:
         return rates
-    from trainfit.core.network_catalog import usable_node_bandwidth_gbps
+    from trainfit.core.machines.network_catalog import usable_node_bandwidth_gbps
 
     label = f"{n.network}{' (assumed)' if n.network_assumed else ''}"
     return dataclasses.replace(rates, nodes=profile.node_count,

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 # The cadence rule and the checkpoint-cost assumptions live in core (the planner and `cloud --spot`
 # price the same interval the trainer uses).
-from trainfit.core.checkpoint_cadence import (ASSUMED_CHECKPOINT_FIXED_SECONDS, ASSUMED_WRITE_BYTES_PER_SECOND,
+from trainfit.core.run.checkpoint_cadence import (ASSUMED_CHECKPOINT_FIXED_SECONDS, ASSUMED_WRITE_BYTES_PER_SECOND,
                                               OPTIMIZER_BYTES_PER_TRAINABLE, cadence_interval,
                                               combined_interruption_seconds)
 from trainfit.train.monitor.safety_context import Log, SafetyContext, TrainingStopped, at_last_step

@@ -4,7 +4,7 @@ checkpoint frequency from the run-time estimate, and a clean stop on SIGINT / SI
 Each policy is a Transformers TrainerCallback that acts at optimizer-step boundaries through the
 Trainer's own control flags (`should_save`, `should_training_stop`); nothing here runs a training
 loop. Thresholds come from the run's safety mode (`safety.mode` in the run config; balanced when
-absent), as data with their sources in trainfit.core.safety_thresholds.SAFETY.
+absent), as data with their sources in trainfit.core.run.safety_thresholds.SAFETY.
 
 * ThermalPolicy: a GPU reporting a heat throttle reason (sw_thermal / hw_thermal / hw_slowdown) or
   within the mode's margin of its slowdown threshold, or (CPU training) a CPU sensor over the
@@ -26,7 +26,7 @@ absent), as data with their sources in trainfit.core.safety_thresholds.SAFETY.
   readings.
 * CadencePolicy: saves when the work since the last checkpoint (of any origin) exceeds an
   interval chosen from the measured cost of one checkpoint, the risk and the ETA (see
-  `cadence_interval`, core/checkpoint_cadence.py): checkpoint overhead <= 3 % of run time, never
+  `cadence_interval`, core/run/checkpoint_cadence.py): checkpoint overhead <= 3 % of run time, never
   more than the mode's maximum loss of work. The risk is the mode's assumed time between
   interruptions, combined with the config's `safety.interruption_hours` (a spot machine's figure)
   when given; each decision event names the figure it used. The config's
@@ -57,7 +57,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from trainfit.core.safety_thresholds import safety_thresholds
+from trainfit.core.run.safety_thresholds import safety_thresholds
 from trainfit.train.monitor.machine_policies import MemoryPressurePolicy, PowerPolicy, ThermalPolicy
 from trainfit.train.monitor.run_policies import CadencePolicy, SignalPolicy, StopAtTrainEnd
 from trainfit.train.monitor.safety_context import EventsSince, Log, SafetyContext, SampleFn

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainfit.core.safety_thresholds import SafetyThresholds
+from trainfit.core.run.safety_thresholds import SafetyThresholds
 from trainfit.errors import TrainfitError
 from trainfit.hardware.sample_types import GpuSample, Sample
 from trainfit.train.monitor.events import append_record, event

@@ -303,7 +303,7 @@ def _check_tuning(spec: dict, where: str) -> None:
     import dataclasses
     import inspect
 
-    from trainfit.core.safety_thresholds import SafetyThresholds
+    from trainfit.core.run.safety_thresholds import SafetyThresholds
     from trainfit.train.monitor.leaks import LeakDetector
 
     valid = {"safety": {f.name for f in dataclasses.fields(SafetyThresholds)} - {"mode"},

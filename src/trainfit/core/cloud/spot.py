@@ -42,11 +42,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainfit.core.checkpoint_cadence import (ASSUMED_WRITE_BYTES_PER_SECOND, cadence_interval,
+from trainfit.core.run.checkpoint_cadence import (ASSUMED_WRITE_BYTES_PER_SECOND, cadence_interval,
                                               checkpoint_seconds, combined_interruption_seconds)
-from trainfit.core.safety_thresholds import SafetyThresholds
+from trainfit.core.run.safety_thresholds import SafetyThresholds
 
-# A checkpoint is read back at the speed it is assumed to be written (core.checkpoint_cadence:
+# A checkpoint is read back at the speed it is assumed to be written (core.run.checkpoint_cadence:
 # a 7200-rpm disk's sequential speed; cloud NVMe is faster, so restarts err long).
 ASSUMED_READ_BYTES_PER_SECOND = ASSUMED_WRITE_BYTES_PER_SECOND
 # exp() of more than this overflows a float: such a segment practically never completes.
@@ -182,7 +182,7 @@ _FP32_WEIGHT_PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 def checkpoint_bytes_for(setup, memory) -> int:
     """Bytes one checkpoint of this TrainingSetup writes, from its MemoryEstimate's parameter
     counts (LoRA / QLoRA save the adapter, kept in fp32 by PEFT)."""
-    from trainfit.core.checkpoint_cadence import checkpoint_bytes
+    from trainfit.core.run.checkpoint_cadence import checkpoint_bytes
 
     adapter = setup.lora is not None
     width = 4 if adapter or setup.precision in _FP32_WEIGHT_PRECISIONS else 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainfit.core.model_capabilities import ModelCapabilities, capabilities_of
+from trainfit.core.models.capabilities import ModelCapabilities, capabilities_of
 
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "gelu_new"]
 NormKind = Literal["rmsnorm", "layernorm"]
@@ -77,7 +77,7 @@ class ModelSpec:
     relative_attention_buckets: int = 0
     # BERT / RoBERTa segment (token type) embeddings; 0 where the model has none.
     type_vocab_size: int = 0
-    # The model's own dropout probabilities as its config.json sets them (core/dropout_config.py):
+    # The model's own dropout probabilities as its config.json sets them (core/models/dropout_config.py):
     # on each block's attention / MLP output, on the attention probabilities, on the embeddings.
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -85,6 +85,6 @@ class ModelSpec:
 
     @property
     def capabilities(self) -> ModelCapabilities:
-        """What the architecture does differently (core/model_capabilities.py). A property, not a
+        """What the architecture does differently (core/models/capabilities.py). A property, not a
         field: never serialised, never given in a catalog entry or a saved spec."""
         return capabilities_of(self.architecture)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.core.network_catalog import NetworkSpec
+from trainfit.core.machines.network_catalog import NetworkSpec
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's and Accelerate's default rendezvous port
 

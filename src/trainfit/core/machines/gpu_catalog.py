@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from trainfit import yaml_io
-from trainfit.core.gpu_spec import GpuClass, GpuSpec, Precision, Vendor
+from trainfit.core.machines.gpu_spec import GpuClass, GpuSpec, Precision, Vendor
 from trainfit.errors import BadInputError, close_matches, short_repr
 
 GIB = 1024**3

@@ -14,11 +14,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from trainfit.core.dropout_config import dropout_fields
-from trainfit.core.model_capabilities import SUPPORTED_ARCHITECTURES, capabilities_of
-from trainfit.core.model_loader_families import FAMILY_FIELDS, activation
-from trainfit.core.model_spec import ModelSpec, StoredDtype, VisionTowerSpec
-from trainfit.core.params import vision_params
+from trainfit.core.models.dropout_config import dropout_fields
+from trainfit.core.models.capabilities import SUPPORTED_ARCHITECTURES, capabilities_of
+from trainfit.core.models.families import FAMILY_FIELDS, activation
+from trainfit.core.models.spec import ModelSpec, StoredDtype, VisionTowerSpec
+from trainfit.core.models.params import vision_params
 from trainfit.errors import BadInputError, short_repr
 from trainfit.validate import parse_json, read_text_file
 
@@ -116,7 +116,7 @@ def spec_from_config(data: dict[str, Any], origin: str = "config.json", model_id
 
 def _meta_count_note(data: dict[str, Any]) -> str:
     """For a model_type transformers ships: its exact parameter count, built on the meta device."""
-    from trainfit.core.meta_count import meta_param_count
+    from trainfit.core.models.meta_count import meta_param_count
 
     counted = meta_param_count(data)
     if counted is None:
@@ -136,7 +136,7 @@ def check_plausible(spec: ModelSpec, origin: str, *, explicit_head_dim: bool = T
     """BadInputError when the dimensions cannot be a model transformers builds (heads that do not
     divide the width, KV heads that do not divide the heads) or are beyond any real model (a
     config claiming 7e42 parameters)."""
-    from trainfit.core.params import count_params
+    from trainfit.core.models.params import count_params
     from trainfit.validate import BOUNDS
 
     for name, bound in _DIM_BOUNDS.items():

@@ -1,6 +1,6 @@
 """Speed, power and energy of one training setup on one machine, in one result.
 
-Combines the step-time model (core/speed) and the power model (core/power), and applies the
+Combines the step-time model (core/speed) and the power model (core/run/power), and applies the
 step-time ratio that `trainfit verify` measured on this machine when there is one.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.power import DEFAULT_PRICE_PER_KWH, PowerEstimate, estimate_power
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.run.power import DEFAULT_PRICE_PER_KWH, PowerEstimate, estimate_power
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed import SpeedEstimate, Workload, predict_step
 

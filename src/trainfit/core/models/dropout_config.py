@@ -7,7 +7,7 @@ probabilities are part of the ModelSpec: read from config.json here, written bac
 config `trainfit train` builds (train/hf_config.py), so estimate and run describe one model.
 
 Three roles, one config key (and transformers' default when the key is absent) per role and
-model_type (ModelCapabilities.dropout_keys in core/model_capabilities.py), read from each
+model_type (ModelCapabilities.dropout_keys in core/models/capabilities.py), read from each
 configuration_<arch>.py (transformers 5.x; Qwen v1: the remote-code configuration_qwen.py):
 * hidden: the dropout on a block's attention and MLP outputs before the residual add;
 * attention: on the attention probabilities (inside the fused kernel on CUDA);
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfit.core.model_capabilities import capabilities_of
+from trainfit.core.models.capabilities import capabilities_of
 
 FIELDS = ("hidden_dropout", "attention_dropout", "embedding_dropout")
 

@@ -16,7 +16,7 @@ roce-400, efa-p5, efa-p4d, 100gbe, 25gbe, 10gbe):
     node0.json,node1.json              one saved profile per node, joined with commas; the nodes must
                                        have the same GPUs (model, count, memory), else refused
     ... over 100gbe                    the network between the nodes (default: the GPU class's usual
-                                       network, an assumption the plan states; core/network_catalog.py)
+                                       network, an assumption the plan states; core/machines/network_catalog.py)
 A multi-node profile lists every node's GPUs (node 0 first) and describes one node's CPU, RAM and
 disks; `profile.nodes` holds the node count and the network (kind, GB/s per node, source).
 
@@ -32,9 +32,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainfit.core.gpu_catalog import all_gpus, driver_reserved_bytes, get_gpu, host_hint
-from trainfit.core.gpu_spec import GpuSpec
-from trainfit.core.profile import (
+from trainfit.core.machines.gpu_catalog import all_gpus, driver_reserved_bytes, get_gpu, host_hint
+from trainfit.core.machines.gpu_spec import GpuSpec
+from trainfit.core.machines.profile import (
     SCHEMA_VERSION, Backend, BackendsInfo, CpuInfo, GpuInfo, HardwareProfile, MemoryInfo,
     NetworkInfo, OsInfo, PowerInfo, os_reserve_bytes,
 )  # fmt: skip
@@ -153,7 +153,7 @@ def resolve_hardware(spec: str) -> HardwareProfile:
     if not is_path and any(c.isdigit() and not c.isascii() for c in text):  # int() reads '٢' as 2; flags refuse it
         raise BadInputError(f"--hardware '{_shown(text)}': write counts and sizes in ASCII digits (0-9)",
                             hint=f"use {FORMS}")
-    from trainfit.core.multinode_spec import resolve_multinode
+    from trainfit.core.machines.multinode_spec import resolve_multinode
 
     multi = resolve_multinode(text, resolve_single=_resolve_single)
     if multi is not None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainfit.core.model_capabilities import SUPPORTED_ARCHITECTURES
-from trainfit.core.model_spec import ModelSpec
+from trainfit.core.models.capabilities import SUPPORTED_ARCHITECTURES
+from trainfit.core.models.spec import ModelSpec
 from trainfit.errors import BadInputError
 
 LayerKind = Literal["linear", "lm_head", "expert", "router"]

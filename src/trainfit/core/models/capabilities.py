@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-# Which layout function of core/params.py lists a block's modules (transformers' module names).
+# Which layout function of core/models/params.py lists a block's modules (transformers' module names).
 BlockLayout = Literal[
     "llama_like",  # q/k/v/o_proj + gate/up/down_proj, dense or mixture of experts
     "qkv_proj_gate_up_proj",  # fused qkv_proj and gate_up_proj (Phi-3)
@@ -94,7 +94,7 @@ class ModelCapabilities:
     # (peft/utils/transformers_weight_conversion.py); the pair is fused (rank doubled, both required).
     peft_v4_names: tuple[tuple[str, str], ...] = ()
     peft_v4_fused_pair: tuple[str, ...] = ()
-    # The model's own dropout as (hidden, attention, embedding) config keys (core/dropout_config.py).
+    # The model's own dropout as (hidden, attention, embedding) config keys (core/models/dropout_config.py).
     dropout_keys: tuple[DropoutKey, DropoutKey, DropoutKey] = (None, None, None)
     # Building a transformers config from a ModelSpec (train/hf_config.py):
     hf_head_dim_derived: bool = False  # the attention derives head_dim = hidden / heads (no head_dim key)

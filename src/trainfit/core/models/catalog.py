@@ -11,9 +11,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from trainfit.core.model_capabilities import SUPPORTED_ARCHITECTURES, capabilities_of
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import vision_params
+from trainfit.core.models.capabilities import SUPPORTED_ARCHITECTURES, capabilities_of
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.models.params import vision_params
 from trainfit.core.serde import SerdeError, from_jsonable
 from trainfit.errors import BadInputError, UnavailableError, close_matches, short_repr
 
@@ -182,7 +182,8 @@ def resolve_model(ref: str, *, hub_loader: HubLoader | None = None) -> ModelSpec
     Hugging Face Hub ("owner/name", "owner/name@revision": config.json and safetensors headers,
     fetched once and cached). The core makes no request: a Hub id goes to `hub_loader`, the Hub
     client trainfit.hub.resolve_model passes (trainfit.hub.models.load_hub_model)."""
-    from trainfit.core import model_loader, model_shapes
+    from trainfit.core.models import loader as model_loader
+    from trainfit.core.models import shapes as model_shapes
 
     ref = ref.strip()
     if not ref:

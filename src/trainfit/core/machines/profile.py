@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainfit.core.gpu_spec import Precision, Vendor  # noqa: F401 - re-exported: the profile's vocabulary
+from trainfit.core.machines.gpu_spec import Precision, Vendor  # noqa: F401 - re-exported: the profile's vocabulary
 from trainfit.core.serde import SerdeError, from_jsonable, to_jsonable
 from trainfit.validate import MAX_DOCUMENT_DEPTH, nested_deeper_than
 
@@ -252,7 +252,7 @@ class NodesInfo:
     """
 
     count: int = 1
-    network: str | None = None  # catalog id (core/network_catalog.py): "ib-ndr", "100gbe", ...
+    network: str | None = None  # catalog id (core/machines/network_catalog.py): "ib-ndr", "100gbe", ...
     network_kind: str | None = None  # infiniband | roce | efa | ethernet
     network_gbps: float | None = None  # line rate per node, GB/s (10^9 bytes/s) per direction
     network_assumed: bool = False  # True: the GPU class's default, not stated by the user

@@ -12,8 +12,8 @@ vCPUs and RAM are evaluated once and priced apiece.
 Time = run time predicted for the dataset + a fixed setup time (image pull, dependency install,
 weight download; seed 004's "5-10 steps, ~10-15 minutes" quick demo implies ~10 minutes).
 Cost = hours x the flavor's hourly price. With spot=True a flavor with a spot price is priced at
-it and ranked by its expected cost including interruptions (core.spot): checkpoints at the
-interval the trainer will use (core.checkpoint_cadence, balanced mode, the flavor's interruption
+it and ranked by its expected cost including interruptions (core.cloud.spot): checkpoints at the
+interval the trainer will use (core.run.checkpoint_cadence, balanced mode, the flavor's interruption
 figure included), the work re-done after each interruption and a restart (the setup time again
 plus reading the checkpoint back); `hours` and `cost_usd` are then those expected figures, and
 `spot` holds the breakdown. Flavors without a spot price fall back to on-demand and say so.
@@ -26,15 +26,15 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from trainfit.core.cloud_catalog import CloudCatalog, Flavor, SpotTerms
+from trainfit.core.cloud.catalog import CloudCatalog, Flavor, SpotTerms
 from trainfit.core.memory_types import MemoryEstimate
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.profile import HardwareProfile
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.machines.profile import HardwareProfile
 from trainfit.core.plan.engine import MemoryFn
 from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
-from trainfit.core.spot import SpotEstimate, hours_text
+from trainfit.core.cloud.spot import SpotEstimate, hours_text
 from trainfit.errors import BadInputError
 
 GIB = 1 << 30
@@ -184,8 +184,8 @@ def flavor_hardware(flavor: Flavor) -> HardwareProfile:
 
 
 def _hardware(flavor: Flavor) -> tuple[HardwareProfile, DeviceRates]:
-    from trainfit.core.gpu_catalog import get_gpu
-    from trainfit.core.hardware_spec import resolve_hardware
+    from trainfit.core.machines.gpu_catalog import get_gpu
+    from trainfit.core.machines.hardware_spec import resolve_hardware
 
     if flavor.kind == "cpu":
         ram = int(flavor.ram_gib or 16)
@@ -203,7 +203,7 @@ def with_flavor_host(hw: HardwareProfile, flavor: Flavor) -> HardwareProfile:
     """The catalog machine with the flavor's own host: its RAM (data/cloud.yaml ram_gib, which an
     offloaded optimizer and the model loading must fit) and its vCPUs (data-loader workers), not
     the typical host a bare GPU spec assumes."""
-    from trainfit.core.profile import os_reserve_bytes
+    from trainfit.core.machines.profile import os_reserve_bytes
 
     if flavor.ram_gib is not None:
         ram = int(flavor.ram_gib * GIB)
@@ -268,9 +268,9 @@ def chosen_setting(req: CloudRequest, catalog: CloudCatalog, flavor_id: str):
 
 
 def _spot_fields(req: CloudRequest, flavor: Flavor, best: _Best, terms: SpotTerms) -> dict:
-    """The expected run on the spot machine (core.spot), with the balanced mode's cadence rule."""
-    from trainfit.core.safety_thresholds import safety_thresholds
-    from trainfit.core.spot import checkpoint_bytes_for, estimate_spot
+    """The expected run on the spot machine (core.cloud.spot), with the balanced mode's cadence rule."""
+    from trainfit.core.run.safety_thresholds import safety_thresholds
+    from trainfit.core.cloud.spot import checkpoint_bytes_for, estimate_spot
 
     est = estimate_spot(work_seconds=best.seconds, checkpoint_size_bytes=checkpoint_bytes_for(best.setup, best.memory),
                         setup_seconds=req.setup_minutes * 60, figure=terms.interruption,

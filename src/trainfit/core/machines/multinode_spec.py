@@ -1,4 +1,4 @@
-"""The multi-node forms of `--hardware` (see trainfit.core.hardware_spec for every form).
+"""The multi-node forms of `--hardware` (see trainfit.core.machines.hardware_spec for every form).
 
     2 nodes x 8x h100-sxm [over NETWORK]     2x 8x h100-sxm [over NETWORK]
     2 nodes x node.json [over NETWORK]       node0.json,node1.json [over NETWORK]
@@ -18,8 +18,8 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from trainfit.core.network_catalog import NetworkSpec, default_network, get_network
-from trainfit.core.profile import HardwareProfile, NodesInfo
+from trainfit.core.machines.network_catalog import NetworkSpec, default_network, get_network
+from trainfit.core.machines.profile import HardwareProfile, NodesInfo
 from trainfit.errors import BadInputError
 
 _OVER_RE = re.compile(r"^(.*?)\s+over\s+(\S+)\s*$", re.IGNORECASE)
@@ -123,7 +123,7 @@ def _spec(p: HardwareProfile):
     cid = p.gpus[0].catalog_id if p.gpus else None
     if not cid:
         return None
-    from trainfit.core.gpu_catalog import get_gpu
+    from trainfit.core.machines.gpu_catalog import get_gpu
 
     try:
         return get_gpu(cid)

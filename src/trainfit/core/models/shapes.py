@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 import re
 
-from trainfit.core.model_loader import check_plausible
-from trainfit.core.model_spec import ModelSpec
-from trainfit.core.params import count_params
+from trainfit.core.models.loader import check_plausible
+from trainfit.core.models.spec import ModelSpec
+from trainfit.core.models.params import count_params
 from trainfit.errors import BadInputError, short_repr
 from trainfit.validate import check
 

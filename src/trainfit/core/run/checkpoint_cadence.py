@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainfit.core.safety_thresholds import SafetyThresholds
+from trainfit.core.run.safety_thresholds import SafetyThresholds
 
 # Before a checkpoint is timed, its cost is estimated from its size at this write speed: a
 # 7200-rpm disk's sequential write (150-250 MB/s); SSDs write 2-20x faster, so the estimate errs

@@ -8,7 +8,7 @@ Columns / keys: id, provider, kind, gpu, gpu_count, usd_per_hour (required for a
 vcpus, ram_gib, spot_usd_per_hour, spot_interruption, spot_interruption_hours, source, as_of, notes
 (optional). An override of a shipped id may give only the columns it changes (usually usd_per_hour).
 
-Spot interruption figures (core.spot.InterruptionFigure) are the shipped file's `interruptions:`
+Spot interruption figures (core.cloud.spot.InterruptionFigure) are the shipped file's `interruptions:`
 table: each entry is a count (events over running_hours) or a share (of instances interrupted
 within window_hours), with its source and date. A flavor's spot price goes with the figure it
 names in spot_interruption (default: default_spot_interruption); a user's spot_interruption_hours
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from trainfit import yaml_io
-from trainfit.core.spot import InterruptionFigure, mean_hours_from_events, mean_hours_from_share
+from trainfit.core.cloud.spot import InterruptionFigure, mean_hours_from_events, mean_hours_from_share
 from trainfit.errors import BadInputError, close_matches, short_repr
 
 FlavorKind = Literal["gpu", "cpu", "tpu"]
@@ -107,7 +107,7 @@ class CloudCatalog:
 
 
 def _gpu_ids() -> set[str]:
-    from trainfit.core.gpu_catalog import all_gpus
+    from trainfit.core.machines.gpu_catalog import all_gpus
 
     return {g.id for g in all_gpus()}
 

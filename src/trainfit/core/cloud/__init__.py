@@ -1,0 +1,1 @@
+"""Cloud: the flavor catalog, ranking of flavors for a plan, and spot (interruption) pricing."""

@@ -1,0 +1,1 @@
+"""Machines: GPU, host, network and multi-node specs, their catalogs, and the hardware profile."""
