@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from trainfit.core.memory import estimate_memory
-from trainfit.core.memory.activations import loss_bytes_per_token
+from trainfit.core.memory.activations import attention_kind, loss_bytes_per_token
 from trainfit.core.memory.layer_activations import layer_bytes_per_token
 from trainfit.core.memory.framework_effects import cached_kv_bytes_per_token, no_sync_gradient_bytes
 from trainfit.core.memory.fsdp import root_params
@@ -29,6 +29,7 @@ from trainfit.core.runtime import (
     experts_fused_for,
     logits_returned_fp32_for,
     logits_shift_copy_for,
+    mqa_kv_unrepeated_for,
     runtime_of,
     transformers_knobs,
 )
@@ -593,3 +594,52 @@ def test_fsdp1_root_gradient_at_the_embeddings_backward():
     assert comps["fsdp_root_gradient"] == head * 2 + (embed + head) * 2
     assert b.devices[0].tensor_peak_bytes > a.devices[0].tensor_peak_bytes
     assert any("backward end" in n and "tensor peak at the backward end" in n for n in b.notes)
+
+
+@pytest.mark.parametrize("version,unrepeated", [("4.48.1", True), ("5.24", True), ("5.24.0", True), ("5.25.0", False),
+                                                ("5.25", False), ("6.0.0", False)])
+def test_transformers_before_5_25_hands_sdpa_falcons_one_key_value_head(version, unrepeated):
+    assert mqa_kv_unrepeated_for(version) is unrepeated
+    assert transformers_knobs(version)["mqa_kv_unrepeated"] is unrepeated
+
+
+def _tiny_falcon_7b():
+    """tests/models/test_architecture_memory.py's falcon-7b-full-fp32 case: 4 query heads, one key/value head."""
+    config = {"model_type": "falcon", "hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 3,
+              "multi_query": True, "parallel_attn": True, "new_decoder_architecture": False, "alibi": False,
+              "bias": False, "vocab_size": 1024, "num_kv_heads": 71, "ffn_hidden_size": 512}
+    spec = dataclasses.replace(spec_from_config(config, origin="falcon-7b"), stored_dtype="float32")
+    return spec, TrainingSetup(method="full", precision="fp32", device="cpu", micro_batch=2, seq_len=256)
+
+
+def test_falcon_multi_query_attention_runs_sdpas_fused_kernel_from_transformers_5_25():
+    """transformers 5.25's FalconAttention goes through sdpa_attention_forward, which repeats the one
+    key/value head to every query head; 5.24's called SDPA with it unrepeated, which only the math path
+    takes, saving the scores like eager. Both figures are the live-tensor counter's within 6 % on CPU
+    (31,985,936 B under 5.24.0, 27,095,264 B under 5.25.0)."""
+    spec, setup = _tiny_falcon_7b()
+    assert (spec.num_heads, spec.num_kv_heads) == (4, 1)
+    old = dataclasses.replace(setup, **transformers_knobs("5.24.0"))
+    new = dataclasses.replace(setup, **transformers_knobs("5.25.0"))
+    assert attention_kind(spec, old) == "eager" and attention_kind(spec, new) == "sdpa" == attention_kind(spec, setup)
+    peak = {name: estimate_memory(spec, s).devices[0].tensor_peak_bytes
+            for name, s in (("5.24", old), ("5.25", new), ("default", setup))}
+    assert peak == {"5.24": 31_911_936, "5.25": 25_645_056, "default": 25_645_056}
+    assert peak["5.24"] == pytest.approx(31_985_936, rel=0.06) and peak["5.25"] == pytest.approx(27_095_264, rel=0.06)
+    # multi-head and grouped layouts never took the math path: the version changes nothing there
+    grouped = dataclasses.replace(spec, num_kv_heads=2)
+    assert (estimate_memory(grouped, old).devices[0].tensor_peak_bytes
+            == estimate_memory(grouped, new).devices[0].tensor_peak_bytes)
+
+
+def test_falcon_7b_cli_default_is_the_current_transformers_and_the_old_release_on_request():
+    run = [sys.executable, "-m", "trainfit", "estimate", "tiiuae/falcon-7b", "--method", "full",
+           "--hardware", "h100-80gb", "--micro-batch", "1", "--seq-len", "2048", "--json"]
+    peaks = {}
+    for extra in ([], ["--runtime", "transformers_version=5.24.0"], ["--transformers-version", "5.25.0"]):
+        done = subprocess.run(run + extra, capture_output=True, text=True)
+        assert done.returncode in (0, 3), done.stderr
+        doc = json.loads(done.stdout)
+        peaks[" ".join(extra)] = (doc["setup"]["mqa_kv_unrepeated"], doc["devices"][0]["tensor_peak_bytes"])
+    default, old, new = peaks.values()
+    assert default == new and default[0] is False and old[0] is True and old[1] > new[1]

@@ -29,7 +29,7 @@ MAPPED_FIELDS = {
     "method", "lora", "quant", "num_gpus", "zero_stage", "fsdp_strategy", "device", "dpo_reference", "image_size",
     "images_per_example",  # knobs without a direct field
     "bnb_keeps_input", "logits_shift_copy", "logits_returned_fp32", "experts_fused", "fsdp_flat_params",
-    "reentrant_checkpoint_around_fsdp_units", "cache_under_checkpointing",  # from the library versions
+    "reentrant_checkpoint_around_fsdp_units", "cache_under_checkpointing", "mqa_kv_unrepeated",  # versions
     "num_nodes", "hybrid_shard",  # from the hardware (multi-node) and the planner
 }
 

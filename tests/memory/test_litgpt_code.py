@@ -168,8 +168,8 @@ def test_litgpt_falcon_keeps_the_fused_attention_kernel():
     from trainfit.core.memory.activations import attention_kind
 
     falcon = get_model("tiiuae/falcon-7b")  # one key/value head
-    setup = TrainingSetup(method="lora", precision="bf16", attention="sdpa", device="cuda")
-    # transformers hands SDPA the single key head, which only its math path broadcasts (scores kept);
-    # LitGPT repeat_interleaves the keys first, so SDPA runs its fused kernel
+    setup = TrainingSetup(method="lora", precision="bf16", attention="sdpa", device="cuda", mqa_kv_unrepeated=True)
+    # transformers before 5.25 hands SDPA the single key head, which only its math path broadcasts
+    # (scores kept); LitGPT repeat_interleaves the keys first, so SDPA runs its fused kernel
     assert attention_kind(falcon, setup) == "eager"
     assert attention_kind(falcon, dataclasses.replace(setup, model_code="litgpt")) == "sdpa"

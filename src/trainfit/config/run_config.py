@@ -159,7 +159,7 @@ NOT_TRAINING_KEYS = ("method", "generate_tokens", "optimizer_impl", "bnb_keeps_i
                      "logits_shift_copy", "logits_returned_fp32", "output_kept", "experts_fused",
                      "reentrant_checkpoint_around_fsdp_units", "cache_under_checkpointing", "model_code",
                      "previous_step_kept", "fsdp_flat_params", "torch_compile", "transformers_version",
-                     "bitsandbytes_version")
+                     "bitsandbytes_version", "mqa_kv_unrepeated")
 
 
 def _runtime_keys() -> tuple[str, ...]:

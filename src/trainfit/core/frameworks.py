@@ -287,6 +287,9 @@ TRANSFORMERS_SAYS = {
     ("cache_under_checkpointing", False): "turns the key/value cache off under checkpointing (4.53 on)",
     ("fsdp_flat_params", True): "runs FSDP1 with flat parameters (Accelerate's default before 5)",
     ("fsdp_flat_params", False): "runs FSDP2, one gradient per parameter (5.0 on)",
+    ("mqa_kv_unrepeated", True):
+        "hands SDPA Falcon's one multi-query key/value head, which its math path broadcasts (before 5.25)",
+    ("mqa_kv_unrepeated", False): "repeats Falcon's multi-query key/value head before SDPA (5.25 on)",
 }
 
 

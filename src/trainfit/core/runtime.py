@@ -116,6 +116,18 @@ made for the run a user will actually launch (and published measurements can be 
   (bench/held_grads_replay.py) 9.99 / 19.74 GiB at 2 / 4 x 4096 tokens (9.88 / 19.75 predicted).
   fms-acceleration's Llama 2 70B FSDP QLoRA (4.48.1) holds 1.2 MiB per token more than one GPU,
   80 layers x 8192 x 2 B. fsdp_qlora applies torch's checkpoint wrapper inside the units.
+* Falcon's multi-query attention before transformers 5.25 (TrainingSetup.mqa_kv_unrepeated). Up to
+  5.24 FalconAttention called scaled_dot_product_attention itself with the multi-query layout's one
+  key/value head (models/falcon/modeling_falcon.py `_split_heads`, `fused_qkv[..., [-2], :]`), keys
+  with fewer heads than the queries, which only SDPA's math path broadcasts: it saves the scores and
+  probabilities as eager attention does (activations.attention_kind). 5.25 rewrote FalconAttention
+  onto ALL_ATTENTION_FUNCTIONS (no FalconFlashAttention2, no `_split_heads`): integrations/
+  sdpa_attention.py `sdpa_attention_forward` repeats the keys and values to every query head
+  (`repeat_kv`, copies: Falcon's mask is always materialised, so `use_gqa_in_sdpa` is false), and
+  SDPA keeps its fused kernel. Measured on CPU with the live-tensor counter (tests/models/
+  test_architecture_memory.py, tiny falcon-7b, full fp32): 31,985,936 B peak under 5.24.0, 27,095,264 B
+  under 5.25.0; the new decoder architecture (already broadcast before SDPA) and ALiBi falcon-rw
+  (multi-head) measure the same under both.
 * A training loop that keeps the model's output (TrainingSetup.output_kept): `outputs =
   model(**batch); accelerator.backward(outputs.loss)` (transformers' run_clm_no_trainer.py) or
   fsdp_qlora's train.py (`output = None` only after the optimizer step) hold the returned logits
@@ -151,6 +163,8 @@ TRANSFORMERS_CHECKPOINT_DROPS_CACHE_VERSION = (4, 53, 0)
 # trainfit exports FSDP2 (Accelerate fsdp_version 2) for transformers >= 5 and FSDP1 before, which
 # is also Accelerate's default there (export/fsdp.py).
 TRANSFORMERS_FSDP2_VERSION = (5, 0, 0)
+# FalconAttention runs through the shared attention integrations (sdpa_attention_forward's repeat_kv)
+TRANSFORMERS_FALCON_SHARED_ATTENTION_VERSION = (5, 25, 0)
 BITSANDBYTES = ("nf4", "nf4-dq", "int8")  # quantised while loading, by replacing nn.Linear modules
 BNB_QUANTS = ("nf4", "nf4-dq")
 LM_HEAD_QUANTS = BITSANDBYTES  # bitsandbytes' layers, which a plugin can swap in for the lm_head
@@ -184,6 +198,7 @@ class Runtime:
     previous_step_kept: bool  # the loop's names hold the previous micro-step's output and loss
     fsdp_flat_params: bool  # FSDP1's flat parameters (FSDP2 keeps a gradient per parameter)
     fsdp_mixed_units: bool  # FSDP units hold frozen weights and adapters together
+    mqa_kv_unrepeated: bool  # Falcon's one key/value head goes to SDPA unrepeated (transformers < 5.25)
 
     def fp32_stream_under_autocast(self, spec: ModelSpec) -> bool:
         """A 16-bit LayerNorm model under autocast with bitsandbytes 4-bit linears: the norm outputs are
@@ -272,6 +287,7 @@ def _read(setup: TrainingSetup) -> Runtime:
         previous_step_kept=setup.previous_step_kept,
         fsdp_flat_params=setup.fsdp_flat_params,
         fsdp_mixed_units=setup.fsdp_mixed_units,
+        mqa_kv_unrepeated=setup.mqa_kv_unrepeated,
     )
 
 
@@ -341,6 +357,12 @@ def fsdp_flat_params_for(version: str) -> bool:
     return _release(version) < TRANSFORMERS_FSDP2_VERSION
 
 
+def mqa_kv_unrepeated_for(version: str) -> bool:
+    """True for a transformers release whose Falcon attention hands SDPA a multi-query layer's one
+    key/value head unrepeated, which sends SDPA down its math path (before 5.25)."""
+    return _release(version) < TRANSFORMERS_FALCON_SHARED_ATTENTION_VERSION
+
+
 def transformers_knobs(version: str) -> dict[str, bool]:
     """The TrainingSetup fields a transformers release decides (ValueError for a non-release string)."""
     return dict(logits_shift_copy=logits_shift_copy_for(version),
@@ -348,4 +370,5 @@ def transformers_knobs(version: str) -> dict[str, bool]:
                 experts_fused=experts_fused_for(version),
                 reentrant_checkpoint_around_fsdp_units=checkpoint_around_units_for(version),
                 cache_under_checkpointing=cache_under_checkpointing_for(version),
-                fsdp_flat_params=fsdp_flat_params_for(version))
+                fsdp_flat_params=fsdp_flat_params_for(version),
+                mqa_kv_unrepeated=mqa_kv_unrepeated_for(version))

@@ -220,6 +220,10 @@ class TrainingSetup:
     # model code without its own override (gpt_bigcode): every layer's key/value, a view of its fused
     # c_attn output, is returned with the output and keeps that output alive until the loss.
     cache_under_checkpointing: bool = False
+    # transformers before 5.25 runs Falcon's own attention, which hands SDPA a multi-query layer's one
+    # key/value head unrepeated: only SDPA's math path broadcasts it, saving the scores as eager does.
+    # 5.25 runs Falcon through the shared SDPA integration, which repeats the keys and values first.
+    mqa_kv_unrepeated: bool = False
     # The training loop keeps the model's output (its logits) through backward and the optimizer
     # step: `outputs = model(**batch); outputs.loss.backward()` in a hand-written loop, fsdp_qlora's
     # train.py. The HF Trainer and trainfit's runner drop it before backward.

@@ -11,7 +11,7 @@ import posixpath
 from trainfit.core.machines.profile import MemoryInfo, os_reserve_bytes
 from trainfit.hardware.cgroup import cgroup_dirs, memory_limit_bytes
 from trainfit.hardware.sources import Sources, read_int, read_text
-from trainfit.hardware.storage import _disk_of, _mount_of, classify_disk
+from trainfit.hardware.storage import classify_disk, disk_of, mount_of
 
 def is_desktop(src: Sources) -> bool:
     if src.platform.system in ("Darwin", "Windows"):
@@ -35,8 +35,8 @@ def swap_kind(src: Sources) -> tuple[str, str | None]:
     if "zram" in name:
         return "zram", None
     if kind == "file":
-        mount = _mount_of(src, name)
-        disk = _disk_of(src, mount[3]) if mount else None
+        mount = mount_of(src, name)
+        disk = disk_of(src, mount[3]) if mount else None
     else:
         dev = posixpath.basename(name)
         real = src.fs.realpath(f"/sys/class/block/{dev}")

@@ -115,7 +115,7 @@ def device_count(value: Any) -> tuple[int | None, str | None]:
     return None, f"{got}: GPUs found by asking for handles 0, 1, ... until NVML refuses one"
 
 
-class _Reader:
+class NvmlReader:
     """Calls NVML functions by name; records the reason for each field it could not read.
 
     Every field goes through `call` with its conversion inside the same guard, so one field that
@@ -144,7 +144,7 @@ class _Reader:
 
 
 def _version(nv: Any) -> tuple[str | None, str | None, dict[str, str]]:
-    r = _Reader(nv)
+    r = NvmlReader(nv)
     reasons = {}
     driver, why = r.call("nvmlSystemGetDriverVersion", convert=_text)
     if why:
@@ -159,7 +159,7 @@ def _version(nv: Any) -> tuple[str | None, str | None, dict[str, str]]:
     return driver, cuda, reasons
 
 
-def _board_fields(r: _Reader, h: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def _board_fields(r: NvmlReader, h: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """Fields of the physical board (also reported for its MIG slices)."""
     values: dict[str, Any] = {}
     reasons: dict[str, str] = {}
@@ -198,7 +198,7 @@ def _board_fields(r: _Reader, h: Any) -> tuple[dict[str, Any], dict[str, str]]:
     return values, reasons
 
 
-def _memory_fields(r: _Reader, h: Any, reasons: dict[str, str]) -> dict[str, Any]:
+def _memory_fields(r: NvmlReader, h: Any, reasons: dict[str, str]) -> dict[str, Any]:
     """Total and free memory (None with the reason when NVML cannot say: never 0) and the UUID."""
     info, why = r.call("nvmlDeviceGetMemoryInfo", h)
     values: dict[str, Any] = {}
@@ -229,7 +229,7 @@ def _memory_fields(r: _Reader, h: Any, reasons: dict[str, str]) -> dict[str, Any
     return values
 
 
-def _name(r: _Reader, h: Any, fallback: str) -> tuple[str, str | None]:
+def _name(r: NvmlReader, h: Any, fallback: str) -> tuple[str, str | None]:
     """The GPU's name, or (fallback, reason). Bytes that are not UTF-8 are decoded with the bad
     bytes dropped (so the catalog can still match the readable part) and the raw value noted."""
     raw, why = r.call("nvmlDeviceGetName", h)
@@ -247,7 +247,7 @@ def _name(r: _Reader, h: Any, fallback: str) -> tuple[str, str | None]:
     return fallback, f"nvmlDeviceGetName returned {raw!r} ({type(raw).__name__}), not a name"
 
 
-def _nvlink(r: _Reader, h: Any) -> tuple[set[str], bool]:
+def _nvlink(r: NvmlReader, h: Any) -> tuple[set[str], bool]:
     """(bus ids of GPUs linked directly, whether any link goes to an NVSwitch)."""
     remote_ids: set[str] = set()
     switch = False
@@ -314,7 +314,7 @@ MAX_DEVICES_WITHOUT_COUNT = 64
 
 
 def _probe_initialised(src: Sources, nv: Any) -> tuple[list[GpuInfo], dict[str, str]]:
-    r = _Reader(nv)
+    r = NvmlReader(nv)
     raw_count, why = r.call("nvmlDeviceGetCount")
     if why:
         return [], {"nvidia": why}
@@ -359,7 +359,7 @@ def _probe_initialised(src: Sources, nv: Any) -> tuple[list[GpuInfo], dict[str, 
     return visible, top
 
 
-def _links_or_none(r: _Reader, h: Any) -> tuple[set[str], bool]:
+def _links_or_none(r: NvmlReader, h: Any) -> tuple[set[str], bool]:
     try:
         return _nvlink(r, h)
     except Exception:  # NVLink topology is optional: without it the GPUs are still listed
@@ -373,7 +373,7 @@ def _with_notes(gpu: GpuInfo, notes: dict[str, str]) -> GpuInfo:
     return dataclasses.replace(gpu, unavailable={**gpu.unavailable, **notes})
 
 
-def _board_gpus(r: _Reader, h: Any, first_index: int, name: str, values: dict[str, Any],
+def _board_gpus(r: NvmlReader, h: Any, first_index: int, name: str, values: dict[str, Any],
                 reasons: dict[str, str]) -> list[GpuInfo]:
     """The GpuInfo records of one board: itself, or one per MIG slice."""
     notes = {"name": reasons["name"]} if "name" in reasons else {}
@@ -401,7 +401,7 @@ def _board_gpus(r: _Reader, h: Any, first_index: int, name: str, values: dict[st
     return out
 
 
-def _mig_slices(r: _Reader, h: Any) -> list[tuple[Any, str]]:
+def _mig_slices(r: NvmlReader, h: Any) -> list[tuple[Any, str]]:
     limit, why = r.call("nvmlDeviceGetMaxMigDeviceCount", h, convert=_int)
     found = []
     for j in range(limit or 0):

@@ -35,7 +35,7 @@ class PowerReadings:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def _battery(src: Sources, r: PowerReadings) -> None:
+def read_battery(src: Sources, r: PowerReadings) -> None:
     try:
         bat = src.psutil.sensors_battery()
     except Exception as exc:  # psutil raises on some broken ACPI tables
@@ -150,7 +150,7 @@ def _thermal(src: Sources, r: PowerReadings) -> None:
 
 def read_power(src: Sources, window_s: float = RAPL_WINDOW_SECONDS) -> PowerReadings:
     r = PowerReadings()
-    _battery(src, r)
+    read_battery(src, r)
     if src.platform.system == "Linux":
         _rapl(src, r, window_s)
         _thermal(src, r)

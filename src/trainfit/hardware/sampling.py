@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainfit.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU, THRESHOLD_SLOWDOWN, _Reader, decode_clock_events, \
+from trainfit.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU, THRESHOLD_SLOWDOWN, NvmlReader, decode_clock_events, \
     nvml_reason
 from trainfit.hardware.sample_types import GpuSample, HostSample, Sample
 from trainfit.hardware.sources import Sources, os_error_reason, read_int, read_text
@@ -89,7 +89,7 @@ class Sampler:
         self._clock, self._mono = clock, monotonic
         self._linux = sources.platform.system == "Linux"
         self._nv: Any = None
-        self._reader: _Reader | None = None
+        self._reader: NvmlReader | None = None
         self._gpus: list[_Gpu] = []
         self.gpu_note: str | None = None  # why no GPU is sampled (None when some are)
         self._torch_mapped = False
@@ -207,7 +207,7 @@ class Sampler:
         except Exception as exc:
             self.gpu_note = nvml_reason(exc)
             return
-        self._nv, self._reader = nv, _Reader(nv)
+        self._nv, self._reader = nv, NvmlReader(nv)
         try:
             self._gpus = self._visible_gpus()
         except Exception as exc:  # a misbehaving NVML costs the GPU fields, never the run
@@ -361,11 +361,11 @@ class Sampler:
         return round(total_uj / 1e6 / elapsed, 2)
 
     def _power(self, v: dict[str, Any], why: dict[str, str]) -> None:
-        from trainfit.hardware.power import PowerReadings, _battery
+        from trainfit.hardware.power import PowerReadings, read_battery
 
         r = PowerReadings()
         try:
-            _battery(self.src, r)
+            read_battery(self.src, r)
         except Exception as exc:
             for name in ("on_ac", "battery_percent", "battery_seconds_left"):
                 why[name] = f"reading battery / AC failed: {type(exc).__name__}: {exc}"

@@ -44,7 +44,7 @@ def _existing(src: Sources, path: str) -> str:
     return path or "/"
 
 
-def _mount_of(src: Sources, path: str) -> tuple[str, str, str, str] | None:
+def mount_of(src: Sources, path: str) -> tuple[str, str, str, str] | None:
     """(mount point, fs type, source, major:minor) of the longest mount containing path."""
     best = None
     for line in (read_text(src.fs, "/proc/self/mountinfo") or "").splitlines():
@@ -59,7 +59,7 @@ def _mount_of(src: Sources, path: str) -> tuple[str, str, str, str] | None:
     return best
 
 
-def _disk_of(src: Sources, majmin: str) -> str | None:
+def disk_of(src: Sources, majmin: str) -> str | None:
     """Whole-disk name for a block device number; partitions map to their disk."""
     real = src.fs.realpath(f"/sys/dev/block/{majmin}")
     name = posixpath.basename(real)
@@ -173,7 +173,7 @@ def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES, *, reuse: 
         except OSError as exc:
             total = free = None
             reasons["total_bytes"] = reasons["free_bytes"] = f"disk_usage failed: {exc}"
-        mount = _mount_of(src, path)  # by path prefix: the dir itself may not exist yet
+        mount = mount_of(src, path)  # by path prefix: the dir itself may not exist yet
         device, kind, why = None, "unknown", "mount not found in /proc/self/mountinfo"
         if mount:
             point, fstype, source, majmin = mount
@@ -184,7 +184,7 @@ def probe_storage(src: Sources, test_bytes: int = DEFAULT_TEST_BYTES, *, reuse: 
             elif fstype == "overlay":
                 device, why = "overlay", "overlay filesystem (container layer); backing disk not resolved"
             else:
-                disk = _disk_of(src, majmin)
+                disk = disk_of(src, majmin)
                 if disk is None:
                     why = f"{fstype} on {source}: no block device for {majmin}"
                 else:

@@ -24,8 +24,9 @@ what transformers' modeling code and PyTorch's autograd actually save, tensor by
   with the saved output: 12 B x vocab per token.
 
 * Falcon, GPTBigCode, BLOOM, T5 / mT5 and BERT / RoBERTa (attention_kind and the branches
-  below): which SDPA path really runs (MQA falcon and T5's trainable position bias fall back to
-  the math path, which saves the scores like eager), T5's cross-attention and position bias,
+  below): which SDPA path really runs (MQA falcon before transformers 5.25 and T5's trainable
+  position bias fall back to the math path, which saves the scores like eager), T5's
+  cross-attention and position bias,
   BLOOM's embedding LayerNorm, the MLM head of the encoders. Checked with the same counter on
   tiny models built from shipped config.json files (tests/models/test_architecture_memory.py).
   Qwen v1 (remote code, never run here) is estimated as the Llama-like block it is, with a
@@ -128,16 +129,17 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
     a float mask, and an SDPA mask that needs a gradient sends SDPA down its math path, which
     materialises and saves the scores like eager attention does. With a frozen base (LoRA) the
     bias needs no gradient and SDPA keeps its fused kernel.
-    Falcon's multi-query attention (one key/value head, the original architecture) hands SDPA
-    keys with fewer heads than the queries; only the math path broadcasts them (measured on CPU:
-    the same live peak as eager to the byte). LitGPT repeats them to every query head first, so its
+    Falcon's multi-query attention (one key/value head, the original architecture) before
+    transformers 5.25 (Runtime.mqa_kv_unrepeated) hands SDPA keys with fewer heads than the
+    queries; only the math path broadcasts them (measured on CPU: the same live peak as eager to the
+    byte). 5.25's shared SDPA integration, like LitGPT, repeats them to every query head first, so
     SDPA keeps the fused kernel."""
     bias_trains = setup.method in ("full", "pretrain") or (setup.method == "dpo" and setup.lora is None)
     if spec.relative_attention_buckets and bias_trains:
         return "eager"
     if (spec.capabilities.sdpa_mqa_math_fallback and spec.num_kv_heads == 1 < spec.num_heads
             and setup.attention != "flash"
-            and setup.model_code != "litgpt"):
+            and setup.model_code != "litgpt" and runtime_of(setup).mqa_kv_unrepeated):
         return "eager"
     return setup.attention
 
