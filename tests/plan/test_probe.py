@@ -279,3 +279,26 @@ def test_a_lower_bound_wins_the_final_pick_only_by_the_whole_error_band(req):
     assert mm.adjusted_step(probing, SPEC.id, s, predicted) == (predicted, "measured")
     final = dataclasses.replace(probing, measured_settle=True)
     assert mm.adjusted_step(final, SPEC.id, s, predicted)[0] == pytest.approx(predicted * mm.BAND)
+
+
+def test_the_shortlist_names_the_leaders_split_neighbours_even_outside_the_band(req):
+    """The speed model ranks micro-batch splits of one kernel class by its own figures (a class ratio
+    cannot correct them): once the pick's class is measured, the pick's neighbours (micro-batch
+    halved or doubled at the same global batch) are measured although predicted outside the band."""
+    pick = plan(req).modes[1].setup
+    # the pick measured at its prediction; nothing else measured
+    predicted = predict_step(SPEC, pick, req.hardware).step_seconds
+    req = dataclasses.replace(req, measured_steps=(mm.MeasuredStep(SPEC.id, pick, predicted, predicted),),
+                              modes=("balanced",))
+    _, searches = plan_searched(req)
+    model, fitting = searches["balanced"]
+    leader = min((c for c in fitting if c.speed is not None), key=lambda c: c.speed.step_seconds)
+    neighbours = mm.split_neighbours(leader, fitting)
+    assert neighbours and all(c.setup.micro_batch * c.setup.grad_accum == leader.setup.micro_batch
+                              * leader.setup.grad_accum and c.setup.micro_batch != leader.setup.micro_batch
+                              for c in neighbours)
+    # push every candidate but the leader out of the band: the neighbours stay on the shortlist
+    far = [c if c is leader else dataclasses.replace(c, speed=dataclasses.replace(
+        c.speed, step_seconds=leader.speed.step_seconds * mm.BAND * 3)) for c in fitting]
+    named = {c.setup for c in mm.shortlist(req, {"balanced": (model, far)})}
+    assert named and named <= {c.setup for c in neighbours} and leader.setup not in named

@@ -13,8 +13,12 @@ The planner stays pure: it never measures, it only ranks with what it is given:
     that is below 1 (the machine is faster than the model everywhere), never up (unmeasured_factor).
 
 `shortlist` names the settings a probe should measure next: the unmeasured ones whose step time
-could, within the speed model's error and the measurements' noise, beat the best one. Empty means
-the pick is confirmed.
+could, within the speed model's error and the measurements' noise, beat the best one, and the best
+one's split neighbours (the same setting with the micro-batch halved or doubled at the same global
+batch), whatever their prediction: a class ratio cannot correct the micro-batch axis, and on a CPU
+the best split depends on caches the model does not see (bench/results/plan_quality_probe.md: the
+best measured settings were mb4x4 and mb8x2, the model's mb16x1 at 84 % of them). Empty means the
+pick is confirmed.
 
 A measurement is noisy (another process takes a core, the allocator grows): each carries its
 spread, and `decide` keeps the speed model's pick unless another setting is measured faster by more
@@ -260,26 +264,43 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
         # A measured leader may itself be off by its noise: the band widens by its spread.
         noise = measured[leader.setup].spread if leader.setup in measured else 0.0
         limit = leader.speed.step_seconds * BAND * (1 + noise)
-        for c in timed:
-            if c.speed.step_seconds > limit or c.setup in measured:
-                continue
-            if c.setup.method == "inference" or c.setup.num_gpus > 1:
-                continue  # one process, one device: what a probe can run
+        in_band = [c for c in timed if c.speed.step_seconds <= limit]
+        for c, neighbour in [*((c, False) for c in in_band), *((c, True) for c in split_neighbours(leader, timed))]:
+            if c.setup in measured or c.setup.method == "inference" or c.setup.num_gpus > 1:
+                continue  # measured already; one process, one device: what a probe can run
             key = (model.id, c.setup)
-            entry = found.setdefault(key, {"model": model, "setup": c.setup, "at": c.speed.step_seconds, "modes": []})
-            entry["modes"].append(mode)
+            entry = found.setdefault(key, {"model": model, "setup": c.setup, "at": c.speed.step_seconds, "modes": [],
+                                           "neighbour": False})
+            entry["neighbour"] |= neighbour
+            if mode not in entry["modes"]:
+                entry["modes"].append(mode)
     ordered = sorted(found.values(), key=lambda e: e["at"])
-    firsts, rest, classes = [], [], set()
+    # the best of each kernel class not measured yet first (where the model's errors are systematic),
+    # then the leaders' split neighbours, then the rest
+    classes = {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
+    firsts, neighbours, rest = [], [], []
     for e in ordered:
         k = (e["model"].id, kernel_class(e["setup"]))
-        (rest if k in classes else firsts).append(e)
+        (firsts if k not in classes else neighbours if e["neighbour"] else rest).append(e)
         classes.add(k)
     out = []
-    for e in (firsts + rest)[:ROUND_SIZE]:
+    for e in (firsts + neighbours + rest)[:ROUND_SIZE]:
         planner_seconds = predict_step(e["model"], e["setup"], req.hardware).step_seconds \
             * skew_factor(req.speed_skew, e["setup"])
         out.append(ProbeCandidate(e["model"], e["setup"], planner_seconds, tuple(e["modes"])))
     return out
+
+
+def split_neighbours(leader, fitting: list) -> list:
+    """The fitting candidates that differ from `leader` only in how its global batch is split: the
+    micro-batch halved (accumulation doubled) or doubled (accumulation halved)."""
+    s = leader.setup
+    splits = []
+    if s.micro_batch % 2 == 0:
+        splits.append(dataclasses.replace(s, micro_batch=s.micro_batch // 2, grad_accum=s.grad_accum * 2))
+    if s.grad_accum % 2 == 0:
+        splits.append(dataclasses.replace(s, micro_batch=s.micro_batch * 2, grad_accum=s.grad_accum // 2))
+    return [c for c in fitting if c.setup in splits]
 
 
 def with_measurements(req, steps) -> object:
