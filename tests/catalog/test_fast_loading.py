@@ -25,19 +25,19 @@ def _text(name: str) -> str:
     return resources.files("trainfit").joinpath("data", name).read_text(encoding="utf-8")
 
 
-def _same(a, b, where="") -> None:
-    """Equal values of the same types all the way down (1 == 1.0 == True would pass ==)."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+def _differences(a, b, where="") -> list[str]:
+    """Where two values differ, by value or by type, all the way down (1 == 1.0 == True under ==)."""
+    if type(a) is not type(b):
+        return [f"{where}: {type(a).__name__} != {type(b).__name__}"]
     if isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys or their order differ"
-        for key in a:
-            _same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), f"{where}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
+        if list(a) != list(b):
+            return [f"{where}: keys or their order differ"]
+        return [d for key in a for d in _differences(a[key], b[key], f"{where}.{key}")]
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return [f"{where}: lengths differ"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
 def _clear_catalog_caches() -> None:
@@ -69,8 +69,8 @@ def test_c_and_python_loaders_give_identical_data(name):
     text = _text(name)
     fast = yaml_io.load_yaml(text, loader=yaml.CSafeLoader)
     slow = yaml_io.load_yaml(text, loader=yaml.SafeLoader)
-    _same(fast, slow, name)
-    _same(fast, yaml.safe_load(text), name)
+    assert _differences(fast, slow, name) == []
+    assert _differences(fast, yaml.safe_load(text), name) == []
 
 
 @pytest.mark.skipif(not HAS_LIBYAML, reason="PyYAML built without libyaml")
@@ -103,8 +103,8 @@ def test_cached_data_is_identical_to_parsed_data(cache_home, monkeypatch, name):
 
     monkeypatch.setattr(yaml_io, "load_yaml", no_parsing)
     second = yaml_io.load_yaml_cached(text, name)
-    _same(second, first, name)
-    _same(second, yaml.safe_load(text), name)
+    assert _differences(second, first, name) == []
+    assert _differences(second, yaml.safe_load(text), name) == []
 
 
 def test_shipped_catalogs_are_the_same_from_the_cache(cache_home):
@@ -128,7 +128,7 @@ def test_dates_keep_their_types(cache_home):
     text = "as_of: 2025-01-31\nat: 2025-01-31T10:20:30+02:00\nnaive: 2025-01-31 10:20:30\nlist: [2024-02-29]\n"
     first = yaml_io.load_yaml_cached(text, "dates.yaml")
     again = yaml_io.load_yaml_cached(text, "dates.yaml")
-    _same(again, first)
+    assert _differences(again, first) == []
     assert type(again["as_of"]) is dt.date and type(again["at"]) is dt.datetime
     assert again["at"].utcoffset() == dt.timedelta(hours=2)
 

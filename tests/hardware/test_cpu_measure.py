@@ -128,10 +128,10 @@ def test_a_flagged_measurement_expires(tmp_path, monkeypatch):
 
 
 def test_unsteady_repeats_flag_a_measurement():
-    check = cpu_measure.judge(_window(0.0), 0.45, 1)
+    check = cpu_load.judge(_window(0.0), 0.45, 1)
     assert not check.reliable and "varied by 45%" in check.reason
-    assert cpu_measure.judge(_window(0.0), 0.05, 1).reliable
-    assert not cpu_measure.judge(_window(0.5), 0.0, 1).reliable  # 25 % of 2 cores
+    assert cpu_load.judge(_window(0.0), 0.05, 1).reliable
+    assert not cpu_load.judge(_window(0.5), 0.0, 1).reliable  # 25 % of 2 cores
 
 
 def test_load_window_counts_other_processes_not_our_own_threads():

@@ -27,6 +27,9 @@ STEPS = 16
 # another order; fp32 on CPU agrees to ~1e-6 relative (bench/results/oom_recovery.md).
 REL_TOL = 1e-4
 FAST = {"interval_seconds": 0.05, "safety": {"check_seconds": 0.05, "cool_hold_seconds": 0.4}}
+# A machine scripted by step (`by_step`) is checked at every step: a window of a few ~10 ms steps
+# falls between two of FAST's 50 ms checks on an idle machine.
+EVERY_STEP = {**FAST["safety"], "check_seconds": 0.0}
 
 
 def train(config: Path, run_dir: Path, monkeypatch, machine: dict | None = None, capfd=None):
@@ -132,9 +135,8 @@ def test_on_battery_fewer_threads_then_ac_again(clean, tmp_path, monkeypatch):
     import torch
 
     threads = torch.get_num_threads()
-    # checked at every step: steps 4-9 take ~60 ms here, about one of FAST's 50 ms check intervals
     machine = {"host": {"on_ac": {"by_step": [[0, True], [4, False], [10, True]]}, "battery_percent": 60},
-               "safety": {**FAST["safety"], "check_seconds": 0.0}}
+               "safety": EVERY_STEP}
     code, samples, _ = train(clean[0], tmp_path / "run", monkeypatch, machine)
     assert code == 0
     (battery,), (back,) = events(tmp_path / "run", "power_battery"), events(tmp_path / "run", "power_resume")
@@ -165,10 +167,9 @@ def test_ram_pressure_splits_the_micro_batch_before_an_oom(clean, tmp_path, monk
     """99.5 % of RAM in use at steps 4-6: the micro-batch is split (4 -> 2, accumulation 1 -> 2) at
     the next step boundary; the same global batch, data order and losses."""
     full = int(15.92 * GIB)
-    # checked at every step: a run this small takes ~10 ms a step, inside FAST's 50 ms check interval
     machine = {"host": {"ram_total_bytes": 16 * GIB, "swap_used_bytes": 0,
                         "ram_used_bytes": {"by_step": [[3, 8 * GIB], [4, full], [6, full], [7, 8 * GIB]]}},
-               "safety": {**FAST["safety"], "check_seconds": 0.0}}
+               "safety": EVERY_STEP}
     code, samples, _ = train(clean[0], tmp_path / "run", monkeypatch, machine)
     assert code == 0
     shrinks = events(tmp_path / "run", "memory_pressure")

@@ -97,8 +97,8 @@ def build_setup(args: argparse.Namespace, hardware, spec=None) -> TrainingSetup:
 
 def with_installed_versions(values: dict, named_hardware: str | None) -> dict:
     """Without --hardware a run on this machine uses the installed bitsandbytes and transformers, so
-    their versions are the defaults there (trainfit.core.memory.framework_effects)."""
-    from trainfit.core.memory.framework_effects import BNB_QUANTS
+    their versions are the defaults there (trainfit.core.runtime)."""
+    from trainfit.core.runtime import BNB_QUANTS
     from trainfit.versions import installed_version
 
     if named_hardware is not None:

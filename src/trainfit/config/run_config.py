@@ -152,7 +152,7 @@ HOW_NOT_WHAT = ("num_gpus", "num_nodes", "hybrid_shard", "grad_checkpointing", "
 HASHED_WHEN_SET = ("dora", "image_size", "images_per_example")
 
 # TrainingSetup fields that the `training:` section does not take (set from elsewhere).
-# The framework knobs (optimizer_impl ... fsdp_no_sync: trainfit.core.memory.framework_effects) describe
+# The framework knobs (optimizer_impl ... fsdp_no_sync: trainfit.core.runtime) describe
 # other tools; a trainfit run is their defaults.
 NOT_TRAINING_KEYS = ("method", "generate_tokens", "optimizer_impl", "bnb_keeps_input", "fsdp_mixed_units",
                      "kbit_upcast", "autocast_16bit_weights", "fsdp_no_sync", "quantize_lm_head", "bnb_fp16_quant_state",

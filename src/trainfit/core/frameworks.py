@@ -1,7 +1,7 @@
 """Framework profiles: which tool (and which release of it) runs a setup, as TrainingSetup knobs.
 
 `data/frameworks.yaml` holds, per tool, the behaviours the memory and speed models know
-(trainfit.core.memory.framework_effects) and, per release span, the versions of what it runs on.
+(trainfit.core.runtime) and, per release span, the versions of what it runs on.
 `resolve_framework("trl@0.12")` gives a Framework; `apply_framework(setup, framework)` sets the knobs
 that apply to that setup (AdamW runs, 4-bit runs, FSDP LoRA runs, accumulating FSDP runs, ...) and
 says what each one changed. Pure: no CLI, no torch; installed versions are read with
@@ -272,7 +272,7 @@ def _uses_hf_trainer(name: str) -> bool:
     return bool(p.get("hf_trainer")) or (bool(p.get("builds_on")) and _uses_hf_trainer(p["builds_on"]))
 
 
-# What a transformers release decides (framework_effects.transformers_knobs), as the output says it.
+# What a transformers release decides (runtime.transformers_knobs), as the output says it.
 TRANSFORMERS_SAYS = {
     ("logits_shift_copy", True): "copies the shifted fp32 logits in the causal-LM loss (before 4.49)",
     ("logits_shift_copy", False): "shifts the labels, not the logits, in the causal-LM loss (4.49 on)",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainfit.core.knobs import BY_NAME, KNOBS, flag_of
-from trainfit.core.setup import LoraSettings, TrainingSetup, method_trains_adapters, parse_method
+from trainfit.core.setup import FSDP_EQUIVALENT_STAGE, LoraSettings, TrainingSetup, method_trains_adapters, parse_method
 from trainfit.errors import BadInputError
 
 _LORA_KNOBS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
@@ -81,8 +81,6 @@ def _lora(v: dict, spec, word) -> LoraSettings:
 def _sharding(v: dict) -> dict:
     """--fsdp implies its ZeRO-equivalent stage; a different explicit --zero is refused by the
     rules (trainfit.core.knob_rules) with the fix."""
-    from trainfit.core.setup import FSDP_EQUIVALENT_STAGE
-
     fsdp = v["fsdp_strategy"] or "none"
     zero = v["zero_stage"] if v["zero_stage"] is not None else FSDP_EQUIVALENT_STAGE.get(fsdp, 0)
     return dict(zero_stage=zero, fsdp_strategy=fsdp)

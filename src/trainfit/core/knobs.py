@@ -12,7 +12,7 @@ speed model that reads the field. Nothing else.
 
 Levels: "everyday" knobs are in `estimate --help`; "advanced" ones are flags shown by `--help-all`;
 "runtime" knobs describe how another tool's runtime behaves where tools differ (the
-framework-emulation knobs, trainfit.core.memory.framework_effects): `--runtime KEY=VALUE` and
+framework-emulation knobs, trainfit.core.runtime): `--runtime KEY=VALUE` and
 `--help-all`; their old flags still parse, hidden.
 """
 

@@ -79,7 +79,7 @@ def training_arguments(cfg: RunConfig, *, device: str, output_dir: str, world_si
         if t.grad_accum > 1:
             # Reduce-scatter after every micro-batch: under the Trainer's default no_sync each GPU
             # would keep every unit's unsharded gradient until the last one (a whole model's
-            # gradient per GPU; trainfit.core.memory.framework_effects, fsdp_no_sync).
+            # gradient per GPU; trainfit.core.runtime, fsdp_no_sync).
             kw["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     elif sharded == "deepspeed":
         kw["deepspeed"] = deepspeed_file if deepspeed_file is not None else deepspeed_config(cfg)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainfit.core.run.checkpoint_cadence import (ASSUMED_WRITE_BYTES_PER_SECOND, cadence_interval,
+from trainfit.core.run.checkpoint_cadence import (ASSUMED_WRITE_BYTES_PER_SECOND, cadence_interval, checkpoint_bytes,
                                               checkpoint_seconds, combined_interruption_seconds)
 from trainfit.core.run.safety_thresholds import SafetyThresholds
 
@@ -182,8 +182,6 @@ _FP32_WEIGHT_PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 def checkpoint_bytes_for(setup, memory) -> int:
     """Bytes one checkpoint of this TrainingSetup writes, from its MemoryEstimate's parameter
     counts (LoRA / QLoRA save the adapter, kept in fp32 by PEFT)."""
-    from trainfit.core.run.checkpoint_cadence import checkpoint_bytes
-
     adapter = setup.lora is not None
     width = 4 if adapter or setup.precision in _FP32_WEIGHT_PRECISIONS else 2
     return checkpoint_bytes(memory.params_total, memory.params_trainable, adapter_only=adapter, bytes_per_weight=width)

@@ -69,7 +69,7 @@ def quantised_inputs_per_token(spec: ModelSpec, st: ModelStats, setup: TrainingS
     LLM.int8 (bitsandbytes MatMul8bitLt, threshold 6.0 as transformers sets it) keeps its 16-bit
     input A on ctx.tensors for every quantised linear whose input needs a gradient, where 4-bit
     layers keep only the weight since bitsandbytes 0.43.2 (before, they kept it too:
-    framework_effects.py): the attention and MLP inputs (each shared by its readers), the
+    core/runtime.py): the attention and MLP inputs (each shared by its readers), the
     attention output's contiguous copy read by o_proj and the gated product read by down_proj
     (bitsandbytes/autograd/_functions.py, read 2026-11-23). The outlier columns (subA, tokens x
     outliers) are a few columns and left out."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 from trainfit.core.memory.fsdp import compute_bytes, root_params
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.models.spec import ModelSpec
-from trainfit.core.runtime import BNB_QUANTS, runtime_of
+from trainfit.core.runtime import runtime_of
 from trainfit.core.setup import TrainingSetup
 
-__all__ = ["BNB_QUANTS", "cached_kv_bytes_per_token", "no_sync_gradient_bytes", "returned_logits_bytes",
+__all__ = ["cached_kv_bytes_per_token", "no_sync_gradient_bytes", "returned_logits_bytes",
            "step_temporary_bytes"]
 
 

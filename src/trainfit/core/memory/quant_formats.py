@@ -25,7 +25,7 @@ from __future__ import annotations
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import BITSANDBYTES, runtime_of
-from trainfit.core.setup import PREQUANTISED, TrainingSetup
+from trainfit.core.setup import TrainingSetup
 
 BITS = 4
 GROUP_SIZE = 128

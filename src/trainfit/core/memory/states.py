@@ -23,13 +23,12 @@ from dataclasses import dataclass, replace
 
 from trainfit.core.memory.fsdp import fsdp_shards, gathered_bytes, root_params
 from trainfit.core.memory.paged_states import paged_state_bytes
-from trainfit.core.memory.quant_formats import (PREQUANTISED, experts_left_dense, group_index_bytes,
-                                                metadata_bytes_per_param, packed_bytes_per_param,
-                                                quantised_linear_params)
+from trainfit.core.memory.quant_formats import (experts_left_dense, group_index_bytes, metadata_bytes_per_param,
+                                                packed_bytes_per_param, quantised_linear_params)
 from trainfit.core.memory.stats import ModelStats
 from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
-from trainfit.core.setup import TrainingSetup
+from trainfit.core.setup import PREQUANTISED, TrainingSetup
 
 NF4_BLOCK = 64
 DQ_BLOCK = 256
@@ -88,7 +87,7 @@ def adafactor_bytes(spec: ModelSpec, st: ModelStats, trainable: int, rank: int |
 def base_weight_bytes(setup: TrainingSetup) -> int:
     """Bytes per base-model weight that is not quantised, in training: fp32 masters under mixed
     precision; under a quantised base, fp32 where PEFT's k-bit preparation casts the rest
-    (framework_effects.py), else 16-bit."""
+    (core/runtime.py), else 16-bit."""
     p = setup.precision
     if setup.quant == "none":
         return 4 if p in ("fp32", "bf16-mixed", "fp16-mixed") else 2
@@ -122,7 +121,7 @@ def weight_bytes(st: ModelStats, setup: TrainingSetup, spec: ModelSpec | None = 
         overhead = blocks * 4
     else:
         overhead = blocks * 1 + (blocks / DQ_BLOCK) * 4
-    # An fp16 QuantState under bf16 compute: the de-quantised weight and its cast (framework_effects.py)
+    # An fp16 QuantState under bf16 compute: the de-quantised weight and its cast (core/runtime.py)
     return linear * 0.5 + rest, overhead, largest * 2 * runtime_of(setup).dequant_copies
 
 
@@ -238,7 +237,7 @@ def _fsdp_states(st: ModelStats, setup: TrainingSetup, w: float, qover: float, d
     grads = trainable * float(pbytes) / n
     mixed_units = lora_mode and runtime_of(setup).fsdp_mixed_units
     if mixed_units:
-        # Adapters inside their frozen layer's unit (framework_effects.py): the flat gradient covers
+        # Adapters inside their frozen layer's unit (core/runtime.py): the flat gradient covers
         # every decoder weight, in the flat parameter's dtype; the root unit (embeddings, lm_head)
         # holds no adapter and keeps none.
         grads = (st.total - root_params(st)) * (w / st.total if st.total else 0.0) / n

@@ -14,7 +14,7 @@ from trainfit.core.memory.states import model_states
 from trainfit.core.memory.step import TrainingStep
 from trainfit.core.models.spec import ModelSpec
 from trainfit.core.runtime import runtime_of
-from trainfit.core.setup import TrainingSetup
+from trainfit.core.setup import PREQUANTISED, TrainingSetup
 
 
 def weights_bytes(step: TrainingStep) -> float:
@@ -67,7 +67,7 @@ def reference_what(setup: TrainingSetup) -> str:
 
 
 def weights_what(setup: TrainingSetup, model: ModelSpec, st) -> str:
-    if setup.quant in quant_formats.PREQUANTISED:
+    if setup.quant in PREQUANTISED:
         return quant_formats.describe(setup.quant)[0]
     rest = "fp32 (PEFT k-bit preparation)" if runtime_of(setup).kbit_upcast else "16-bit"
     head_q = runtime_of(setup).quantised_lm_head_params(model) > 0
@@ -90,7 +90,7 @@ def weights_what(setup: TrainingSetup, model: ModelSpec, st) -> str:
 
 
 def quant_what(setup: TrainingSetup) -> str:
-    if setup.quant in quant_formats.PREQUANTISED:
+    if setup.quant in PREQUANTISED:
         return quant_formats.describe(setup.quant)[1]
     if setup.quant == "nf4":
         return "NF4 absmax: one fp32 per 64 weights (0.0625 B/param)"

@@ -34,7 +34,8 @@ from trainfit.core.plan.engine import MemoryFn
 from trainfit.core.plan.space import default_lora
 from trainfit.core.setup import TRAIN_METHODS, LoraSettings, Method, TrainingSetup
 from trainfit.core.speed import DeviceRates, Workload, cpu_rates, gpu_spec_rates, predict_step
-from trainfit.core.cloud.spot import SpotEstimate, hours_text
+from trainfit.core.cloud.spot import SpotEstimate, checkpoint_bytes_for, estimate_spot, hours_text
+from trainfit.core.run.safety_thresholds import safety_thresholds
 from trainfit.errors import BadInputError
 
 GIB = 1 << 30
@@ -269,9 +270,6 @@ def chosen_setting(req: CloudRequest, catalog: CloudCatalog, flavor_id: str):
 
 def _spot_fields(req: CloudRequest, flavor: Flavor, best: _Best, terms: SpotTerms) -> dict:
     """The expected run on the spot machine (core.cloud.spot), with the balanced mode's cadence rule."""
-    from trainfit.core.run.safety_thresholds import safety_thresholds
-    from trainfit.core.cloud.spot import checkpoint_bytes_for, estimate_spot
-
     est = estimate_spot(work_seconds=best.seconds, checkpoint_size_bytes=checkpoint_bytes_for(best.setup, best.memory),
                         setup_seconds=req.setup_minutes * 60, figure=terms.interruption,
                         thresholds=safety_thresholds(None), assumed=terms.assumed)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -324,15 +325,15 @@ def note_search(mode: str, model: ModelSpec, result) -> None:
         found[(mode, model.id)] = (model, result.fitting)
 
 
+@contextmanager
 def recording_searches():
-    """(token, found): from here on each mode's search is noted in `found` until
-    `stop_recording(token)`."""
+    """Inside the block each mode's search is noted in the dict it yields."""
     found: dict = {}
-    return _SEARCHES.set(found), found
-
-
-def stop_recording(token) -> None:
-    _SEARCHES.reset(token)
+    token = _SEARCHES.set(found)
+    try:
+        yield found
+    finally:
+        _SEARCHES.reset(token)
 
 
 def pinned(req, mode: str, model: ModelSpec, result):

@@ -18,6 +18,7 @@ from trainfit.core.plan.plan_warnings import (moe_quant_warning, setting_warning
                                               truncation_warnings)
 from trainfit.core.plan.request import PlanRequest
 from trainfit.core.plan.results import ModePlan, RunFigures
+from trainfit.core.plan.spot_figures import plan_figures
 from trainfit.core.run.power import PowerEstimate
 from trainfit.core.setup import TrainingSetup
 from trainfit.core.speed.types import SpeedEstimate, Workload
@@ -82,8 +83,6 @@ def plan_model(req: PlanRequest, t: ModeTargets, rules: DeviceRules, model: Mode
     run = RunFigures(tokens, speed.total_steps, hours, power.energy_kwh, power.electricity_cost, rental)
     spot_reasons: list[str] = []
     if req.spot is not None:  # plan --flavor ID --spot: cadence and expected cost with interruptions
-        from trainfit.core.plan.spot_figures import plan_figures
-
         run, spot_reasons, spot_warnings = plan_figures(req.spot, t.mode, s, best.memory, run, req.budget_usd)
         warnings += spot_warnings
     reasons += setting_reasons(model, req, t, rules, result, best, budget, cap) + run_pred.notes + spot_reasons

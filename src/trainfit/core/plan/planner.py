@@ -75,11 +75,8 @@ def plan(req: PlanRequest) -> Plan:
 def plan_searched(req):
     """(plan, mode -> (its model, its ranked fitting candidates)): `plan(req)` and the search behind
     each mode that fits, from the same planning (not searched a second time)."""
-    token, found = measured.recording_searches()
-    try:
+    with measured.recording_searches() as found:
         result = plan(req)
-    finally:
-        measured.stop_recording(token)
     searches = {mp.mode: found[(mp.mode, mp.model.id)] for mp in result.modes
                 if mp.fits and mp.model is not None and (mp.mode, mp.model.id) in found}
     return result, searches

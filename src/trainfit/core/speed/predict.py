@@ -229,7 +229,7 @@ def _gpu_elementwise_seconds(spec: ModelSpec, setup: TrainingSetup, sf: F.StepFl
     # Elementwise (memory-bound) work. Training runs it ~3x (forward + 2x backward) + recompute.
     # An fp32 residual stream over 4-bit linears (PEFT's k-bit preparation, or autocast's fp32
     # LayerNorm output) runs every norm, residual, rotary and activation in fp32 and casts around
-    # each 4-bit linear (framework_effects.py).
+    # each 4-bit linear (core/runtime.py).
     fp32_stream = runtime_of(setup).fp32_stream_over_16bit_weights(spec)
     per_token_layer = _gpu_elementwise_elements(spec, setup.torch_compile) * (4.0 if fp32_stream else act_bytes)
     fwd_equiv = 3.0 + (1.0 if setup.grad_checkpointing == "full" else 0.0)
