@@ -304,14 +304,14 @@ def _derived(versions: dict[str, str], hf_trainer: bool) -> list[Behaviour]:
         for knob, value in transformers_knobs(tf).items():
             when = "transformers_fsdp" if knob in FSDP_ONLY_KNOBS else "transformers_code"
             out.append(Behaviour(knob, value, when, f"transformers {tf} {TRANSFORMERS_SAYS[knob, value]}",
-                                 "derived: trainfit.core.memory.framework_effects.transformers_knobs"))
+                                 "derived: trainfit.core.runtime.transformers_knobs"))
     bnb = versions.get("bitsandbytes")
     if bnb:
         keeps = bnb_keeps_input_for(bnb)
         says = "keeps each 4-bit linear's input for backward (before 0.43.2)" if keeps else \
             "keeps no 4-bit linear's input (0.43.2 on)"
         out.append(Behaviour("bnb_keeps_input", keeps, "bnb_4bit", f"bitsandbytes {bnb} {says}",
-                             "derived: bitsandbytes#1270 (0.43.2), framework_effects.bnb_keeps_input_for"))
+                             "derived: bitsandbytes#1270 (0.43.2), trainfit.core.runtime.bnb_keeps_input_for"))
     if hf_trainer and tf:
         impl = trainer_optimizer_impl(tf, versions.get("torch"))
         out.append(Behaviour("optimizer_impl", impl, "adamw",

@@ -36,7 +36,7 @@ made for the run a user will actually launch (and published measurements can be 
   while the quantised linears compute in 16 bits. TRL's SFTTrainer calls it for a bitsandbytes
   base and skips it for sharded QLoRA (FSDP / ZeRO-3 with a 16-bit quant storage), where a flat
   parameter must hold one dtype. trainfit's runner does the same preparation without the cast
-  (train/runner.prepare_quantized_base), as LitGPT, torchtune and fsdp_qlora keep the 16-bit dtype:
+  (train/trainer_setup.prepare_quantized_base), as LitGPT, torchtune and fsdp_qlora keep the 16-bit dtype:
   for Llama 3 8B the cast alone is 2.1 GB of fp32 embeddings and lm_head.
 * Autocast over a 16-bit model (TrainingSetup.autocast_16bit_weights): Transformers' usual QLoRA
   recipe loads the model with torch_dtype=bfloat16 and trains with --bf16, which enables autocast.
