@@ -173,8 +173,8 @@ def confirm_plan(req, *, seconds: float = DEFAULT_PROBE_SECONDS, log: Log = lamb
 
     Rounds: plan, measure the best unmeasured setting of the shortlist, plan again. Then the
     finalists (a mode's measured pick where it is not the speed model's) are measured again,
-    interleaved, and `core.plan.measured.decide` keeps the speed model's pick unless another setting
-    was measured faster by more than the two measurements' spread."""
+    interleaved, and `core.plan.measured.decide` judges them (measured again, the faster by more than
+    a tie wins; measured once, only by more than the two measurements' spread)."""
     from trainfit.core.plan import measured as mm
     from trainfit.core.plan.planner import plan, plan_searched
     from trainfit.train import calibration as cal
@@ -252,7 +252,7 @@ def _explore(run: _Measuring, req, result, searches, model_only, reason: str | N
         todo = [c for c in mm.shortlist(req, searches) if (c.model.id, c.setup) not in run.failed]
         if not todo:
             return req, result, searches, True, reason
-        reserve = _recheck_reserve(req, result, model_only, run)
+        reserve = _time_to_keep(req, result, model_only, run, todo[0])
         if reason is not None or time.monotonic() + MIN_SHARE_SECONDS + reserve > run.deadline:
             reason = reason or (f"time is up ({seconds:g} s) with {len(todo)} setting(s) still unmeasured"
                                 + (f" ({reserve:.0f} s kept to measure the finalists again)" if reserve else ""))
@@ -321,6 +321,18 @@ def _finalists(req, result, model_only, rechecked: dict) -> list[tuple]:
     return out
 
 
+def _time_to_keep(req, result, model_only, run: _Measuring, next_up) -> float:
+    """Seconds the exploring keeps back for measuring the finalists again: none while the next
+    setting is of a kernel class not measured yet (it can be off by the speed model's whole error,
+    more than a second measurement corrects), else the finalists' (_recheck_reserve)."""
+    from trainfit.core.plan.measured import kernel_class
+
+    classes = {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
+    if (next_up.model.id, kernel_class(next_up.setup)) not in classes:
+        return 0.0
+    return _recheck_reserve(req, result, model_only, run)
+
+
 def _recheck_reserve(req, result, model_only, run: _Measuring) -> float:
     """Seconds to keep for measuring the current finalists again (0 when there are none)."""
     pairs = _finalists(req, result, model_only, run.rechecked) if run.rechecks < MAX_RECHECKS else []
@@ -347,10 +359,13 @@ def _recheck_finalists(run: _Measuring, req, result, searches, model_only):
         last = {(m.model_id, m.setup): i for i, m in enumerate(run.new)}
         order = (inc, ch) if last.get((mid, inc), -1) > last.get((mid, ch), -1) else (ch, inc)
         shares = [max(MIN_SHARE_SECONDS, run.walls.get((mid, s), MIN_SHARE_SECONDS)) for s in order]
-        if time.monotonic() + sum(shares) > run.deadline:
+        left = run.deadline - time.monotonic()
+        if left < 2 * MIN_SHARE_SECONDS:
             run.log(f"probe: no time left to measure {setup_label(ch)} ({gap:.0%} faster) and the speed model's "
                     f"pick again")
             break
+        if sum(shares) > left:  # what is left, shared: a shorter measurement still times a few micro-batches
+            shares = [max(MIN_SHARE_SECONDS, x * left / sum(shares)) for x in shares]
         predicted = {m.setup: m.predicted_step_seconds for m in req.measured_steps if m.model_id == mid}
         run.rechecks += 1
         got = [m for s, share in zip(order, shares)

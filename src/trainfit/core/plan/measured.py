@@ -20,10 +20,14 @@ the best split depends on caches the model does not see (bench/results/plan_qual
 best measured settings were mb4x4 and mb8x2, the model's mb16x1 at 84 % of them). Empty means the
 pick is confirmed.
 
-A measurement is noisy (another process takes a core, the allocator grows): each carries its
-spread, and `decide` keeps the speed model's pick unless another setting is measured faster by more
-than the spread of the two (the probe re-measures such finalists interleaved before it decides);
-a kept pick is pinned (`measured_pins`, `pinned`) so the final plan ranks it first.
+Checkpointing only adds work: a checkpointed setting whose checkpoint-free twin fits is shortlisted
+last, and once the twin is measured it ranks at least as slow and is not measured (checkpoint_free_twin).
+
+A measurement is noisy (another process takes a core, a cold first setting faults its pages in):
+each carries its spread, and the probe measures the finalists (the speed model's pick and a setting
+measured faster) again, interleaved, before `decide` judges them: measured again, the faster by more
+than a tie (MIN_SPREAD) wins, whatever the speed model said; measured once, only by more than the
+spread of the two. A kept pick is pinned (`measured_pins`, `pinned`) so the final plan ranks it first.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ SPEED_MODEL_ERROR = 0.15
 BAND = (1 + SPEED_MODEL_ERROR) / (1 - SPEED_MODEL_ERROR)
 # Settings measured per round: the best of each kernel class in the band first, then the rest.
 ROUND_SIZE = 4
-# The smallest difference that moves a pick off the speed model's, whatever the measured spread:
-# two settings a few per cent apart are equivalent for a run (and the benchmark's 95 % verdict).
+# The smallest difference that moves a pick off the speed model's (the margin of a tie): two settings
+# a few per cent apart are equivalent for a run (and the benchmark's 95 % verdict).
 MIN_SPREAD = 0.03
 # A measured pick this much faster than the speed model's (or less) is measured again, both
 # interleaved, before it replaces it: on a busy machine the same setting measured twice differed by
@@ -80,7 +84,7 @@ class MeasuredStep:
 
 
 def pooled(old: MeasuredStep, new: MeasuredStep) -> MeasuredStep:
-    """One setting measured again in the same probe: the median of its measurements, their spread.
+    """One setting measured again in the same probe: its figure (pooled_seconds) and spread.
     A complete measurement replaces an "at least this slow" one; another plan's (stored) is replaced."""
     if old.source != new.source or old.lower_bound and not new.lower_bound:
         return new
@@ -89,8 +93,18 @@ def pooled(old: MeasuredStep, new: MeasuredStep) -> MeasuredStep:
     samples = (*(old.samples or (old.step_seconds,)), *(new.samples or (new.step_seconds,)))
     own = (*(old.sample_spreads or (old.spread,) * len(old.samples or (0,))),
            *(new.sample_spreads or (new.spread,) * len(new.samples or (0,))))
-    return dataclasses.replace(old, step_seconds=statistics.median(samples), samples=samples, sample_spreads=own,
+    return dataclasses.replace(old, step_seconds=pooled_seconds(samples), samples=samples, sample_spreads=own,
                                spread=repeat_spread(samples, own))
+
+
+def pooled_seconds(samples: tuple[float, ...]) -> float:
+    """A setting's step time from its measurements: the faster of two, the median of three or more.
+    A machine's noise only ever slows a measurement (another process takes a core, a cold first
+    setting still faults its pages in), so of two the faster is the nearer the setting's own speed:
+    the same 6 x 256 setting measured 0.854 s cold and 0.666 s warm, against 0.65-0.67 s in five
+    later measurements (bench/results/plan_quality_probe.md). Of three, the median is as robust to one
+    slow one and not biased fast."""
+    return min(samples) if len(samples) <= 2 else statistics.median(samples)
 
 
 def repeat_spread(samples: tuple[float, ...], own: tuple[float, ...] = ()) -> float:
@@ -150,7 +164,8 @@ def class_ratios(steps: tuple, model_id: str) -> dict[tuple, float]:
 def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float, *,
                   measured: dict | None = None, ratios: dict | None = None) -> tuple[float, str]:
     """(seconds, how) of one setting: how is "measured", "class" (scaled by its class's measured
-    ratio) or "predicted" (the prediction with the skew hook, see unmeasured_factor). `measured` and
+    ratio), "predicted" (the prediction with the skew hook, see unmeasured_factor) or "twin" (its
+    checkpoint-free twin's measured time, where that is slower: checkpoint_free_twin). `measured` and
     `ratios` are the request's, computed here unless the caller (a search) computed them once."""
     if measured is None:
         measured = _measured(req.measured_steps, model_id)
@@ -166,8 +181,24 @@ def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float
         ratios = class_ratios(req.measured_steps, model_id)
     ratio = ratios.get(kernel_class(s))
     if ratio is not None:
-        return planner_seconds * ratio, "class"
-    return planner_seconds * unmeasured_factor(ratios, settle=req.measured_settle), "predicted"
+        seconds, how = planner_seconds * ratio, "class"
+    else:
+        seconds, how = planner_seconds * unmeasured_factor(ratios, settle=req.measured_settle), "predicted"
+    twin = measured.get(checkpoint_free_twin(s))
+    if twin is not None and twin.step_seconds > seconds:
+        return twin.step_seconds, "twin"
+    return seconds, how
+
+
+def checkpoint_free_twin(s: TrainingSetup) -> TrainingSetup | None:
+    """The same setting without gradient checkpointing, or None when `s` has none. Checkpointing
+    only adds work (the forward again in the backward; bench/results/plan_quality.md measured 0.75x
+    the speed of the same setting without it), so a checkpointed setting is at least as slow as its
+    twin: the probe measures it after the settings that are not so bounded, never once the twin is
+    measured, and then ranks it at least as slow as the twin."""
+    if s.grad_checkpointing == "none":
+        return None
+    return dataclasses.replace(s, grad_checkpointing="none")
 
 
 def unmeasured_factor(ratios: dict[tuple, float], *, settle: bool = False) -> float:
@@ -223,7 +254,8 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
     measured = _measured(req.measured_steps, model.id)
     ratios = class_ratios(req.measured_steps, model.id)
     # Which figure applies is known before predicting: one prediction either way.
-    unadjusted = s not in measured and kernel_class(s) not in ratios and not req.speed_skew
+    unadjusted = (s not in measured and kernel_class(s) not in ratios and not req.speed_skew
+                  and checkpoint_free_twin(s) not in measured)
     if not active(req) or unadjusted:
         return predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
                        step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
@@ -236,7 +268,9 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
                         f"x{factor:.2f} the speed model)",
             "class": f"step time x{factor:.2f}: the speed model scaled by the probe's measured ratio for this "
                      "precision / attention / checkpointing",
-            "predicted": f"step time x{factor:.2f} (speed-model skew test hook)"}[how]
+            "predicted": f"step time x{factor:.2f} (speed-model skew test hook)",
+            "twin": f"step time x{factor:.2f}: at least that of the same setting without gradient checkpointing, "
+                    "measured on this machine by the plan's probe"}[how]
     return RunPrediction(speed, estimate_power(req.hardware, speed, price_per_kwh=req.price_per_kwh), factor,
                          [*base.notes, note])
 
@@ -266,26 +300,34 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
         noise = measured[leader.setup].spread if leader.setup in measured else 0.0
         limit = leader.speed.step_seconds * BAND * (1 + noise)
         in_band = [c for c in timed if c.speed.step_seconds <= limit]
+        fits = {c.setup for c in fitting}
         for c, neighbour in [*((c, False) for c in in_band), *((c, True) for c in split_neighbours(leader, timed))]:
             if c.setup in measured or c.setup.method == "inference" or c.setup.num_gpus > 1:
                 continue  # measured already; one process, one device: what a probe can run
+            if checkpoint_free_twin(c.setup) in measured:
+                continue  # at least as slow as its twin, measured already (checkpoint_free_twin)
             key = (model.id, c.setup)
             entry = found.setdefault(key, {"model": model, "setup": c.setup, "at": c.speed.step_seconds, "modes": [],
-                                           "neighbour": False})
+                                           "neighbour": False, "dominated": True})
             entry["neighbour"] |= neighbour
+            entry["dominated"] &= checkpoint_free_twin(c.setup) in fits  # in every mode it is a candidate of
             if mode not in entry["modes"]:
                 entry["modes"].append(mode)
     ordered = sorted(found.values(), key=lambda e: e["at"])
     # the best of each kernel class not measured yet first (where the model's errors are systematic),
-    # then the leaders' split neighbours, then the rest
+    # then the leaders' split neighbours, then the rest; last, the checkpointed settings whose twin
+    # without checkpointing fits (they can only win where that twin, measured first, wins)
     classes = {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
-    firsts, neighbours, rest = [], [], []
+    firsts, neighbours, rest, dominated = [], [], [], []
     for e in ordered:
         k = (e["model"].id, kernel_class(e["setup"]))
+        if e["dominated"]:
+            dominated.append(e)
+            continue
         (firsts if k not in classes else neighbours if e["neighbour"] else rest).append(e)
         classes.add(k)
     out = []
-    for e in (firsts + neighbours + rest)[:ROUND_SIZE]:
+    for e in (firsts + neighbours + rest + dominated)[:ROUND_SIZE]:
         planner_seconds = predict_step(e["model"], e["setup"], req.hardware).step_seconds \
             * skew_factor(req.speed_skew, e["setup"])
         out.append(ProbeCandidate(e["model"], e["setup"], planner_seconds, tuple(e["modes"])))
@@ -382,9 +424,12 @@ def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, rank
     than the speed model's pick (the evidence for a confirmation); `pick_error`: why the speed
     model's pick could not run here, if it could not.
 
-    The noise is the larger of the two settings' spreads, at least MIN_SPREAD; where either was not
-    measured to the end, also the speed model's error. Where neither was measured to the end, the
-    speed model's pick stays: two estimates say nothing a measurement said."""
+    The noise: where both were measured again (interleaved, their figures pooled_seconds), MIN_SPREAD,
+    the margin of a tie; the measurements are then what this machine does, and the speed model, whose
+    error on this pair they just showed, has no say beyond a tie. Where either was measured once, the
+    larger of the two measurements' spreads, at least MIN_SPREAD (a cold or disturbed single reading);
+    where either was not measured to the end, also the speed model's error. Where neither was
+    measured to the end, the speed model's pick stays: two estimates say nothing a measurement said."""
     def complete(m: MeasuredStep | None) -> MeasuredStep | None:
         return m if m is not None and not m.lower_bound else None
 
@@ -416,8 +461,11 @@ def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, rank
                         f"kept the speed model's pick: neither it nor {name(ranked_pick)} was measured to the end")
     gain = model_pick_seconds / ranked_seconds - 1 if ranked_seconds > 0 else 0.0
     spreads = [m.spread for m in (inc, ch) if m is not None]
+    held_to = "spread"
     if inc is not None and ch is not None:
-        noise = max(MIN_SPREAD, *spreads)
+        rechecked = min(inc.repeats, ch.repeats) >= 2
+        noise = MIN_SPREAD if rechecked else max(MIN_SPREAD, *spreads)
+        held_to = "margin of a tie" if rechecked else held_to
         how, what = _repeats_text(inc, ch), "measured"
     else:
         noise = max(MIN_SPREAD, SPEED_MODEL_ERROR, *spreads)
@@ -428,12 +476,15 @@ def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, rank
     if gain > noise:
         return Decision(mode, "switched", model_pick, ranked_pick, ranked_pick, gain, noise, reps,
                         f"switched: {name(ranked_pick)} {what} {gain:.0%} faster than the speed model's pick "
-                        f"{name(model_pick)}, beyond the {noise:.0%} spread ({how})")
+                        f"{name(model_pick)}, beyond the {noise:.0%} {held_to} ({how})")
     return Decision(mode, "kept", model_pick, model_pick, ranked_pick, gain, noise, reps,
                     f"kept the speed model's pick: {name(ranked_pick)} {what} {gain:.0%} faster, within the "
-                    f"{noise:.0%} spread ({how})")
+                    f"{noise:.0%} {held_to} ({how})")
 
 
 def _repeats_text(a: MeasuredStep, b: MeasuredStep) -> str:
     n = min(a.repeats, b.repeats)
-    return "one measurement each" if n == 1 else f"{n} interleaved measurements each, medians compared"
+    if n == 1:
+        return "one measurement each"
+    return (f"{n} interleaved measurements each, {'the faster' if n == 2 else 'the median'} of each compared; "
+            f"their spreads {a.spread:.0%} and {b.spread:.0%}")
