@@ -349,3 +349,12 @@ def test_a_kernel_class_not_measured_yet_goes_before_the_time_kept_for_the_final
 
     assert probe._time_to_keep(measured, searched, searched, run, cand(other)) == 0.0
     assert probe._time_to_keep(measured, searched, searched, run, cand(same)) == 7.0
+
+
+def test_the_balanced_modes_candidates_are_measured_first(req, monkeypatch):
+    """The probe's seconds go to the balanced pick first, then to the other modes' candidates."""
+    monkeypatch.setattr(mm, "ROUND_SIZE", 100)
+    _, searches = plan_searched(req)
+    order = ["balanced" in c.modes for c in mm.shortlist(req, searches)]
+    assert order and order == sorted(order, reverse=True)
+    assert all(order[:1])

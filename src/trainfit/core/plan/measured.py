@@ -60,6 +60,8 @@ MIN_SPREAD = 0.03
 # 24 % (median) and up to 50 % (bench/results/plan_quality_probe.md), beyond what one measurement's
 # own spread shows. A larger gap (a kernel class the model is wrong about) needs no second look.
 RECHECK_GAP = 0.5
+# The mode whose candidates the probe measures first.
+PRIMARY_MODE = "balanced"
 
 
 @dataclass(frozen=True)
@@ -308,30 +310,42 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
                 continue  # at least as slow as its twin, measured already (checkpoint_free_twin)
             key = (model.id, c.setup)
             entry = found.setdefault(key, {"model": model, "setup": c.setup, "at": c.speed.step_seconds, "modes": [],
-                                           "neighbour": False, "dominated": True})
+                                           "neighbour": False, "dominated_in": {}})
             entry["neighbour"] |= neighbour
-            entry["dominated"] &= checkpoint_free_twin(c.setup) in fits  # in every mode it is a candidate of
+            entry["dominated_in"][mode] = checkpoint_free_twin(c.setup) in fits
             if mode not in entry["modes"]:
                 entry["modes"].append(mode)
     ordered = sorted(found.values(), key=lambda e: e["at"])
-    # the best of each kernel class not measured yet first (where the model's errors are systematic),
-    # then the leaders' split neighbours, then the rest; last, the checkpointed settings whose twin
-    # without checkpointing fits (they can only win where that twin, measured first, wins)
+    # The balanced mode's candidates first (the plan's middle configuration, whose pick the probe's
+    # calibration sample is), then the other modes'.
+    primary = PRIMARY_MODE if PRIMARY_MODE in results else None
     classes = {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
-    firsts, neighbours, rest, dominated = [], [], [], []
-    for e in ordered:
-        k = (e["model"].id, kernel_class(e["setup"]))
-        if e["dominated"]:
-            dominated.append(e)
-            continue
-        (firsts if k not in classes else neighbours if e["neighbour"] else rest).append(e)
-        classes.add(k)
+    queue: list[dict] = []
+    for group in ([e for e in ordered if primary in e["modes"]], [e for e in ordered if primary not in e["modes"]]):
+        queue += _measuring_order(group, classes, primary)
     out = []
-    for e in (firsts + neighbours + rest + dominated)[:ROUND_SIZE]:
+    for e in queue[:ROUND_SIZE]:
         planner_seconds = predict_step(e["model"], e["setup"], req.hardware).step_seconds \
             * skew_factor(req.speed_skew, e["setup"])
         out.append(ProbeCandidate(e["model"], e["setup"], planner_seconds, tuple(e["modes"])))
     return out
+
+
+def _measuring_order(entries: list[dict], classes: set, mode: str | None) -> list[dict]:
+    """The best of each kernel class not measured yet first (where the model's errors are
+    systematic), then the leaders' split neighbours, then the rest; last, the checkpointed settings
+    whose twin without checkpointing fits (in `mode`, or in every mode they are candidates of): they
+    can only win where that twin, measured first, wins. `classes` gains the classes placed."""
+    firsts, neighbours, rest, dominated = [], [], [], []
+    for e in entries:
+        k = (e["model"].id, kernel_class(e["setup"]))
+        by_mode = e["dominated_in"]
+        if by_mode[mode] if mode in by_mode else all(by_mode.values()):
+            dominated.append(e)
+            continue
+        (firsts if k not in classes else neighbours if e["neighbour"] else rest).append(e)
+        classes.add(k)
+    return firsts + neighbours + rest + dominated
 
 
 def split_neighbours(leader, fitting: list) -> list:
