@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainfit.core.models.spec import ModelSpec
-from trainfit.core.plan.measured import setup_label
+from trainfit.core.plan.measured import kernel_class, measured_classes, setup_label
 from trainfit.core.setup import TrainingSetup
 from trainfit.train.probe_session import ProbeJob, ProbeSession
 from trainfit.train.probe_store import load_probe_steps, store_measurements
@@ -325,10 +325,7 @@ def _time_to_keep(req, result, model_only, run: _Measuring, next_up) -> float:
     """Seconds the exploring keeps back for measuring the finalists again: none while the next
     setting is of a kernel class not measured yet (it can be off by the speed model's whole error,
     more than a second measurement corrects), else the finalists' (_recheck_reserve)."""
-    from trainfit.core.plan.measured import kernel_class
-
-    classes = {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
-    if (next_up.model.id, kernel_class(next_up.setup)) not in classes:
+    if (next_up.model.id, kernel_class(next_up.setup)) not in measured_classes(req):
         return 0.0
     return _recheck_reserve(req, result, model_only, run)
 

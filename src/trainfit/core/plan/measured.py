@@ -141,6 +141,11 @@ def kernel_class(s: TrainingSetup) -> tuple:
             s.zero_stage, s.offload, s.num_gpus)
 
 
+def measured_classes(req) -> set[tuple]:
+    """(model id, kernel class) of every setting the request has a measurement of."""
+    return {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
+
+
 def skew_factor(skews: tuple, s: TrainingSetup) -> float:
     f = 1.0
     for sk in skews:
@@ -319,7 +324,7 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
     # The balanced mode's candidates first (the plan's middle configuration, whose pick the probe's
     # calibration sample is), then the other modes'.
     primary = PRIMARY_MODE if PRIMARY_MODE in results else None
-    classes = {(m.model_id, kernel_class(m.setup)) for m in req.measured_steps}
+    classes = measured_classes(req)
     queue: list[dict] = []
     for group in ([e for e in ordered if primary in e["modes"]], [e for e in ordered if primary not in e["modes"]]):
         queue += _measuring_order(group, classes, primary)
