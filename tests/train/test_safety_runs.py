@@ -115,9 +115,12 @@ def test_cpu_heat_pauses_and_resumes_with_hysteresis(clean, tmp_path, monkeypatc
 def test_cpu_throttle_counters_pause_and_name_the_rate(clean, tmp_path, monkeypatch):
     """The kernel's throttle counter rises by 300 events a second for 2 s from step 5 (the
     temperature stays at 70 C): the pause names the rate and ends on the rate, not on a temperature."""
+    # A rate needs two readings after step 5: the 11 steps left can take under 100 ms, two of FAST's
+    # 50 ms samples, so this run samples every 10 ms and checks at every step.
     machine = {"host": {"cpu_temperature_c": 70,
                         "cpu_throttle_events": {"from_step": 5, "before": 1000,
-                                                "ramp": [[0, 1000], [2.0, 1600]]}}}
+                                                "ramp": [[0, 1000], [2.0, 1600]]}},
+               "interval_seconds": 0.01, "safety": EVERY_STEP}
     code, samples, _ = train(clean[0], tmp_path / "run", monkeypatch, machine)
     assert code == 0
     (pause,), (resume,) = events(tmp_path / "run", "thermal_pause"), events(tmp_path / "run", "thermal_resume")
