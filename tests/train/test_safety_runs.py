@@ -195,11 +195,14 @@ def test_swap_growth_splits_the_micro_batch(clean, tmp_path, monkeypatch):
 
 
 def test_a_leak_that_would_exhaust_memory_splits_the_micro_batch(clean, tmp_path, monkeypatch):
-    """The memory read at step ends grows 100 MiB a step with 450 MiB free (above the headroom):
+    """The memory read at step ends grows 200 MiB a step with 450 MiB free (above the headroom):
     the leak detector's finding says it runs out before the run ends, so the split shrinks."""
+    # The leak check runs in the monitor's thread, once per sample: at FAST's 50 ms a run of ~5 ms
+    # steps was first checked at step 12 of 16 once in a full run. This run samples every 10 ms and
+    # the leak runs out in 2.25 steps, so a finding up to step 13 still comes before the end.
     machine = {"leak_detector": {"warmup_steps": 1, "window": 10, "min_points": 7, "min_growth_bytes": 64 * MIB},
-               "leak_read_seconds": 0, "leak_check_seconds": 0,
-               "memory_reading": {"by_step": [[0, GIB], [STEPS, GIB + STEPS * 100 * MIB]]},
+               "leak_read_seconds": 0, "leak_check_seconds": 0, "interval_seconds": 0.01, "safety": EVERY_STEP,
+               "memory_reading": {"by_step": [[0, GIB], [STEPS, GIB + STEPS * 200 * MIB]]},
                "host": {"ram_total_bytes": 4 * GIB, "ram_used_bytes": 4 * GIB - 450 * MIB}}
     code, samples, _ = train(clean[0], tmp_path / "run", monkeypatch, machine)
     assert code == 0
