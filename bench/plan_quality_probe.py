@@ -20,7 +20,7 @@ Phase 1 measures each kernel class (precision x attention x checkpointing) at th
 and every pick of every run; phase 2 every micro-batch of the classes that came within 70 % of the
 best (the micro-batch moved a class's speed by up to 27 % in the exhaustive sweep,
 bench/results/plan_quality.md, so a class further behind cannot hold the best). The fastest ones
-and the picks are measured three more times, in alternating order, and the best median is kept (its
+and the picks are measured five more times, in alternating order, and the best median is kept (its
 noise: the gap between a setting's two best rounds).
 
 Verdict per run: the balanced pick after the probe reaches >= 95 % of the best measured setting.
@@ -48,7 +48,11 @@ CLASS_NEAR = 0.7  # phase 2 measures every micro-batch of a kernel class this cl
 # A >= 95 % verdict needs repeat measurements that agree to a few per cent; above this median
 # round-to-round spread the machine was too busy to decide it (the verdict is reported, marked so).
 NOISE_LIMIT = 0.10
-CONFIRM_ROUNDS = 3  # more rounds of the fastest settings and the picks (4 measurements of each in all)
+# More rounds of the fastest settings and the picks (6 measurements of each in all). A whole
+# measurement of a setting ran up to 35 % slower than another of the same setting minutes apart
+# (each one's steps agreeing to a few per cent): the slow spells hit one measurement, not a step,
+# and the best of 4 left two settings 5 % apart in either order between runs.
+CONFIRM_ROUNDS = 5
 
 
 def log(msg: str) -> None:

@@ -117,6 +117,30 @@ def test_a_checkpointed_setting_is_at_least_as_slow_as_its_measured_twin(req):
     assert any(c.setup == ckpt for c in searches["balanced"][1])  # it fits: left out by the rule, not the search
 
 
+def test_a_checkpointed_setting_is_at_least_its_twins_class_scaled_figure(req):
+    """The twin unmeasured but its kernel class measured (another micro-batch): the checkpointed
+    setting ranks at least at the twin's prediction scaled by that class's ratio, in the search and
+    in the plan's figures, and is not shortlisted while that puts it out of the band."""
+    searched, searches = plan_searched(req)
+    pick = searched.modes[1].setup
+    twin = next(c.setup for c in searches["balanced"][1] if c.setup != pick and c.setup.grad_checkpointing == "none"
+                and mm.kernel_class(c.setup) == mm.kernel_class(pick))
+    ckpt = dataclasses.replace(twin, grad_checkpointing="full")
+    p_pick = predict_step(SPEC, pick, req.hardware).step_seconds
+    slow = dataclasses.replace(req, measured_steps=(mm.MeasuredStep(SPEC.id, pick, 20 * p_pick, p_pick),))
+    p_twin, p_ckpt = (predict_step(SPEC, s, req.hardware).step_seconds for s in (twin, ckpt))
+    seconds, how = mm.adjusted_step(slow, SPEC.id, ckpt, p_ckpt, twin_predicted_seconds=p_twin)
+    assert how == "twin" and seconds == pytest.approx(20 * p_twin)
+    assert mm.adjusted_step(slow, SPEC.id, ckpt, p_ckpt) == (pytest.approx(p_ckpt), "predicted")  # no twin figure
+    run = mm.predict_run(slow, SPEC, ckpt, None)
+    assert run.speed.step_seconds == pytest.approx(20 * p_twin) and "scaled by its measured ratio" in run.notes[-1]
+    _, searches = plan_searched(slow)
+    ranked = {c.setup: c.speed.step_seconds for c in searches["balanced"][1]}
+    assert ranked[ckpt] == pytest.approx(20 * p_twin)
+    assert all(c.setup.grad_checkpointing == "none" or mm.kernel_class(mm.checkpoint_free_twin(c.setup))
+               != mm.kernel_class(pick) for c in mm.shortlist(slow, searches))
+
+
 def test_repeats_pool_to_the_faster_of_two_and_their_disagreement_counts_as_spread():
     first = step(A, 1.0, spread=0.04)
     again = mm.pooled(first, step(A, 1.2, spread=0.02))
@@ -334,7 +358,8 @@ def test_predict_run_predicts_a_step_once(req, monkeypatch):
 
 def test_a_kernel_class_not_measured_yet_goes_before_the_time_kept_for_the_finalists(req, monkeypatch):
     """An unmeasured class can be off by the speed model's whole error: no time is kept back from
-    measuring it; once the next setting's class is measured, the finalists' time is kept."""
+    measuring it while it could beat the pick by that error; once the next setting's class is
+    measured, or it ranks further behind, the finalists' time is kept."""
     searched, searches = plan_searched(req)
     pick = searched.modes[1].setup
     other = next(c.setup for c in searches["balanced"][1] if mm.kernel_class(c.setup) != mm.kernel_class(pick))
@@ -344,10 +369,14 @@ def test_a_kernel_class_not_measured_yet_goes_before_the_time_kept_for_the_final
     monkeypatch.setattr(probe, "_recheck_reserve", lambda *a: 7.0)
     run = probe._Measuring(None, lambda m: None, 0.0)
 
-    def cand(s):
-        return mm.ProbeCandidate(SPEC, s, 1.0, ("balanced",))
+    at_pick = searched.modes[1].speed.step_seconds
+
+    def cand(s, ranked=at_pick):
+        return mm.ProbeCandidate(SPEC, s, 1.0, ("balanced",), ranked)
 
     assert probe._time_to_keep(measured, searched, searched, run, cand(other)) == 0.0
+    assert probe._time_to_keep(measured, searched, searched, run, cand(other, at_pick * mm.BAND * 0.99)) == 0.0
+    assert probe._time_to_keep(measured, searched, searched, run, cand(other, at_pick * mm.BAND * 1.1)) == 7.0
     assert probe._time_to_keep(measured, searched, searched, run, cand(same)) == 7.0
 
 
@@ -358,3 +387,20 @@ def test_the_balanced_modes_candidates_are_measured_first(req, monkeypatch):
     order = ["balanced" in c.modes for c in mm.shortlist(req, searches)]
     assert order and order == sorted(order, reverse=True)
     assert all(order[:1])
+
+
+def test_a_kernel_the_speed_model_is_wrong_about_is_measured_once_not_per_checkpointing(req):
+    """Every setting of one attention kernel predicted 20x too fast: once it is measured without
+    checkpointing, its checkpointed settings rank at least that slow and the probe's seconds go to
+    the other kernel, not to them."""
+    pick = plan(req).modes[1].setup
+    other = "eager" if pick.attention == "sdpa" else "sdpa"
+    skewed = dataclasses.replace(req, speed_skew=(mm.SpeedSkew("attention", pick.attention, 0.05),))
+    session = NoisySession(req.hardware, first_bias=0.0, noise=0.02)
+    result, report = probe.confirm_plan(skewed, seconds=60, session=session, store=False)
+    skewed_jobs = [j.setup for j in session.jobs if j.setup.attention == pick.attention]
+    assert [s.grad_checkpointing for s in skewed_jobs].count("none") >= 1
+    measured_free = {mm.kernel_class(mm.checkpoint_free_twin(s)) for s in skewed_jobs if s.grad_checkpointing != "none"}
+    assert not measured_free & {mm.kernel_class(s) for s in skewed_jobs if s.grad_checkpointing == "none"}
+    assert any(j.setup.attention == other for j in session.jobs)
+    assert result.modes[1].setup == pick  # the truth is the unskewed speed model: its pick is the fastest

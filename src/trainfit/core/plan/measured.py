@@ -169,11 +169,13 @@ def class_ratios(steps: tuple, model_id: str) -> dict[tuple, float]:
 
 
 def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float, *,
-                  measured: dict | None = None, ratios: dict | None = None) -> tuple[float, str]:
+                  measured: dict | None = None, ratios: dict | None = None,
+                  twin_predicted_seconds: float | None = None) -> tuple[float, str]:
     """(seconds, how) of one setting: how is "measured", "class" (scaled by its class's measured
     ratio), "predicted" (the prediction with the skew hook, see unmeasured_factor) or "twin" (its
-    checkpoint-free twin's measured time, where that is slower: checkpoint_free_twin). `measured` and
-    `ratios` are the request's, computed here unless the caller (a search) computed them once."""
+    checkpoint-free twin's time, where that is slower: checkpoint_free_twin; measured, or its
+    prediction, `twin_predicted_seconds`, scaled by its measured class). `measured` and `ratios`
+    are the request's, computed here unless the caller (a search) computed them once."""
     if measured is None:
         measured = _measured(req.measured_steps, model_id)
     if s in measured:
@@ -191,10 +193,34 @@ def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float
         seconds, how = planner_seconds * ratio, "class"
     else:
         seconds, how = planner_seconds * unmeasured_factor(ratios, settle=req.measured_settle), "predicted"
-    twin = measured.get(checkpoint_free_twin(s))
-    if twin is not None and twin.step_seconds > seconds:
-        return twin.step_seconds, "twin"
+    floor = twin_floor(req, s, measured, ratios, twin_predicted_seconds)
+    if floor is not None and floor > seconds:
+        return floor, "twin"
     return seconds, how
+
+
+def twin_floor(req, s: TrainingSetup, measured: dict, ratios: dict,
+               twin_predicted_seconds: float | None) -> float | None:
+    """The step time a checkpointed setting is at least (checkpoint_free_twin): its twin's measured
+    time, else the twin's prediction scaled by the twin's measured class. (A speed model wrong about
+    one attention kernel predicted every checkpointed setting of it 20x too fast: measured once
+    without checkpointing, the kernel's ratio bounds the checkpointed ones, which then need no
+    measurement of their own.) None: no twin, or nothing known of it."""
+    twin = checkpoint_free_twin(s)
+    if twin is None:
+        return None
+    if twin in measured:
+        return measured[twin].step_seconds
+    ratio = ratios.get(kernel_class(twin))
+    if ratio is None or twin_predicted_seconds is None:
+        return None
+    return twin_predicted_seconds * skew_factor(req.speed_skew, twin) * ratio
+
+
+def twin_needs_prediction(s: TrainingSetup, measured: dict, ratios: dict) -> bool:
+    """Whether twin_floor needs the twin's prediction: checkpointed, twin unmeasured, its class measured."""
+    twin = checkpoint_free_twin(s)
+    return twin is not None and twin not in measured and kernel_class(twin) in ratios
 
 
 def checkpoint_free_twin(s: TrainingSetup) -> TrainingSetup | None:
@@ -245,9 +271,12 @@ def speed_fn(req, model: ModelSpec, base: Callable[[ModelSpec, TrainingSetup], S
 
         speed = base(m, s)
         if m.id == model.id:
-            seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds, measured=measured, ratios=ratios)
+            known, classes = measured, ratios
         else:
-            seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds)
+            known, classes = _measured(req.measured_steps, m.id), class_ratios(req.measured_steps, m.id)
+        twin = base(m, checkpoint_free_twin(s)).step_seconds if twin_needs_prediction(s, known, classes) else None
+        seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds, measured=known, ratios=classes,
+                                   twin_predicted_seconds=twin)
         return scaled_speed(speed, seconds / speed.step_seconds) if speed.step_seconds > 0 else speed
     return fn
 
@@ -257,18 +286,22 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
     time when the probe measured it: the figures then say what this machine does."""
     from trainfit.core.run.power import estimate_power
     from trainfit.core.run.prediction import RunPrediction, predict_run as predict, scaled_speed
+    from trainfit.core.speed import predict_step
 
     measured = _measured(req.measured_steps, model.id)
     ratios = class_ratios(req.measured_steps, model.id)
     # Which figure applies is known before predicting: one prediction either way.
     unadjusted = (s not in measured and kernel_class(s) not in ratios and not req.speed_skew
-                  and checkpoint_free_twin(s) not in measured)
+                  and checkpoint_free_twin(s) not in measured and not twin_needs_prediction(s, measured, ratios))
     if not active(req) or unadjusted:
         return predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
                        step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     base = predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh)
     raw = base.speed.step_seconds  # the speed model's step (no calibration factor applied to base)
-    seconds, how = adjusted_step(req, model.id, s, raw, measured=measured, ratios=ratios)
+    twin = (predict_step(model, checkpoint_free_twin(s), req.hardware).step_seconds
+            if twin_needs_prediction(s, measured, ratios) else None)
+    seconds, how = adjusted_step(req, model.id, s, raw, measured=measured, ratios=ratios,
+                                 twin_predicted_seconds=twin)
     factor = seconds / raw if raw > 0 else 1.0
     speed = scaled_speed(base.speed, factor)
     note = {"measured": f"step time measured on this machine by the plan's probe ({seconds:.3g} s, "
@@ -277,7 +310,7 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
                      "precision / attention / checkpointing",
             "predicted": f"step time x{factor:.2f} (speed-model skew test hook)",
             "twin": f"step time x{factor:.2f}: at least that of the same setting without gradient checkpointing, "
-                    "measured on this machine by the plan's probe"}[how]
+                    "measured on this machine by the plan's probe (or scaled by its measured ratio)"}[how]
     return RunPrediction(speed, estimate_power(req.hardware, speed, price_per_kwh=req.price_per_kwh), factor,
                          [*base.notes, note])
 
@@ -288,6 +321,7 @@ class ProbeCandidate:
     setup: TrainingSetup
     predicted_step_seconds: float  # the planner's figure (skew hook included, no measurement)
     modes: tuple[str, ...]  # the modes whose band it is in
+    ranked_step_seconds: float | None = None  # the search's figure (measurements applied: adjusted_step)
 
 
 def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCandidate]:
@@ -332,7 +366,7 @@ def shortlist(req, results: dict[str, tuple[ModelSpec, list]]) -> list[ProbeCand
     for e in queue[:ROUND_SIZE]:
         planner_seconds = predict_step(e["model"], e["setup"], req.hardware).step_seconds \
             * skew_factor(req.speed_skew, e["setup"])
-        out.append(ProbeCandidate(e["model"], e["setup"], planner_seconds, tuple(e["modes"])))
+        out.append(ProbeCandidate(e["model"], e["setup"], planner_seconds, tuple(e["modes"]), e["at"]))
     return out
 
 
