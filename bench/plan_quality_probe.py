@@ -369,7 +369,8 @@ def render(ctx: dict, s: dict, runs: list[dict], rows: list[dict]) -> str:
     lines += ["", "Decision rule (core.plan.measured.decide): a measured pick less than 50 % faster than the speed "
               "model's is first measured again with it, interleaved (A B B A); measured again, the faster (of two "
               "measurements, the faster one; of three or more, the median) wins by more than a 3 % tie; measured "
-              "once, only by more than the larger spread of the two. Spread of one measurement: twice the median "
+              "once, only by more than the larger spread of the two (by more than the tie where the two "
+              "measurements show the speed model misjudged the pair beyond its error and their spread). Spread of one measurement: twice the median "
               "absolute deviation of its timed micro-batches over their median; of a setting measured again: also "
               "how far its measurements disagree."]
     for run in runs:

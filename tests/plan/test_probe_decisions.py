@@ -55,6 +55,26 @@ def test_without_measured_noise_a_few_per_cent_never_switch():
     assert d.action == "switched"
 
 
+def test_a_pair_the_speed_model_misjudged_beyond_its_error_is_decided_by_the_measurements():
+    """Measured once each, a 21 % gap within a 25 % spread: kept where the speed model predicted the
+    pair within its error; switched where it predicted its pick 26x faster (a kernel it is wrong
+    about), its word being all that keeping the pick would rest on."""
+    right = {A: mm.MeasuredStep(SPEC.id, A, 0.8, 0.75, spread=0.05), B: mm.MeasuredStep(SPEC.id, B, 0.66, 0.7,
+                                                                                       spread=0.25)}
+    assert mm.model_misjudged(right[A], right[B]) is None
+    d = mm.decide("balanced", A, 0.8, B, 0.66, right)
+    assert d.action == "kept" and d.spread == pytest.approx(0.25)
+    wrong = {A: dataclasses.replace(right[A], predicted_step_seconds=0.0326),
+             B: dataclasses.replace(right[B], predicted_step_seconds=0.864)}
+    assert mm.model_misjudged(wrong[A], wrong[B]) == pytest.approx((0.8 / 0.66) / (0.0326 / 0.864))
+    d = mm.decide("balanced", A, 0.8, B, 0.66, wrong)
+    assert d.action == "switched" and d.spread == mm.MIN_SPREAD
+    assert "beyond the 3% margin of a tie" in d.text and "misjudged this pair 32x" in d.text
+    # a misjudgement within the error band widened by the spread is no misjudgement
+    near = {A: dataclasses.replace(right[A], predicted_step_seconds=0.66), B: right[B]}
+    assert mm.model_misjudged(near[A], near[B]) is None  # 1.28x < 1.35 x 1.25
+
+
 def test_an_estimated_side_must_be_beaten_by_the_speed_model_error():
     near = mm.decide("balanced", A, 1.0, B, 0.9, {A: step(A, 1.0, spread=0.02)})  # B class-scaled, 11 % faster
     assert near.action == "kept" and near.spread == mm.SPEED_MODEL_ERROR and "not measured to the end" in near.text

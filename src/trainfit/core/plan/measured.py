@@ -479,10 +479,12 @@ def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, rank
 
     The noise: where both were measured again (interleaved, their figures pooled_seconds), MIN_SPREAD,
     the margin of a tie; the measurements are then what this machine does, and the speed model, whose
-    error on this pair they just showed, has no say beyond a tie. Where either was measured once, the
-    larger of the two measurements' spreads, at least MIN_SPREAD (a cold or disturbed single reading);
-    where either was not measured to the end, also the speed model's error. Where neither was
-    measured to the end, the speed model's pick stays: two estimates say nothing a measurement said."""
+    error on this pair they just showed, has no say beyond a tie. The same where the measurements show
+    the speed model misjudged this pair beyond its error and their spread (model_misjudged): its word
+    is what keeping its pick would rest on. Where either was measured once, the larger of the two
+    measurements' spreads, at least MIN_SPREAD (a cold or disturbed single reading); where either was
+    not measured to the end, also the speed model's error. Where neither was measured to the end, the
+    speed model's pick stays: two estimates say nothing a measurement said."""
     def complete(m: MeasuredStep | None) -> MeasuredStep | None:
         return m if m is not None and not m.lower_bound else None
 
@@ -517,9 +519,13 @@ def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, rank
     held_to = "spread"
     if inc is not None and ch is not None:
         rechecked = min(inc.repeats, ch.repeats) >= 2
-        noise = MIN_SPREAD if rechecked else max(MIN_SPREAD, *spreads)
-        held_to = "margin of a tie" if rechecked else held_to
+        misjudged = model_misjudged(inc, ch)
+        noise = MIN_SPREAD if rechecked or misjudged else max(MIN_SPREAD, *spreads)
+        held_to = "margin of a tie" if rechecked or misjudged else held_to
         how, what = _repeats_text(inc, ch), "measured"
+        if misjudged and not rechecked:
+            how += (f"; the speed model misjudged this pair {misjudged:.2g}x, beyond its "
+                    f"{SPEED_MODEL_ERROR:.0%} error and the measurements' spread")
     else:
         noise = max(MIN_SPREAD, SPEED_MODEL_ERROR, *spreads)
         unmeasured = "the speed model's pick" if inc is None else name(ranked_pick)
@@ -533,6 +539,20 @@ def decide(mode: str, model_pick: TrainingSetup, model_pick_seconds: float, rank
     return Decision(mode, "kept", model_pick, model_pick, ranked_pick, gain, noise, reps,
                     f"kept the speed model's pick: {name(ranked_pick)} {what} {gain:.0%} faster, within the "
                     f"{noise:.0%} {held_to} ({how})")
+
+
+def model_misjudged(pick: MeasuredStep, challenger: MeasuredStep) -> float | None:
+    """How far the speed model misjudged a pair its pick lost (the measured pick-over-challenger step
+    time over the predicted one), where that is beyond the speed model's error band widened by the
+    two measurements' spread; else None. (A speed model wrong about one attention kernel predicted
+    its pick 26x faster than a setting measured 21 % faster than it: its word on that pair is no
+    reason to keep its pick.)"""
+    if min(pick.step_seconds, challenger.step_seconds, pick.predicted_step_seconds,
+           challenger.predicted_step_seconds) <= 0:
+        return None
+    off = (pick.step_seconds / challenger.step_seconds) / (pick.predicted_step_seconds
+                                                            / challenger.predicted_step_seconds)
+    return off if off > BAND * (1 + max(pick.spread, challenger.spread)) else None
 
 
 def _repeats_text(a: MeasuredStep, b: MeasuredStep) -> str:
