@@ -236,9 +236,12 @@ def test_a_cold_first_measurement_is_measured_again_and_the_speed_models_pick_ke
     assert first_a < first_b
     assert any(labels[i:i + 2] == [challenger, pick] for i in range(first_b + 1, len(labels) - 1))
     assert balanced["decision"]["action"] in ("kept", "confirmed")
-    assert balanced["decision"]["repeats"][pick] == 2
+    # measured again, then once more while the pair stayed within the noise (a confirmation too)
+    assert balanced["decision"]["repeats"][pick] in (2, 3)
     measured = {m["setup"]: m for m in report.measurements}
-    assert measured[pick]["repeats"] == 2 and measured[pick]["spread"] >= 0.2 - 1e-9  # the cold read is in the spread
+    samples = measured[pick]["samples_seconds"]
+    assert measured[pick]["repeats"] == len(samples) >= 2 and max(samples) / min(samples) - 1 >= 0.2  # the cold read
+    assert measured[pick]["spread"] > 0.04  # more than one measurement's own: the repeats disagree
     json.dumps(report.picks)  # the evidence goes into the plan's JSON as it is
 
 
@@ -282,11 +285,11 @@ def test_the_decisions_are_stored_with_the_measurements_spread(req, tmp_path, mo
     first, report = probe.confirm_plan(req, seconds=30, session=NoisySession(req.hardware), calibration_file=path)
     assert report.rechecks >= 1
     rec = next(iter(json.loads(path.read_text())["machines"].values()))["cpu"]
-    assert any(e["spread"] > 0 and len(e["samples_seconds"]) == 2 for e in rec["probe_steps"])
+    assert any(e["spread"] > 0 and len(e["samples_seconds"]) >= 2 for e in rec["probe_steps"])
     assert {d["mode"] for d in rec["probe_decisions"]} >= {"balanced"}
     assert all(d["text"] for d in rec["probe_decisions"])
     again = probe_store.load_probe_steps(cal.machine_fingerprint(req.hardware), "cpu", path)
-    assert any(m.repeats == 2 and m.spread > 0 for m in again)
+    assert any(m.repeats >= 2 and m.spread > 0 for m in again)
 
     class NoMeasuring(NoisySession):
         def measure(self, job, deadline):
@@ -374,6 +377,28 @@ def test_predict_run_predicts_a_step_once(req, monkeypatch):
     calibrated = mm.predict_run(cases[3][0], SPEC, other, None)  # an unmeasured class: the verify factor
     assert calibrated.step_time_factor == 1.5
     assert mm.predict_run(cases[4][0], SPEC, s, None).speed.step_seconds == pytest.approx(raw * 0.5)
+
+
+def test_a_confirmation_within_the_noise_is_measured_again_like_a_switch(req):
+    """The speed model's pick measured fastest, its runner-up 2 % behind with 5 % spreads: the pair
+    is measured again (as a switch would be); 20 % behind, it is not."""
+    model_only, searches = plan_searched(req)
+    pick = model_only.modes[1].setup
+    runner = next(c.setup for c in searches["balanced"][1] if c.setup != pick)
+    p = predict_step(SPEC, pick, req.hardware).step_seconds
+    p_runner = predict_step(SPEC, runner, req.hardware).step_seconds
+
+    def finalists(behind):
+        steps = (mm.MeasuredStep(SPEC.id, pick, p, p, spread=0.05),
+                 mm.MeasuredStep(SPEC.id, runner, p * behind, p_runner, spread=0.05))
+        measured = dataclasses.replace(req, measured_steps=steps)
+        result, found = plan_searched(measured)
+        assert result.modes[1].setup == pick
+        return probe._finalists(measured, result, model_only, {}, found)
+
+    near = finalists(1.02)
+    assert near and near[0][1:3] == (pick, runner) and near[0][3] == pytest.approx(1 / 1.02 - 1)
+    assert finalists(1.2) == []
 
 
 def test_a_kernel_class_not_measured_yet_goes_before_the_time_kept_for_the_finalists(req, monkeypatch):
