@@ -302,11 +302,12 @@ def _finalists(req, result, model_only, rechecked: dict, searches: dict | None =
     on one reading each is as fragile as a switch (one probe confirmed sdpa 1 % ahead of eager
     attention, which the benchmark's sweep measured 9 % faster). A pair measured again already only
     while its gap is still within the noise (then once more)."""
-    from trainfit.core.plan.measured import MIN_SPREAD, RECHECK_GAP
+    from trainfit.core.plan.measured import MIN_SPREAD, PRIMARY_MODE, RECHECK_GAP
 
     before = {mp.mode: mp for mp in model_only.modes if mp.fits}
     out = []
-    for mp in result.modes:
+    # the balanced mode's pair first, as its candidates are measured first (shortlist)
+    for mp in sorted(result.modes, key=lambda mp: mp.mode != PRIMARY_MODE):
         b = before.get(mp.mode)
         if not _decidable(mp, b):
             continue
