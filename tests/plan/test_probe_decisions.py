@@ -149,7 +149,7 @@ def test_a_checkpointed_setting_is_at_least_its_twins_class_scaled_figure(req):
     p_pick = predict_step(SPEC, pick, req.hardware).step_seconds
     slow = dataclasses.replace(req, measured_steps=(mm.MeasuredStep(SPEC.id, pick, 20 * p_pick, p_pick),))
     p_twin, p_ckpt = (predict_step(SPEC, s, req.hardware).step_seconds for s in (twin, ckpt))
-    seconds, how = mm.adjusted_step(slow, SPEC.id, ckpt, p_ckpt, twin_predicted_seconds=p_twin)
+    seconds, how = mm.adjusted_step(slow, SPEC.id, ckpt, p_ckpt, predict_twin=lambda t: p_twin)
     assert how == "twin" and seconds == pytest.approx(20 * p_twin)
     assert mm.adjusted_step(slow, SPEC.id, ckpt, p_ckpt) == (pytest.approx(p_ckpt), "predicted")  # no twin figure
     run = mm.predict_run(slow, SPEC, ckpt, None)
@@ -419,10 +419,13 @@ def test_a_kernel_class_not_measured_yet_goes_before_the_time_kept_for_the_final
     def cand(s, ranked=at_pick):
         return mm.ProbeCandidate(SPEC, s, 1.0, ("balanced",), ranked)
 
-    assert probe._time_to_keep(measured, searched, searched, run, cand(other)) == 0.0
-    assert probe._time_to_keep(measured, searched, searched, run, cand(other, at_pick * mm.BAND * 0.99)) == 0.0
-    assert probe._time_to_keep(measured, searched, searched, run, cand(other, at_pick * mm.BAND * 1.1)) == 7.0
-    assert probe._time_to_keep(measured, searched, searched, run, cand(same)) == 7.0
+    def keep(candidate):
+        return probe._time_to_keep(measured, searched, searched, run, candidate, searches)
+
+    assert keep(cand(other)) == 0.0
+    assert keep(cand(other, at_pick * mm.BAND * 0.99)) == 0.0
+    assert keep(cand(other, at_pick * mm.BAND * 1.1)) == 7.0
+    assert keep(cand(same)) == 7.0
 
 
 def test_the_balanced_modes_candidates_are_measured_first(req, monkeypatch):

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainfit.core.models.spec import ModelSpec
-from trainfit.core.plan.measured import kernel_class, measured_classes, setup_label
+from trainfit.core.plan.measured import (BAND, MIN_SPREAD, PRIMARY_MODE, RECHECK_GAP, kernel_class,
+                                         measured_classes, setup_label)
 from trainfit.core.setup import TrainingSetup
 from trainfit.train.probe_session import ProbeJob, ProbeSession
 from trainfit.train.probe_store import load_probe_steps, store_measurements
@@ -294,7 +295,7 @@ def _decidable(mp, before) -> bool:
     return not mp.targets.largest_micro_batch or mp.setup.micro_batch == before.setup.micro_batch
 
 
-def _finalists(req, result, model_only, rechecked: dict, searches: dict | None = None) -> list[tuple]:
+def _finalists(req, result, model_only, rechecked: dict, searches: dict) -> list[tuple]:
     """(model id, speed model's pick, challenger, gap) where the measured ranking replaced the
     speed model's pick with another setting (the challenger), both measured to the end, less than
     RECHECK_GAP apart; or, where the speed model's pick was measured fastest, the runner-up of its
@@ -302,8 +303,6 @@ def _finalists(req, result, model_only, rechecked: dict, searches: dict | None =
     on one reading each is as fragile as a switch (one probe confirmed sdpa 1 % ahead of eager
     attention, which the benchmark's sweep measured 9 % faster). A pair measured again already only
     while its gap is still within the noise (then once more)."""
-    from trainfit.core.plan.measured import MIN_SPREAD, PRIMARY_MODE, RECHECK_GAP
-
     before = {mp.mode: mp for mp in model_only.modes if mp.fits}
     out = []
     # the balanced mode's pair first, as its candidates are measured first (shortlist)
@@ -314,9 +313,7 @@ def _finalists(req, result, model_only, rechecked: dict, searches: dict | None =
         measured = {m.setup: m for m in req.measured_steps if m.model_id == mp.model_id and not m.lower_bound}
         inc, ch = measured.get(b.setup), measured.get(mp.setup)
         if b.setup == mp.setup:
-            ranked = {c.setup for c in (searches or {}).get(mp.mode, (None, []))[1]}
-            others = [m for s, m in measured.items() if s in ranked and s != b.setup]
-            ch = min(others, key=lambda m: m.step_seconds, default=None)
+            ch = _runner_up(measured, searches, mp.mode, b.setup)
         if inc is None or ch is None or ch.step_seconds <= 0:
             continue
         if inc.source == ch.source == "stored":
@@ -333,15 +330,13 @@ def _finalists(req, result, model_only, rechecked: dict, searches: dict | None =
     return out
 
 
-def _time_to_keep(req, result, model_only, run: _Measuring, next_up, searches: dict | None = None) -> float:
+def _time_to_keep(req, result, model_only, run: _Measuring, next_up, searches: dict) -> float:
     """Seconds the exploring keeps back for measuring the finalists again: none while the next
     setting is of a kernel class not measured yet and could beat a pick of its modes (its figure
     within the speed model's error band of the pick's: it can be off by that whole error, more than
     a second measurement corrects), else the finalists' (_recheck_reserve). (A class ranked 50 %
     behind the measured pick, measured first, took the seconds that the pick and the speed model's,
     21 % apart in one measurement each, needed to be measured again.)"""
-    from trainfit.core.plan.measured import BAND
-
     if (next_up.model.id, kernel_class(next_up.setup)) not in measured_classes(req):
         picks = [mp.speed.step_seconds for mp in result.modes
                  if mp.mode in next_up.modes and mp.fits and mp.speed is not None]
@@ -351,7 +346,7 @@ def _time_to_keep(req, result, model_only, run: _Measuring, next_up, searches: d
     return _recheck_reserve(req, result, model_only, run, searches)
 
 
-def _recheck_reserve(req, result, model_only, run: _Measuring, searches: dict | None = None) -> float:
+def _recheck_reserve(req, result, model_only, run: _Measuring, searches: dict) -> float:
     """Seconds to keep for measuring the current finalists again (0 when there are none)."""
     pairs = _finalists(req, result, model_only, run.rechecked, searches) if run.rechecks < MAX_RECHECKS else []
     if not pairs:
@@ -407,13 +402,20 @@ def _decisions(req, result, searches, model_only, failed: dict) -> list[tuple]:
             continue
         measured = {m.setup: m for m in req.measured_steps if m.model_id == mp.model_id}
         ranked = {c.setup: c.speed.step_seconds for c in searches.get(mp.mode, (None, []))[1] if c.speed}
-        others = [m for s, m in measured.items() if s in ranked and s != b.setup and not m.lower_bound]
-        runner_up = min(others, key=lambda m: m.step_seconds, default=None)
+        runner_up = _runner_up(measured, searches, mp.mode, b.setup)
         error = failed.get((mp.model_id, b.setup))
         out.append((mp, mm.decide(mp.mode, b.setup, ranked.get(b.setup, b.speed.step_seconds), mp.setup,
                                   ranked.get(mp.setup, mp.speed.step_seconds), measured, runner_up,
                                   pick_error=error)))
     return out
+
+
+def _runner_up(measured: dict, searches: dict, mode: str, pick: TrainingSetup):
+    """The fastest setting measured to the end other than `pick` among `mode`'s ranked candidates
+    (`searches`), or None."""
+    ranked = {c.setup for c in searches.get(mode, (None, []))[1]}
+    others = [m for s, m in measured.items() if s in ranked and s != pick and not m.lower_bound]
+    return min(others, key=lambda m: m.step_seconds, default=None)
 
 
 def _picks(before, after, decisions: dict) -> list[dict]:

@@ -21,7 +21,8 @@ best measured settings were mb4x4 and mb8x2, the model's mb16x1 at 84 % of them)
 pick is confirmed.
 
 Checkpointing only adds work: a checkpointed setting whose checkpoint-free twin fits is shortlisted
-last, and once the twin is measured it ranks at least as slow and is not measured (checkpoint_free_twin).
+last, and once the twin is measured it ranks at least as slow and is not measured; once the twin's
+kernel class is measured, at least at the twin's class-scaled prediction (twin_floor).
 
 A measurement is noisy (another process takes a core, a cold first setting faults its pages in):
 each carries its spread, and the probe measures the finalists (the speed model's pick and a setting
@@ -170,12 +171,12 @@ def class_ratios(steps: tuple, model_id: str) -> dict[tuple, float]:
 
 def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float, *,
                   measured: dict | None = None, ratios: dict | None = None,
-                  twin_predicted_seconds: float | None = None) -> tuple[float, str]:
+                  predict_twin: Callable[[TrainingSetup], float] | None = None) -> tuple[float, str]:
     """(seconds, how) of one setting: how is "measured", "class" (scaled by its class's measured
     ratio), "predicted" (the prediction with the skew hook, see unmeasured_factor) or "twin" (its
-    checkpoint-free twin's time, where that is slower: checkpoint_free_twin; measured, or its
-    prediction, `twin_predicted_seconds`, scaled by its measured class). `measured` and `ratios`
-    are the request's, computed here unless the caller (a search) computed them once."""
+    checkpoint-free twin's time, where that is slower: twin_floor; `predict_twin` gives the speed
+    model's step seconds of the twin, called only when its class is measured). `measured` and
+    `ratios` are the request's, computed here unless the caller (a search) computed them once."""
     if measured is None:
         measured = _measured(req.measured_steps, model_id)
     if s in measured:
@@ -193,14 +194,14 @@ def adjusted_step(req, model_id: str, s: TrainingSetup, predicted_seconds: float
         seconds, how = planner_seconds * ratio, "class"
     else:
         seconds, how = planner_seconds * unmeasured_factor(ratios, settle=req.measured_settle), "predicted"
-    floor = twin_floor(req, s, measured, ratios, twin_predicted_seconds)
+    floor = twin_floor(req, s, measured, ratios, predict_twin)
     if floor is not None and floor > seconds:
         return floor, "twin"
     return seconds, how
 
 
 def twin_floor(req, s: TrainingSetup, measured: dict, ratios: dict,
-               twin_predicted_seconds: float | None) -> float | None:
+               predict_twin: Callable[[TrainingSetup], float] | None) -> float | None:
     """The step time a checkpointed setting is at least (checkpoint_free_twin): its twin's measured
     time, else the twin's prediction scaled by the twin's measured class. (A speed model wrong about
     one attention kernel predicted every checkpointed setting of it 20x too fast: measured once
@@ -212,15 +213,15 @@ def twin_floor(req, s: TrainingSetup, measured: dict, ratios: dict,
     if twin in measured:
         return measured[twin].step_seconds
     ratio = ratios.get(kernel_class(twin))
-    if ratio is None or twin_predicted_seconds is None:
+    if ratio is None or predict_twin is None:
         return None
-    return twin_predicted_seconds * skew_factor(req.speed_skew, twin) * ratio
+    return predict_twin(twin) * skew_factor(req.speed_skew, twin) * ratio
 
 
-def twin_needs_prediction(s: TrainingSetup, measured: dict, ratios: dict) -> bool:
-    """Whether twin_floor needs the twin's prediction: checkpointed, twin unmeasured, its class measured."""
+def twin_known(s: TrainingSetup, measured: dict, ratios: dict) -> bool:
+    """Whether twin_floor can bound `s`: checkpointed, its twin measured or of a measured class."""
     twin = checkpoint_free_twin(s)
-    return twin is not None and twin not in measured and kernel_class(twin) in ratios
+    return twin is not None and (twin in measured or kernel_class(twin) in ratios)
 
 
 def checkpoint_free_twin(s: TrainingSetup) -> TrainingSetup | None:
@@ -274,9 +275,8 @@ def speed_fn(req, model: ModelSpec, base: Callable[[ModelSpec, TrainingSetup], S
             known, classes = measured, ratios
         else:
             known, classes = _measured(req.measured_steps, m.id), class_ratios(req.measured_steps, m.id)
-        twin = base(m, checkpoint_free_twin(s)).step_seconds if twin_needs_prediction(s, known, classes) else None
         seconds, _ = adjusted_step(req, m.id, s, speed.step_seconds, measured=known, ratios=classes,
-                                   twin_predicted_seconds=twin)
+                                   predict_twin=lambda twin: base(m, twin).step_seconds)
         return scaled_speed(speed, seconds / speed.step_seconds) if speed.step_seconds > 0 else speed
     return fn
 
@@ -292,16 +292,14 @@ def predict_run(req, model: ModelSpec, s: TrainingSetup, workload):
     ratios = class_ratios(req.measured_steps, model.id)
     # Which figure applies is known before predicting: one prediction either way.
     unadjusted = (s not in measured and kernel_class(s) not in ratios and not req.speed_skew
-                  and checkpoint_free_twin(s) not in measured and not twin_needs_prediction(s, measured, ratios))
+                  and not twin_known(s, measured, ratios))
     if not active(req) or unadjusted:
         return predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh,
                        step_time_factor=req.step_time_factor, calibration_source=req.calibration_source)
     base = predict(model, s, req.hardware, workload, price_per_kwh=req.price_per_kwh)
     raw = base.speed.step_seconds  # the speed model's step (no calibration factor applied to base)
-    twin = (predict_step(model, checkpoint_free_twin(s), req.hardware).step_seconds
-            if twin_needs_prediction(s, measured, ratios) else None)
     seconds, how = adjusted_step(req, model.id, s, raw, measured=measured, ratios=ratios,
-                                 twin_predicted_seconds=twin)
+                                 predict_twin=lambda twin: predict_step(model, twin, req.hardware).step_seconds)
     factor = seconds / raw if raw > 0 else 1.0
     speed = scaled_speed(base.speed, factor)
     note = {"measured": f"step time measured on this machine by the plan's probe ({seconds:.3g} s, "
